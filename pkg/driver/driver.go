@@ -1,0 +1,203 @@
+// Package driver implements the CSI Identity, Controller and Node services:
+// request validation, capabilities, idempotency, locking and the mapping of
+// storage errors to gRPC codes. It does no disk I/O of its own; the data
+// plane is pkg/volume.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// version can be set with -ldflags "-X ...driver.version=v1.2.3"; without it
+// the version comes from the Go build info (module version or VCS revision).
+var version = ""
+
+// Version is the driver version reported by GetPluginInfo, never empty.
+func Version() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	rev, dirty := "", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "devel"
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if dirty {
+		rev += "-dirty"
+	}
+	return "devel-" + rev
+}
+
+// Driver is one localdir process: the services its mode serves and the
+// node-local volume manager (nil in controller mode).
+type Driver struct {
+	opts    Options
+	vm      *volume.Manager
+	names   *keyLocks // CreateVolume by name
+	ids     *keyLocks // everything else by volume_id
+	version string
+
+	server *grpc.Server
+}
+
+// New validates opts and opens what the mode needs: in node and all mode the
+// data root and its state file (failing, without writing, when the state file
+// is damaged).
+func New(opts Options) (*Driver, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Driver{opts: opts, names: newKeyLocks(), ids: newKeyLocks(), version: Version()}
+	switch opts.Mode {
+	case ModeController:
+		return nil, errors.New("--mode=controller needs the cluster API (LocalVolume custom resources), which this build does not include yet; use --mode=all")
+	case ModeNode, ModeAll:
+		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes})
+		if err != nil {
+			return nil, err
+		}
+		d.vm = vm
+	}
+	return d, nil
+}
+
+// Run serves the CSI services on the endpoint until ctx is done, then stops
+// gracefully and closes the state file.
+func (d *Driver) Run(ctx context.Context) error {
+	path, err := ParseEndpoint(d.opts.Endpoint)
+	if err != nil {
+		return err
+	}
+	lis, err := Listen(path)
+	if err != nil {
+		return err
+	}
+	d.server = grpc.NewServer(grpc.UnaryInterceptor(logRPC))
+	d.Register(d.server)
+	klog.InfoS("Serving CSI", "driver", d.opts.DriverName, "version", d.version, "mode", d.opts.Mode,
+		"endpoint", d.opts.Endpoint, "nodeID", d.opts.NodeID, "dataRoot", d.opts.DataRoot)
+	errc := make(chan error, 1)
+	go func() { errc <- d.server.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		stopped := make(chan struct{})
+		go func() { d.server.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			d.server.Stop()
+		}
+		err = nil
+	case err = <-errc:
+	}
+	_ = os.Remove(path)
+	return errors.Join(err, d.Close())
+}
+
+// Register adds the services of the driver's mode to s.
+func (d *Driver) Register(s *grpc.Server) {
+	csi.RegisterIdentityServer(s, &identity{d: d})
+	if d.opts.Mode != ModeNode {
+		csi.RegisterControllerServer(s, &controller{d: d})
+	}
+	if d.opts.Mode != ModeController {
+		csi.RegisterNodeServer(s, &node{d: d})
+	}
+}
+
+// Close releases the data root.
+func (d *Driver) Close() error {
+	if d.vm != nil {
+		return d.vm.Close()
+	}
+	return nil
+}
+
+// Listen opens a unix socket at path with mode 0660 (owner and group only).
+// A stale socket left by a killed process is replaced; any other file there
+// is an error, never removed.
+func Listen(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		lis.Close()
+		return nil, err
+	}
+	return lis, nil
+}
+
+// quietRPCs are polled by the CO; their successes are logged at V(6) only.
+var quietRPCs = map[string]bool{
+	"/csi.v1.Identity/Probe":                       true,
+	"/csi.v1.Identity/GetPluginInfo":               true,
+	"/csi.v1.Node/NodeGetCapabilities":             true,
+	"/csi.v1.Node/NodeGetVolumeStats":              true,
+	"/csi.v1.Controller/ControllerGetCapabilities": true,
+	"/csi.v1.Identity/GetPluginCapabilities":       true,
+}
+
+// logRPC traces requests at V(4) (secrets stripped by protosanitizer) and
+// logs every failed call with its gRPC code.
+func logRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	level := klog.Level(4)
+	if quietRPCs[info.FullMethod] {
+		level = 6
+	}
+	start := time.Now()
+	if klog.V(level).Enabled() {
+		klog.V(level).InfoS("GRPC call", "method", info.FullMethod, "request", protosanitizer.StripSecrets(req))
+	}
+	resp, err := handler(ctx, req)
+	if err != nil {
+		st, _ := status.FromError(err)
+		klog.ErrorS(nil, "GRPC failed", "method", info.FullMethod, "code", st.Code().String(), "message", st.Message(),
+			"request", protosanitizer.StripSecrets(req), "duration", time.Since(start))
+	} else if klog.V(level).Enabled() {
+		klog.V(level).InfoS("GRPC done", "method", info.FullMethod, "response", protosanitizer.StripSecrets(resp), "duration", time.Since(start))
+	}
+	return resp, err
+}
+
+func methodName(full string) string { return full[strings.LastIndex(full, "/")+1:] }

@@ -1,0 +1,175 @@
+package driver
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// node is the CSI Node service (spec §Node Service RPC). Staged and
+// published state is read from the mount table by pkg/volume, never from
+// records, so these calls need no durable commit.
+type node struct {
+	csi.UnimplementedNodeServer
+	d *Driver
+}
+
+// ephemeralKey is the volume_context key kubelet sets for CSI ephemeral
+// inline volumes.
+const ephemeralKey = "csi.storage.k8s.io/ephemeral"
+
+// checkNodeCap validates a capability for a node call: malformed →
+// INVALID_ARGUMENT; one the volume cannot serve → FAILED_PRECONDITION (spec
+// NodeStageVolume / NodePublishVolume errors, "exceeds capabilities").
+func checkNodeCap(c *csi.VolumeCapability) error {
+	if err := checkCapWellFormed(c); err != nil {
+		return err
+	}
+	if p := capProblem(c); p != "" {
+		return status.Error(codes.FailedPrecondition, p)
+	}
+	return nil
+}
+
+// NodeStageVolume bind-mounts the volume onto staging_target_path (spec
+// §NodeStageVolume). Codes: INVALID_ARGUMENT (missing field, bad mount
+// flag, path not a directory or a symlink), NOT_FOUND (unknown volume),
+// FAILED_PRECONDITION (capability), ALREADY_EXISTS (staged with other flags
+// or something else mounted there), ABORTED (call on this id in flight).
+func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetStagingTargetPath() == "" {
+		return nil, invalid("staging_target_path is required")
+	}
+	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
+		return nil, err
+	}
+	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	err = s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability().GetMount().GetMountFlags())
+	return &csi.NodeStageVolumeResponse{}, toStatus(err)
+}
+
+// NodeUnstageVolume unmounts staging_target_path (spec §NodeUnstageVolume);
+// not staged is success. Codes: INVALID_ARGUMENT, ABORTED.
+func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetStagingTargetPath() == "" {
+		return nil, invalid("staging_target_path is required")
+	}
+	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return &csi.NodeUnstageVolumeResponse{}, toStatus(volume.Unstage(req.GetStagingTargetPath()))
+}
+
+// NodePublishVolume bind-mounts the staged volume onto target_path,
+// read-only when asked, with the capability's mount flags (spec
+// §NodePublishVolume). Codes: INVALID_ARGUMENT, NOT_FOUND,
+// FAILED_PRECONDITION (not staged, capability), ALREADY_EXISTS (target
+// holds another mount or other flags), ABORTED.
+func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, invalid("target_path is required")
+	}
+	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeContext()[ephemeralKey] == "true" {
+		return nil, invalid("CSI ephemeral inline volumes are not supported by this driver version")
+	}
+	if req.GetStagingTargetPath() == "" {
+		return nil, invalid("staging_target_path is required: the driver advertises STAGE_UNSTAGE_VOLUME")
+	}
+	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	singleWriter := req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	err = s.d.vm.Publish(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly(), singleWriter,
+		req.GetVolumeCapability().GetMount().GetMountFlags())
+	return &csi.NodePublishVolumeResponse{}, toStatus(err)
+}
+
+// NodeUnpublishVolume unmounts and removes target_path (spec
+// §NodeUnpublishVolume). It succeeds for unknown volumes and paths that are
+// missing or not mounted, so kubelet can always finish. Codes:
+// INVALID_ARGUMENT, FAILED_PRECONDITION (a non-empty directory that is not a
+// mount), ABORTED.
+func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetTargetPath() == "" {
+		return nil, invalid("target_path is required")
+	}
+	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return &csi.NodeUnpublishVolumeResponse{}, toStatus(volume.Unpublish(req.GetTargetPath()))
+}
+
+// NodeGetVolumeStats reports the volume's own usage in bytes and inodes
+// (not its host filesystem's) (spec §NodeGetVolumeStats).
+// Codes: INVALID_ARGUMENT, NOT_FOUND (unknown volume, or volume_path does
+// not show it). Takes no lock: it only reads.
+func (s *node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetVolumePath() == "" {
+		return nil, invalid("volume_path is required")
+	}
+	u, err := s.d.vm.Stats(req.GetVolumeId(), req.GetVolumePath())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.NodeGetVolumeStatsResponse{
+		Usage: []*csi.VolumeUsage{
+			{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Used: u.UsedBytes, Available: u.AvailableBytes},
+			{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Used: u.UsedInodes, Available: u.FreeInodes},
+		},
+	}, nil
+}
+
+// NodeGetInfo returns the node id, its topology segment and the volume limit.
+func (s *node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{
+		NodeId:             s.d.opts.NodeID,
+		MaxVolumesPerNode:  s.d.opts.MaxVolumesPerNode,
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: s.d.opts.NodeID}},
+	}, nil
+}
+
+// NodeGetCapabilities advertises staging, volume stats and
+// SINGLE_NODE_MULTI_WRITER.
+func (s *node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	var caps []*csi.NodeServiceCapability
+	for _, t := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}

@@ -1,0 +1,152 @@
+package driver
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// Modes of --mode.
+const (
+	ModeController = "controller"
+	ModeNode       = "node"
+	ModeAll        = "all"
+)
+
+// DefaultDriverName is the CSI driver name (CSIDriver object, StorageClass
+// provisioner) unless --driver-name says otherwise.
+const DefaultDriverName = "localdir.csi.dev"
+
+// TopologyKey is the accessible_topology segment key that pins a volume to
+// its node. Its value is the node id.
+const TopologyKey = "topology.localdir.csi.dev/node"
+
+// Options are the validated settings of one driver process. cmd/localdir-csi
+// fills them from flags (AddFlags) and calls Validate; pkg/ never parses
+// flags.
+type Options struct {
+	// Mode is ModeController, ModeNode or ModeAll.
+	Mode string
+	// Endpoint is the gRPC listen address, unix:///path/to/csi.sock.
+	Endpoint string
+	// DriverName is the CSI plugin name (GetPluginInfo.name).
+	DriverName string
+	// NodeID identifies this node (NodeGetInfo.node_id and topology value).
+	NodeID string
+	// DataRoot is the directory under which volumes and state live.
+	DataRoot string
+	// CapacityBytes caps the bytes all volumes may reserve; 0 = the size of
+	// the data root's filesystem.
+	CapacityBytes int64
+	// MaxVolumeBytes is the largest volume a CreateVolume may ask for; 0 = no
+	// limit but the capacity.
+	MaxVolumeBytes int64
+	// DefaultVolumeBytes is the size of a volume whose CreateVolume has no
+	// capacity_range.
+	DefaultVolumeBytes int64
+	// MaxVolumesPerNode is NodeGetInfo.max_volumes_per_node (0 = unlimited).
+	MaxVolumesPerNode int64
+
+	capacity, maxVolume, defaultVolume quantityFlag
+}
+
+// quantityFlag parses a size in bytes given as a plain number or a
+// Kubernetes quantity ("10Gi", "500M").
+type quantityFlag struct{ v *int64 }
+
+func (q quantityFlag) String() string {
+	if q.v == nil || *q.v == 0 {
+		return "0"
+	}
+	return resource.NewQuantity(*q.v, resource.BinarySI).String()
+}
+
+func (q quantityFlag) Set(s string) error {
+	n, err := ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	*q.v = n
+	return nil
+}
+
+// ParseBytes parses a size in bytes: a plain integer or a Kubernetes
+// resource quantity such as "100Mi" or "1G". Fractions round up to a whole
+// byte. Errors on negative values and on anything else.
+func ParseBytes(s string) (int64, error) {
+	q, err := resource.ParseQuantity(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size in bytes (examples: 1073741824, 1Gi, 500Mi)", s)
+	}
+	n, ok := q.AsInt64()
+	if !ok {
+		n = q.Value() // rounds up fractions
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("size %q is negative", s)
+	}
+	return n, nil
+}
+
+// AddFlags registers the driver's flags on fs, with their defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	o.DefaultVolumeBytes = 1 << 30
+	o.capacity = quantityFlag{&o.CapacityBytes}
+	o.maxVolume = quantityFlag{&o.MaxVolumeBytes}
+	o.defaultVolume = quantityFlag{&o.DefaultVolumeBytes}
+	fs.StringVar(&o.Mode, "mode", ModeAll, "[all modes] which CSI services to serve: controller (Identity+Controller, in the cluster Deployment), node (Identity+Node, in the DaemonSet) or all (every service in one process, no Kubernetes)")
+	fs.StringVar(&o.Endpoint, "endpoint", "unix:///csi/csi.sock", "[all modes] gRPC endpoint to listen on, unix:///path/to/csi.sock (the socket is created with mode 0660)")
+	fs.StringVar(&o.DriverName, "driver-name", DefaultDriverName, "[all modes] CSI driver name, as in the StorageClass provisioner field")
+	fs.StringVar(&o.NodeID, "node-id", host, "[node, all] this node's id, also the value of the "+TopologyKey+" topology key")
+	fs.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "[node, all] absolute directory holding the volumes and the state file")
+	fs.Var(o.capacity, "capacity", "[node, all] bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
+	fs.Var(o.maxVolume, "max-volume-size", "[controller, all] largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
+	fs.Var(o.defaultVolume, "default-volume-size", "[controller, all] size of a volume requested without capacity_range, in bytes or e.g. 1Gi")
+	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "[node, all] NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
+}
+
+// nodeIDPattern is a Kubernetes label value: node ids become topology
+// label values on the Node object.
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+
+// Validate checks the options and returns the first problem found.
+func (o *Options) Validate() error {
+	switch o.Mode {
+	case ModeAll, ModeNode, ModeController:
+	default:
+		return fmt.Errorf("--mode=%q: must be controller, node or all", o.Mode)
+	}
+	if _, err := ParseEndpoint(o.Endpoint); err != nil {
+		return err
+	}
+	if o.DriverName == "" || len(o.DriverName) > 63 {
+		return fmt.Errorf("--driver-name=%q: must be 1 to 63 characters", o.DriverName)
+	}
+	if o.Mode != ModeController {
+		if !nodeIDPattern.MatchString(o.NodeID) {
+			return fmt.Errorf("--node-id=%q: must be a valid Kubernetes label value (1-63 characters [A-Za-z0-9-_.], alphanumeric at both ends)", o.NodeID)
+		}
+		if !filepath.IsAbs(o.DataRoot) {
+			return fmt.Errorf("--data-root=%q: must be an absolute path", o.DataRoot)
+		}
+	}
+	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
+		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")
+	}
+	return nil
+}
+
+// ParseEndpoint returns the socket path of a unix:// endpoint.
+func ParseEndpoint(ep string) (string, error) {
+	p, ok := strings.CutPrefix(ep, "unix://")
+	if !ok || !filepath.IsAbs(p) {
+		return "", fmt.Errorf("--endpoint=%q: must be unix:///absolute/path.sock", ep)
+	}
+	return p, nil
+}

@@ -1,0 +1,379 @@
+// Package state keeps localdir's durable node-local records in a bbolt file
+// under the data root: CSI name → volume_id, the volumes themselves and (later)
+// snapshots. Every change is one fsync'd bbolt transaction, committed before
+// the caller acknowledges the CSI call that caused it. Concurrent changes share
+// commits (group commit), so N parallel CreateVolume calls cost about one
+// fsync round instead of N.
+//
+// The store never repairs or rewrites a file it cannot read: Open fails with
+// an error naming the file and what to do (a damaged state file must be
+// restored from a backup or moved away by a person, never silently replaced by
+// an empty one, because that would orphan every volume).
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// FileName is the name of the state file inside the data root.
+const FileName = "state.db"
+
+// formatVersion is stored in the meta bucket; a file written by a newer,
+// incompatible format is refused rather than misread.
+const formatVersion = "1"
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketNames     = []byte("names")     // CSI volume name → volume_id
+	bucketVolumes   = []byte("volumes")   // volume_id → JSON Volume
+	bucketSnapNames = []byte("snapnames") // CSI snapshot name → snapshot_id
+	bucketSnapshots = []byte("snapshots") // snapshot_id → JSON Snapshot
+	keyVersion      = []byte("format")
+)
+
+// ErrCorrupt wraps every error that means the state file cannot be trusted.
+var ErrCorrupt = errors.New("state file is damaged")
+
+// AccessType values of Volume.AccessType, after CSI VolumeCapability's
+// access_type oneof.
+const (
+	AccessMount = "mount"
+	AccessBlock = "block"
+)
+
+// Volume is the durable record of one CSI volume.
+type Volume struct {
+	// ID is the driver-issued volume_id (see package volume for its pattern).
+	ID string `json:"id"`
+	// Name is the CSI CreateVolumeRequest.name it was created for; empty for
+	// ephemeral inline volumes.
+	Name string `json:"name,omitempty"`
+	// CapacityBytes is the provisioned size in bytes.
+	CapacityBytes int64 `json:"capacityBytes"`
+	// AccessType is AccessMount or AccessBlock.
+	AccessType string `json:"accessType"`
+	// Parameters are the StorageClass parameters the volume was created with
+	// (the csi.storage.k8s.io/ ones excluded).
+	Parameters map[string]string `json:"parameters,omitempty"`
+	// SourceSnapshotID / SourceVolumeID name the content source, if any.
+	SourceSnapshotID string `json:"sourceSnapshotID,omitempty"`
+	SourceVolumeID   string `json:"sourceVolumeID,omitempty"`
+	// Ephemeral marks a CSI ephemeral inline volume; EphemeralID is the
+	// volume_id the CO chose for it.
+	Ephemeral   bool   `json:"ephemeral,omitempty"`
+	EphemeralID string `json:"ephemeralID,omitempty"`
+	// Engine is the storage engine holding the data ("dir", "btrfs").
+	Engine string `json:"engine,omitempty"`
+	// CreatedAt is when the create was committed (UTC).
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// Snapshot is the durable record of one CSI snapshot.
+type Snapshot struct {
+	ID             string    `json:"id"`
+	Name           string    `json:"name"`
+	SourceVolumeID string    `json:"sourceVolumeID"`
+	SizeBytes      int64     `json:"sizeBytes"`
+	AccessType     string    `json:"accessType"`
+	Engine         string    `json:"engine,omitempty"`
+	CreatedAt      time.Time `json:"createdAt"`
+}
+
+// Store is an open state file. All methods are safe for concurrent use.
+type Store struct {
+	path string
+	db   *bolt.DB
+	ops  chan *op
+	done chan struct{}
+}
+
+type op struct {
+	fn  func(*Tx) error
+	err chan error
+}
+
+// Open opens (or, if absent, creates) the state file at path. It fails with
+// an error wrapping ErrCorrupt, naming the file and the way out, when the
+// file exists but is not a readable localdir state file; it never writes to
+// such a file.
+func Open(path string) (*Store, error) {
+	fresh := false
+	if fi, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		fresh = true
+	} else if err != nil {
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	} else if fi.Size() == 0 {
+		return nil, corrupt(path, errors.New("file is empty"))
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        5 * time.Second,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+		// Pre-size the file so commits rarely grow it: a commit that does
+		// not change the file size costs fdatasync without a journal commit.
+		InitialMmapSize: 16 << 20,
+	})
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) || err.Error() == "timeout" {
+			return nil, fmt.Errorf("state file %s is locked by another process (is another localdir-csi running on this data root?)", path)
+		}
+		return nil, corrupt(path, err)
+	}
+	s := &Store{path: path, db: db, ops: make(chan *op, 4096), done: make(chan struct{})}
+	if err := s.initBuckets(fresh); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	go s.commitLoop()
+	return s, nil
+}
+
+func corrupt(path string, cause error) error {
+	return fmt.Errorf("%w: %s cannot be read (%v); localdir will not start and will not overwrite it. "+
+		"Stop the driver, restore the file from a backup or move it aside (for example to %s.damaged) after "+
+		"recovering what you need from it, then start the driver again", ErrCorrupt, path, cause, path)
+}
+
+func (s *Store) initBuckets(fresh bool) error {
+	if !fresh {
+		// Read-only check first: a file of another format is never written.
+		err := s.db.View(func(tx *bolt.Tx) error {
+			m := tx.Bucket(bucketMeta)
+			if m == nil {
+				return errors.New("no meta bucket: not a localdir state file")
+			}
+			if v := string(m.Get(keyVersion)); v != formatVersion {
+				return fmt.Errorf("format version %q, this driver reads %q", v, formatVersion)
+			}
+			return nil
+		})
+		if err != nil {
+			return corrupt(s.path, err)
+		}
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketMeta, bucketNames, bucketVolumes, bucketSnapNames, bucketSnapshots} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keyVersion, []byte(formatVersion))
+	})
+}
+
+// Path is the file the store reads and writes.
+func (s *Store) Path() string { return s.path }
+
+// Close waits for queued updates and closes the file.
+func (s *Store) Close() error {
+	close(s.ops)
+	<-s.done
+	return s.db.Close()
+}
+
+// View runs fn in a read-only transaction (no fsync, never blocked by a
+// commit in flight).
+func (s *Store) View(fn func(*Tx) error) error {
+	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+}
+
+// Update runs fn in a read-write transaction and returns once that
+// transaction is durably committed (fsync'd). Calls that arrive while a
+// commit is in flight are grouped into the next one. fn may run more than
+// once (when another fn in its group fails, the group is retried without the
+// failing one), so it must only depend on what it reads through tx.
+func (s *Store) Update(fn func(*Tx) error) error {
+	o := &op{fn: fn, err: make(chan error, 1)}
+	s.ops <- o
+	return <-o.err
+}
+
+// commitLoop is the group committer: it takes every queued op, runs them in
+// one bbolt transaction and reports the one commit result to all of them.
+// Unlike bolt.DB.Batch it never waits for a timer, so a lone caller commits
+// at once and only callers that queued during a commit share the next one.
+func (s *Store) commitLoop() {
+	defer close(s.done)
+	var group []*op
+	for first := range s.ops {
+		group = append(group[:0], first)
+	drain:
+		for len(group) < 1024 {
+			select {
+			case o, ok := <-s.ops:
+				if !ok {
+					break drain
+				}
+				group = append(group, o)
+			default:
+				break drain
+			}
+		}
+		s.commit(group)
+	}
+}
+
+func (s *Store) commit(group []*op) {
+	for len(group) > 0 {
+		failed := -1
+		var ferr error
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			t := &Tx{tx: tx}
+			for i, o := range group {
+				if err := o.fn(t); err != nil {
+					failed, ferr = i, err
+					return err
+				}
+			}
+			return nil
+		})
+		if failed >= 0 {
+			group[failed].err <- ferr
+			group = append(group[:failed], group[failed+1:]...)
+			continue
+		}
+		for _, o := range group {
+			o.err <- err
+		}
+		return
+	}
+}
+
+// Tx is one transaction over the records.
+type Tx struct{ tx *bolt.Tx }
+
+// VolumeIDByName returns the volume_id recorded for a CSI name, or "".
+func (t *Tx) VolumeIDByName(name string) string {
+	return string(t.tx.Bucket(bucketNames).Get([]byte(name)))
+}
+
+// Volume returns the record for id, or nil when there is none.
+func (t *Tx) Volume(id string) (*Volume, error) {
+	v := &Volume{}
+	ok, err := get(t.tx.Bucket(bucketVolumes), id, v)
+	if !ok {
+		return nil, err
+	}
+	return v, err
+}
+
+// PutVolume stores v and, when v.Name is set, its name mapping.
+func (t *Tx) PutVolume(v *Volume) error {
+	if v.Name != "" {
+		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
+			return err
+		}
+	}
+	return put(t.tx.Bucket(bucketVolumes), v.ID, v)
+}
+
+// DeleteVolume removes the record for id and its name mapping.
+func (t *Tx) DeleteVolume(id string) error {
+	v, err := t.Volume(id)
+	if err != nil || v == nil {
+		return err
+	}
+	if v.Name != "" && t.VolumeIDByName(v.Name) == id {
+		if err := t.tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
+			return err
+		}
+	}
+	return t.tx.Bucket(bucketVolumes).Delete([]byte(id))
+}
+
+// ForEachVolume calls fn for the volumes whose id sorts after `after`
+// (all when empty), in id order, until fn returns false.
+func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
+	return forEach(t.tx.Bucket(bucketVolumes), after, func() any { return &Volume{} }, func(x any) bool { return fn(x.(*Volume)) })
+}
+
+// SnapshotIDByName returns the snapshot_id recorded for a CSI name, or "".
+func (t *Tx) SnapshotIDByName(name string) string {
+	return string(t.tx.Bucket(bucketSnapNames).Get([]byte(name)))
+}
+
+// Snapshot returns the record for id, or nil when there is none.
+func (t *Tx) Snapshot(id string) (*Snapshot, error) {
+	s := &Snapshot{}
+	ok, err := get(t.tx.Bucket(bucketSnapshots), id, s)
+	if !ok {
+		return nil, err
+	}
+	return s, err
+}
+
+// PutSnapshot stores s and its name mapping.
+func (t *Tx) PutSnapshot(s *Snapshot) error {
+	if err := t.tx.Bucket(bucketSnapNames).Put([]byte(s.Name), []byte(s.ID)); err != nil {
+		return err
+	}
+	return put(t.tx.Bucket(bucketSnapshots), s.ID, s)
+}
+
+// DeleteSnapshot removes the record for id and its name mapping.
+func (t *Tx) DeleteSnapshot(id string) error {
+	s, err := t.Snapshot(id)
+	if err != nil || s == nil {
+		return err
+	}
+	if t.SnapshotIDByName(s.Name) == id {
+		if err := t.tx.Bucket(bucketSnapNames).Delete([]byte(s.Name)); err != nil {
+			return err
+		}
+	}
+	return t.tx.Bucket(bucketSnapshots).Delete([]byte(id))
+}
+
+// ForEachSnapshot calls fn for the snapshots whose id sorts after `after`,
+// in id order, until fn returns false.
+func (t *Tx) ForEachSnapshot(after string, fn func(*Snapshot) bool) error {
+	return forEach(t.tx.Bucket(bucketSnapshots), after, func() any { return &Snapshot{} }, func(x any) bool { return fn(x.(*Snapshot)) })
+}
+
+func get(b *bolt.Bucket, id string, into any) (bool, error) {
+	raw := b.Get([]byte(id))
+	if raw == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(raw, into); err != nil {
+		return true, fmt.Errorf("%w: record %q: %v", ErrCorrupt, id, err)
+	}
+	return true, nil
+}
+
+func put(b *bolt.Bucket, id string, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(id), raw)
+}
+
+func forEach(b *bolt.Bucket, after string, alloc func() any, fn func(any) bool) error {
+	c := b.Cursor()
+	var k, v []byte
+	if after == "" {
+		k, v = c.First()
+	} else {
+		k, v = c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+	}
+	for ; k != nil; k, v = c.Next() {
+		x := alloc()
+		if err := json.Unmarshal(v, x); err != nil {
+			return fmt.Errorf("%w: record %q: %v", ErrCorrupt, k, err)
+		}
+		if !fn(x) {
+			return nil
+		}
+	}
+	return nil
+}

@@ -1,0 +1,27 @@
+package volume
+
+import "errors"
+
+// Sentinel errors of the data plane. Every error this package returns for a
+// caller mistake or a state conflict wraps exactly one of them (errors.Is);
+// pkg/driver maps them to gRPC codes in one place. Anything else is an
+// internal failure.
+var (
+	// ErrNotFound: the volume, snapshot or path does not exist (NOT_FOUND).
+	ErrNotFound = errors.New("not found")
+	// ErrExists: a different object already occupies the name or path
+	// (ALREADY_EXISTS).
+	ErrExists = errors.New("already exists")
+	// ErrNoSpace: not enough capacity left (RESOURCE_EXHAUSTED).
+	ErrNoSpace = errors.New("not enough capacity")
+	// ErrOutOfRange: a size no retry can satisfy, e.g. above the maximum
+	// volume size (OUT_OF_RANGE).
+	ErrOutOfRange = errors.New("out of range")
+	// ErrInvalid: malformed input, e.g. an unknown mount flag or a target
+	// path that is a symlink (INVALID_ARGUMENT).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrPrecondition: the object is in the wrong state for the call, e.g.
+	// deleting a mounted volume or publishing one that is not staged
+	// (FAILED_PRECONDITION).
+	ErrPrecondition = errors.New("failed precondition")
+)

@@ -1,0 +1,114 @@
+package volume
+
+import (
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Per-mount flags that a bind remount can set (mount(2), MS_REMOUNT|MS_BIND).
+// statfs(2) reports them in f_flags with the same bit values (ST_RDONLY ==
+// MS_RDONLY, ST_NOSUID == MS_NOSUID, …), which is how existing mounts are
+// compared with a request.
+const (
+	atimeMask     = unix.MS_NOATIME | unix.MS_RELATIME | unix.MS_STRICTATIME
+	perMountMask  = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NODIRATIME | atimeMask
+	restrictFlags = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+)
+
+// mountFlags is a parsed CSI MountVolume.mount_flags list.
+type mountFlags struct {
+	set   uintptr // restricting flags to add (ro, nosuid, nodev, noexec, nodiratime)
+	atime uintptr // atime mode to use (one of atimeMask's bits), when atimeSet
+	// atimeSet says whether the request named an atime mode at all.
+	atimeSet bool
+	list     []string
+}
+
+// flagTable maps the mount(8) option names a bind mount can honour. The
+// loosening names (rw, suid, dev, exec, atime, diratime) are accepted and have
+// no effect: a bind mount never loosens what the data root's own mount
+// restricts.
+var flagTable = map[string]struct {
+	set   uintptr
+	atime uintptr
+}{
+	"ro":          {set: unix.MS_RDONLY},
+	"nosuid":      {set: unix.MS_NOSUID},
+	"nodev":       {set: unix.MS_NODEV},
+	"noexec":      {set: unix.MS_NOEXEC},
+	"nodiratime":  {set: unix.MS_NODIRATIME},
+	"noatime":     {atime: unix.MS_NOATIME},
+	"relatime":    {atime: unix.MS_RELATIME},
+	"strictatime": {atime: unix.MS_STRICTATIME},
+	"rw":          {},
+	"suid":        {},
+	"dev":         {},
+	"exec":        {},
+	"atime":       {},
+	"diratime":    {},
+	"defaults":    {},
+	"bind":        {},
+	"rbind":       {},
+}
+
+// ParseMountFlags validates CSI mount_flags (each entry may itself hold a
+// comma-separated list, as kubelet passes StorageClass mountOptions).
+// Errors: ErrInvalid naming the first flag a bind mount cannot apply.
+func ParseMountFlags(flags []string) (mountFlags, error) {
+	var mf mountFlags
+	for _, entry := range flags {
+		for _, f := range strings.Split(entry, ",") {
+			f = strings.TrimSpace(f)
+			if f == "" {
+				continue
+			}
+			e, ok := flagTable[f]
+			if !ok {
+				return mountFlags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts accept: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime)", ErrInvalid, f)
+			}
+			mf.set |= e.set
+			if e.atime != 0 {
+				if mf.atimeSet && mf.atime != e.atime {
+					return mountFlags{}, fmt.Errorf("%w: conflicting atime mount flags in %v", ErrInvalid, flags)
+				}
+				mf.atime, mf.atimeSet = e.atime, true
+			}
+			mf.list = append(mf.list, f)
+		}
+	}
+	return mf, nil
+}
+
+// apply returns the per-mount flags a new bind mount gets when its source
+// mount has flags `inherited` (statfs f_flags): the inherited restrictions
+// are kept, the requested ones added, the atime mode replaced if requested.
+func (mf mountFlags) apply(inherited uintptr, readonly bool) uintptr {
+	f := inherited&perMountMask | mf.set
+	if readonly {
+		f |= unix.MS_RDONLY
+	}
+	if mf.atimeSet {
+		f = f&^atimeMask | mf.atime
+	}
+	return f
+}
+
+// needsRemount says whether a plain bind mount (which copies the source's
+// flags) differs from what the request wants.
+func (mf mountFlags) needsRemount(inherited uintptr, readonly bool) bool {
+	return mf.apply(inherited, readonly) != inherited&perMountMask
+}
+
+// matches reports whether an existing mount with flags `actual` is what this
+// request would have produced from a source with flags `inherited`.
+func (mf mountFlags) matches(actual, inherited uintptr, readonly bool) bool {
+	want := mf.apply(inherited, readonly)
+	// statfs shows no bit for strictatime; compare atime only when asked.
+	mask := uintptr(restrictFlags | unix.MS_NODIRATIME)
+	if mf.atimeSet {
+		mask |= unix.MS_NOATIME | unix.MS_RELATIME
+	}
+	return actual&mask == want&mask
+}
