@@ -13,7 +13,7 @@ help: ## show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 build: ## build the driver binary into _output/
-	$(GO) build -o $(BIN) ./cmd/localdir-csi
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/localdir-csi
 
 test: verify ## unit, case and csi-sanity tests (as root: real bind mounts)
 	$(GO) test $(GOTEST_FLAGS) -race ./...
