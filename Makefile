@@ -21,8 +21,8 @@ test: verify ## unit, case and csi-sanity tests (as root: real bind mounts)
 unit: ## unit tests only (no root needed)
 	$(GO) test $(GOTEST_FLAGS) ./pkg/...
 
-sanity: ## csi-sanity (csi-test/v5) against the driver in all mode, in-process
-	$(GO) test $(GOTEST_FLAGS) -v ./tests/sanity/
+sanity: ## csi-sanity (csi-test/v5) in all mode, in-process: dir, XFS reflink, btrfs, block
+	$(GO) test $(GOTEST_FLAGS) -v ./tests/sanity/...
 
 bench: ## benchmarks: CO-like client over the driver's socket (as root)
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./tests/bench/

@@ -69,7 +69,10 @@ func (s *controller) csiVolume(v *state.Volume) *csi.Volume {
 // name and compatible arguments returns the existing volume, an incompatible
 // one ALREADY_EXISTS. Codes: INVALID_ARGUMENT, ALREADY_EXISTS, OUT_OF_RANGE,
 // RESOURCE_EXHAUSTED (no room, or the topology excludes this node), ABORTED
-// (a call for the same name is in flight), NOT_FOUND (content source).
+// (a call for the same name, or on the source volume, is in flight),
+// NOT_FOUND (content source). With a content source and no capacity_range
+// the volume gets the source's size; a smaller size is OUT_OF_RANGE, and a
+// source of the other access type INVALID_ARGUMENT.
 func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err
@@ -108,22 +111,35 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	if src := req.GetVolumeContentSource(); src != nil {
-		return nil, s.checkSource(src)
-	}
-	size, err := resolveSize(req.GetCapacityRange(), s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
+	srcSnap, srcVol, srcSize, err := s.source(req.GetVolumeContentSource())
 	if err != nil {
 		return nil, err
+	}
+	size := srcSize
+	if req.GetCapacityRange() != nil || srcSize == 0 {
+		if size, err = resolveSize(req.GetCapacityRange(), s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes); err != nil {
+			return nil, err
+		}
 	}
 	if !s.reachable(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "accessibility_requirements exclude node %q, the only node this controller serves", s.d.opts.NodeID)
 	}
+	if srcVol != "" {
+		// The source must not be deleted while it is copied.
+		release, err := s.d.ids.acquire("volume", srcVol)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
 	v, err := s.d.vm.Create(volume.CreateSpec{
-		Name:       req.GetName(),
-		SizeBytes:  size,
-		AccessType: accessTypeOf(req.GetVolumeCapabilities()),
-		Parameters: userParams(req.GetParameters()),
-		DirMode:    params.dirMode,
+		Name:             req.GetName(),
+		SizeBytes:        size,
+		AccessType:       accessTypeOf(req.GetVolumeCapabilities()),
+		Parameters:       userParams(req.GetParameters()),
+		DirMode:          params.dirMode,
+		SourceSnapshotID: srcSnap,
+		SourceVolumeID:   srcVol,
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -131,20 +147,28 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	return &csi.CreateVolumeResponse{Volume: s.csiVolume(v)}, nil
 }
 
-// checkSource answers a CreateVolume with a content source: NOT_FOUND for a
-// source that does not exist, INVALID_ARGUMENT otherwise (this driver
-// version does not advertise CLONE_VOLUME or snapshots).
-func (s *controller) checkSource(src *csi.VolumeContentSource) error {
-	if vs := src.GetVolume(); vs != nil {
-		if _, err := s.d.vm.Get(vs.GetVolumeId()); err != nil {
-			return toStatus(err)
+// source resolves a CreateVolume content source to a snapshot or volume id
+// and its size in bytes. Codes: NOT_FOUND for a source that does not exist
+// on this node (an id of any other shape included), INVALID_ARGUMENT for an
+// empty or unknown source type.
+func (s *controller) source(src *csi.VolumeContentSource) (snapID, volID string, size int64, err error) {
+	switch {
+	case src == nil:
+		return "", "", 0, nil
+	case src.GetSnapshot() != nil:
+		snap, err := s.d.vm.GetSnapshot(src.GetSnapshot().GetSnapshotId())
+		if err != nil {
+			return "", "", 0, toStatus(err)
 		}
-		return invalid("volume cloning is not supported by this driver version")
+		return snap.ID, "", snap.SizeBytes, nil
+	case src.GetVolume() != nil:
+		v, err := s.d.vm.Get(src.GetVolume().GetVolumeId())
+		if err != nil {
+			return "", "", 0, toStatus(err)
+		}
+		return "", v.ID, v.CapacityBytes, nil
 	}
-	if src.GetSnapshot() != nil {
-		return status.Errorf(codes.NotFound, "snapshot %q not found", src.GetSnapshot().GetSnapshotId())
-	}
-	return invalid("unknown volume_content_source type")
+	return "", "", 0, invalid("volume_content_source has no snapshot or volume")
 }
 
 // DeleteVolume removes a volume and its data (spec §DeleteVolume). Unknown
@@ -282,6 +306,13 @@ func (s *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
 	}

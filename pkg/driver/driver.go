@@ -84,7 +84,7 @@ func New(opts Options) (*Driver, error) {
 	case ModeController:
 		return nil, errors.New("--mode=controller needs the cluster API (LocalVolume custom resources), which this build does not include yet; use --mode=all")
 	case ModeNode, ModeAll:
-		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes})
+		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine})
 		if err != nil {
 			return nil, err
 		}

@@ -21,15 +21,22 @@ func (s *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 }
 
 // GetPluginCapabilities advertises CONTROLLER_SERVICE (in controller and
-// all mode) and VOLUME_ACCESSIBILITY_CONSTRAINTS (volumes live on one node).
+// all mode), VOLUME_ACCESSIBILITY_CONSTRAINTS and
+// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS (volumes and snapshots live on one node) and
+// ONLINE volume expansion.
 func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	svc := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
 	}
-	caps := []*csi.PluginCapability{svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS)}
+	caps := []*csi.PluginCapability{
+		svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+		svc(csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS),
+	}
 	if s.d.opts.Mode != ModeNode {
 		caps = append(caps, svc(csi.PluginCapability_Service_CONTROLLER_SERVICE))
 	}
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 

@@ -1,7 +1,9 @@
 package driver
 
 import (
+	"context"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -38,4 +40,21 @@ func (l *keyLocks) acquire(what string, keys ...string) (func(), error) {
 		}
 		l.mu.Unlock()
 	}, nil
+}
+
+// wait is acquire that waits (polling, bounded by ctx) for a busy key
+// instead of failing at once. Only for calls that are short and idempotent
+// and that the CO must be able to finish, such as NodeUnpublishVolume.
+func (l *keyLocks) wait(ctx context.Context, what string, keys ...string) (func(), error) {
+	for {
+		release, err := l.acquire(what, keys...)
+		if err == nil {
+			return release, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }

@@ -55,12 +55,14 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		return nil, err
 	}
 	defer release()
-	err = s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability().GetMount().GetMountFlags())
+	c := req.GetVolumeCapability()
+	err = s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
 	return &csi.NodeStageVolumeResponse{}, toStatus(err)
 }
 
-// NodeUnstageVolume unmounts staging_target_path (spec §NodeUnstageVolume);
-// not staged is success. Codes: INVALID_ARGUMENT, ABORTED.
+// NodeUnstageVolume unmounts staging_target_path and detaches a block
+// volume's loop device (spec §NodeUnstageVolume); not staged, and unknown
+// volumes, are success. Codes: INVALID_ARGUMENT, ABORTED.
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -73,7 +75,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 		return nil, err
 	}
 	defer release()
-	return &csi.NodeUnstageVolumeResponse{}, toStatus(volume.Unstage(req.GetStagingTargetPath()))
+	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.vm.Unstage(req.GetVolumeId(), req.GetStagingTargetPath()))
 }
 
 // NodePublishVolume bind-mounts the staged volume onto target_path,
@@ -92,7 +94,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, err
 	}
 	if req.GetVolumeContext()[ephemeralKey] == "true" {
-		return nil, invalid("CSI ephemeral inline volumes are not supported by this driver version")
+		return s.publishEphemeral(ctx, req)
 	}
 	if req.GetStagingTargetPath() == "" {
 		return nil, invalid("staging_target_path is required: the driver advertises STAGE_UNSTAGE_VOLUME")
@@ -102,9 +104,10 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, err
 	}
 	defer release()
-	singleWriter := req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
-	err = s.d.vm.Publish(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly(), singleWriter,
-		req.GetVolumeCapability().GetMount().GetMountFlags())
+	c := req.GetVolumeCapability()
+	singleWriter := c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	err = s.d.vm.Publish(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}),
+		req.GetReadonly(), singleWriter, c.GetMount().GetMountFlags())
 	return &csi.NodePublishVolumeResponse{}, toStatus(err)
 }
 
@@ -112,7 +115,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 // §NodeUnpublishVolume). It succeeds for unknown volumes and paths that are
 // missing or not mounted, so kubelet can always finish. Codes:
 // INVALID_ARGUMENT, FAILED_PRECONDITION (a non-empty directory that is not a
-// mount), ABORTED.
+// mount). An ephemeral inline volume is deleted with its publication.
 func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -120,12 +123,28 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if req.GetTargetPath() == "" {
 		return nil, invalid("target_path is required")
 	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	// Wait for a concurrent call on the same id instead of answering
+	// ABORTED: unpublish is short and idempotent, and kubelet must be able
+	// to finish it (a pod stays Terminating until it does).
+	release, err := s.d.ids.wait(ctx, "volume", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	return &csi.NodeUnpublishVolumeResponse{}, toStatus(volume.Unpublish(req.GetTargetPath()))
+	if err := volume.Unpublish(req.GetTargetPath()); err != nil {
+		return nil, toStatus(err)
+	}
+	if !volume.ValidVolumeID(req.GetVolumeId()) {
+		// Possibly an ephemeral inline volume: it lives as long as its one
+		// publication.
+		v, err := s.d.vm.Resolve(req.GetVolumeId())
+		if err == nil && v.Ephemeral {
+			if err := s.d.vm.Delete(v.ID); err != nil {
+				return nil, toStatus(err)
+			}
+		}
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
 // NodeGetVolumeStats reports the volume's own usage in bytes and inodes
@@ -143,12 +162,13 @@ func (s *node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &csi.NodeGetVolumeStatsResponse{
-		Usage: []*csi.VolumeUsage{
-			{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Used: u.UsedBytes, Available: u.AvailableBytes},
-			{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Used: u.UsedInodes, Available: u.FreeInodes},
-		},
-	}, nil
+	resp := &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Used: u.UsedBytes, Available: u.AvailableBytes},
+	}}
+	if u.HasInodes {
+		resp.Usage = append(resp.Usage, &csi.VolumeUsage{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Used: u.UsedInodes, Available: u.FreeInodes})
+	}
+	return resp, nil
 }
 
 // NodeGetInfo returns the node id, its topology segment and the volume limit.
@@ -160,7 +180,7 @@ func (s *node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeG
 	}, nil
 }
 
-// NodeGetCapabilities advertises staging, volume stats and
+// NodeGetCapabilities advertises staging, volume stats, expansion, health and
 // SINGLE_NODE_MULTI_WRITER.
 func (s *node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
 	var caps []*csi.NodeServiceCapability
@@ -168,6 +188,9 @@ func (s *node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
 	}

@@ -3,6 +3,7 @@ package driver
 import (
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -51,6 +52,8 @@ type Options struct {
 	DefaultVolumeBytes int64
 	// MaxVolumesPerNode is NodeGetInfo.max_volumes_per_node (0 = unlimited).
 	MaxVolumesPerNode int64
+	// Engine is the storage engine for new mount volumes: auto, dir or btrfs.
+	Engine string
 
 	capacity, maxVolume, defaultVolume quantityFlag
 }
@@ -83,12 +86,16 @@ func ParseBytes(s string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a size in bytes (examples: 1073741824, 1Gi, 500Mi)", s)
 	}
+	if q.Sign() < 0 {
+		return 0, fmt.Errorf("size %q is negative", s)
+	}
+	// Quantity.Value wraps or clamps what does not fit in an int64.
+	if q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.DecimalSI)) > 0 {
+		return 0, fmt.Errorf("size %q is too large (at most %d bytes)", s, int64(math.MaxInt64))
+	}
 	n, ok := q.AsInt64()
 	if !ok {
 		n = q.Value() // rounds up fractions
-	}
-	if n < 0 {
-		return 0, fmt.Errorf("size %q is negative", s)
 	}
 	return n, nil
 }
@@ -108,6 +115,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Var(o.capacity, "capacity", "[node, all] bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
 	fs.Var(o.maxVolume, "max-volume-size", "[controller, all] largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
 	fs.Var(o.defaultVolume, "default-volume-size", "[controller, all] size of a volume requested without capacity_range, in bytes or e.g. 1Gi")
+	fs.StringVar(&o.Engine, "engine", "auto", "[node, all] storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "[node, all] NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
 }
 
@@ -135,6 +143,11 @@ func (o *Options) Validate() error {
 		if !filepath.IsAbs(o.DataRoot) {
 			return fmt.Errorf("--data-root=%q: must be an absolute path", o.DataRoot)
 		}
+	}
+	switch o.Engine {
+	case "auto", "dir", "btrfs":
+	default:
+		return fmt.Errorf("--engine=%q: must be auto, dir or btrfs", o.Engine)
 	}
 	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
 		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")

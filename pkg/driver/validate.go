@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"maps"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,9 +57,6 @@ var supportedAccessModes = map[csi.VolumeCapability_AccessMode_Mode]bool{
 func capProblem(c *csi.VolumeCapability) string {
 	if !supportedAccessModes[c.GetAccessMode().GetMode()] {
 		return fmt.Sprintf("access mode %s is not supported: localdir volumes live on one node (use a SINGLE_NODE_* mode)", c.GetAccessMode().GetMode())
-	}
-	if c.GetBlock() != nil {
-		return "raw block volumes are not supported by this driver version"
 	}
 	return ""
 }
@@ -164,8 +162,14 @@ func parseParams(p map[string]string) (volumeParams, error) {
 	return vp, nil
 }
 
-// roundUp rounds n up to a multiple of 4 KiB, the allocation unit.
-func roundUp(n int64) int64 { return (n + 4095) &^ 4095 }
+// roundUp rounds n up to a multiple of 4 KiB, the allocation unit. Above
+// the largest such multiple that fits in an int64 it returns n unchanged.
+func roundUp(n int64) int64 {
+	if n > math.MaxInt64-4095 {
+		return n
+	}
+	return (n + 4095) &^ 4095
+}
 
 // resolveSize turns a CapacityRange into the size to provision, in bytes.
 // Without a range the default size is used (capped by the limit and the

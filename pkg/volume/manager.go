@@ -1,12 +1,15 @@
 // Package volume is localdir's node-local data plane: it owns one data root
-// and keeps there the volumes (a directory each, for the dir engine), their
-// durable records (pkg/state) and the capacity accounting. It also performs
-// the node-side mounts (stage, publish) on the paths the CO passes.
+// and keeps there the volumes, snapshots, their durable records (pkg/state)
+// and the capacity accounting. It also performs the node-side work (stage,
+// publish, loop devices) on the paths the CO passes.
 //
 // Layout of the data root:
 //
-//	<root>/state.db        durable records (pkg/state)
-//	<root>/volumes/<id>/   one directory per mount volume (dir engine)
+//	<root>/state.db              durable records (pkg/state)
+//	<root>/volumes/<id>/         a mount volume (directory or btrfs subvolume)
+//	<root>/block/<id>.img        a raw block volume (sparse image file)
+//	<root>/snapshots/<sid>/      a snapshot of a mount volume
+//	<root>/snapshots/<sid>.img   a snapshot of a block volume
 //
 // Every path below the root is built from a driver-issued id that was checked
 // against ValidVolumeID / ValidSnapshotID first. Nothing outside the root and
@@ -18,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +29,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
 // Config configures a Manager.
@@ -35,25 +41,31 @@ type Config struct {
 	// CapacityBytes caps the bytes that volumes may reserve in total; 0 means
 	// the size of the filesystem holding DataRoot.
 	CapacityBytes int64
+	// Engine is engine.Auto (default), engine.Dir or engine.Btrfs.
+	Engine string
 }
 
 // Manager is the data plane of one data root. Its methods are safe for
 // concurrent use; callers serialize calls on the same volume (pkg/driver
 // does, with per-id and per-name locks).
 type Manager struct {
-	root    string // absolute, symlinks resolved
-	volRoot string
-	cfg     Config
-	st      *state.Store
+	root      string // absolute, symlinks resolved
+	volRoot   string
+	blockRoot string
+	snapRoot  string
+	cfg       Config
+	eng       engine.Engine
+	st        *state.Store
 
 	mu        sync.Mutex // guards allocated only; held for arithmetic, never across I/O
 	allocated int64      // sum of CapacityBytes of all recorded volumes, plus reservations
 }
 
 // Open prepares the data root, opens its state file and finishes or rolls
-// back work a crash interrupted: volume directories that no committed record
-// claims (an unacknowledged create, or a delete whose record was already
-// removed) are deleted.
+// back work a crash interrupted: data that no committed record claims (an
+// unacknowledged create, or a delete whose record was already removed) is
+// deleted, and ephemeral volumes that are no longer mounted (the node
+// rebooted) are removed.
 //
 // It fails when the state file is damaged (wrapping state.ErrCorrupt) and
 // when the state file is missing but volume data exists: starting with empty
@@ -69,16 +81,30 @@ func Open(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve data root: %w", err)
 	}
-	m := &Manager{root: root, volRoot: filepath.Join(root, "volumes"), cfg: cfg}
-	if err := os.Mkdir(m.volRoot, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("create %s: %w", m.volRoot, err)
+	m := &Manager{
+		root:      root,
+		volRoot:   filepath.Join(root, "volumes"),
+		blockRoot: filepath.Join(root, "block"),
+		snapRoot:  filepath.Join(root, "snapshots"),
+		cfg:       cfg,
+	}
+	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
 	}
 	statePath := filepath.Join(root, state.FileName)
 	if _, err := os.Stat(statePath); errors.Is(err, os.ErrNotExist) {
-		if n := countIDs(m.volRoot, ValidVolumeID); n > 0 {
-			return nil, fmt.Errorf("state file %s is missing but %s holds %d volume(s); refusing to start with empty state. "+
-				"Restore the state file from a backup, or move the volume directories away if they are not needed", statePath, m.volRoot, n)
+		n := countIDs(m.volRoot, ValidVolumeID) + countIDs(m.blockRoot, validImage(ValidVolumeID)) +
+			countIDs(m.snapRoot, ValidSnapshotID) + countIDs(m.snapRoot, validImage(ValidSnapshotID))
+		if n > 0 {
+			return nil, fmt.Errorf("state file %s is missing but %s holds %d volume(s) or snapshot(s); refusing to start with empty state. "+
+				"Restore the state file from a backup, or move the data away if it is not needed", statePath, root, n)
 		}
+	}
+	m.eng, err = engine.New(cfg.Engine, root)
+	if err != nil {
+		return nil, err
 	}
 	st, err := state.Open(statePath)
 	if err != nil {
@@ -98,12 +124,22 @@ func (m *Manager) Close() error { return m.st.Close() }
 // Root is the resolved data root.
 func (m *Manager) Root() string { return m.root }
 
+// Engine is the name of the engine new mount volumes are made with.
+func (m *Manager) Engine() string { return m.eng.Name() }
+
 // Probe checks that the data root is usable and the state file readable.
 func (m *Manager) Probe() error {
 	if err := unix.Access(m.volRoot, unix.W_OK|unix.X_OK); err != nil {
 		return fmt.Errorf("data root %s not writable: %w", m.volRoot, err)
 	}
 	return m.st.View(func(*state.Tx) error { return nil })
+}
+
+func validImage(valid func(string) bool) func(string) bool {
+	return func(n string) bool {
+		id, ok := strings.CutSuffix(n, ".img")
+		return ok && valid(id)
+	}
 }
 
 func countIDs(dir string, valid func(string) bool) int {
@@ -120,10 +156,20 @@ func countIDs(dir string, valid func(string) bool) int {
 func (m *Manager) recover() error {
 	known := map[string]bool{}
 	var total int64
+	var ephemeral []*state.Volume
 	err := m.st.View(func(tx *state.Tx) error {
-		return tx.ForEachVolume("", func(v *state.Volume) bool {
+		if err := tx.ForEachVolume("", func(v *state.Volume) bool {
 			known[v.ID] = true
 			total += v.CapacityBytes
+			if v.Ephemeral {
+				ephemeral = append(ephemeral, v)
+			}
+			return true
+		}); err != nil {
+			return err
+		}
+		return tx.ForEachSnapshot("", func(s *state.Snapshot) bool {
+			known[s.ID] = true
 			return true
 		})
 	})
@@ -131,27 +177,41 @@ func (m *Manager) recover() error {
 		return err
 	}
 	m.allocated = total
-	ents, err := os.ReadDir(m.volRoot)
-	if err != nil {
-		return err
+	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			p := filepath.Join(dir, e.Name())
+			id := strings.TrimSuffix(e.Name(), ".img")
+			if !ValidVolumeID(id) && !ValidSnapshotID(id) {
+				klog.InfoS("Ignoring unknown entry in data root", "path", p)
+				continue
+			}
+			if known[id] {
+				continue
+			}
+			if busy, _ := m.mountedAnywhere(p); busy {
+				klog.InfoS("Unclaimed data is mounted; leaving it", "path", p)
+				continue
+			}
+			klog.InfoS("Removing data without a committed record (interrupted create or delete)", "id", id, "path", p)
+			if strings.HasSuffix(p, ".img") {
+				_ = block.Detach(p)
+			}
+			if err := engine.Remove(p); err != nil {
+				return fmt.Errorf("roll back %s: %w", p, err)
+			}
+		}
 	}
-	for _, e := range ents {
-		id := e.Name()
-		if !ValidVolumeID(id) {
-			klog.InfoS("Ignoring unknown entry in data root", "path", filepath.Join(m.volRoot, id))
+	for _, v := range ephemeral {
+		if busy, _ := m.mountedAnywhere(m.volDir(v.ID)); busy {
 			continue
 		}
-		if known[id] {
-			continue
-		}
-		dir := m.volDir(id)
-		if busy, _ := m.mountedAnywhere(dir); busy {
-			klog.InfoS("Unclaimed volume directory is mounted; leaving it", "path", dir)
-			continue
-		}
-		klog.InfoS("Removing volume directory without a committed record (interrupted create or delete)", "volumeID", id, "path", dir)
-		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("roll back %s: %w", dir, err)
+		klog.InfoS("Removing ephemeral volume that is no longer published (node restarted)", "volumeID", v.ID, "ephemeralID", v.EphemeralID)
+		if err := m.Delete(v.ID); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -161,10 +221,28 @@ func (m *Manager) recover() error {
 // does not match the volume id pattern: callers validate first, and a path
 // must never be built from anything else.
 func (m *Manager) volDir(id string) string {
-	if !ValidVolumeID(id) {
-		panic(fmt.Sprintf("volume: path requested for invalid id %q", id))
-	}
+	mustVolumeID(id)
 	return filepath.Join(m.volRoot, id)
+}
+
+// imagePath is the image file of a block volume.
+func (m *Manager) imagePath(id string) string {
+	mustVolumeID(id)
+	return filepath.Join(m.blockRoot, id+".img")
+}
+
+// dataPath is where volume v's data lives.
+func (m *Manager) dataPath(v *state.Volume) string {
+	if v.AccessType == state.AccessBlock {
+		return m.imagePath(v.ID)
+	}
+	return m.volDir(v.ID)
+}
+
+func mustVolumeID(id string) {
+	if !ValidVolumeID(id) {
+		panic(fmt.Sprintf("volume: path requested for invalid volume id %q", id))
+	}
 }
 
 // CapacityInfo is the capacity of the data root, in bytes.
@@ -201,10 +279,7 @@ func (m *Manager) capacityWith(alloc int64) (CapacityInfo, error) {
 	if m.cfg.CapacityBytes > 0 {
 		ci.Total = m.cfg.CapacityBytes
 	}
-	ci.Available = min(ci.Total-alloc, ci.Free)
-	if ci.Available < 0 {
-		ci.Available = 0
-	}
+	ci.Available = max(min(ci.Total-alloc, ci.Free), 0)
 	return ci, nil
 }
 
@@ -239,57 +314,137 @@ type CreateSpec struct {
 	AccessType string
 	// Parameters are stored with the record.
 	Parameters map[string]string
-	// DirMode is the permission of the volume's root directory (chmod(2)
+	// DirMode is the permission of a mount volume's root directory (chmod(2)
 	// bits, e.g. 0o2770).
 	DirMode uint32
+	// SourceSnapshotID / SourceVolumeID fill the new volume with a copy of
+	// a snapshot or another volume (at most one is set).
+	SourceSnapshotID, SourceVolumeID string
+	// Ephemeral marks a CSI ephemeral inline volume created for the
+	// CO-chosen EphemeralID; Name must be EphemeralName(EphemeralID).
+	Ephemeral   bool
+	EphemeralID string
 }
 
-// Create makes a new volume and commits its record durably before it
-// returns. On any failure nothing is left behind: no directory, no record,
-// no reserved capacity. Errors: ErrNoSpace, ErrExists (name taken by a
-// concurrent create), ErrInvalid.
+// EphemeralName is the name key under which the ephemeral volume for a
+// CO-chosen volume_id is recorded. It starts with a NUL byte, which no CSI
+// name may contain, so it never collides with a CreateVolume name.
+func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
+
+// Create makes a new volume, filled from a snapshot or volume when the spec
+// names one, and commits its record durably before it returns. On any
+// failure nothing is left behind: no data, no record, no reserved capacity.
+// Errors: ErrNoSpace (capacity or disk full), ErrNotFound (source),
+// ErrInvalid (source of another access type), ErrOutOfRange (size below the
+// source's), ErrExists (name taken by a concurrent create).
 func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	if spec.SizeBytes <= 0 {
 		return nil, fmt.Errorf("%w: size %d", ErrInvalid, spec.SizeBytes)
 	}
-	if spec.AccessType != state.AccessMount {
-		return nil, fmt.Errorf("%w: access type %q is not supported", ErrInvalid, spec.AccessType)
+	if spec.AccessType != state.AccessMount && spec.AccessType != state.AccessBlock {
+		return nil, fmt.Errorf("%w: access type %q", ErrInvalid, spec.AccessType)
+	}
+	var srcPath string
+	switch {
+	case spec.SourceSnapshotID != "":
+		s, err := m.GetSnapshot(spec.SourceSnapshotID)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkSource("snapshot", s.ID, s.AccessType, s.SizeBytes, spec); err != nil {
+			return nil, err
+		}
+		srcPath = m.snapPath(s)
+	case spec.SourceVolumeID != "":
+		v, err := m.Get(spec.SourceVolumeID)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkSource("volume", v.ID, v.AccessType, v.CapacityBytes, spec); err != nil {
+			return nil, err
+		}
+		srcPath = m.dataPath(v)
 	}
 	if err := m.reserve(spec.SizeBytes); err != nil {
 		return nil, err
 	}
-	id := NewVolumeID()
-	dir := m.volDir(id)
-	fail := func(err error) (*state.Volume, error) {
-		_ = os.RemoveAll(dir)
-		m.release(spec.SizeBytes)
-		return nil, err
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return fail(mapNoSpace(fmt.Errorf("create volume directory: %w", err)))
-	}
-	if err := unix.Chmod(dir, spec.DirMode); err != nil {
-		return fail(fmt.Errorf("chmod volume directory: %w", err))
-	}
 	v := &state.Volume{
-		ID:            id,
-		Name:          spec.Name,
-		CapacityBytes: spec.SizeBytes,
-		AccessType:    spec.AccessType,
-		Parameters:    spec.Parameters,
-		Engine:        "dir",
-		CreatedAt:     time.Now().UTC().Truncate(time.Second),
+		ID:               NewVolumeID(),
+		Name:             spec.Name,
+		CapacityBytes:    spec.SizeBytes,
+		AccessType:       spec.AccessType,
+		Parameters:       spec.Parameters,
+		SourceSnapshotID: spec.SourceSnapshotID,
+		SourceVolumeID:   spec.SourceVolumeID,
+		Ephemeral:        spec.Ephemeral,
+		EphemeralID:      spec.EphemeralID,
+		Engine:           m.eng.Name(),
+		CreatedAt:        time.Now().UTC().Truncate(time.Second),
 	}
-	err := m.st.Update(func(tx *state.Tx) error {
+	dst := m.dataPath(v)
+	fail := func(err error) (*state.Volume, error) {
+		if rerr := engine.Remove(dst); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", dst)
+		}
+		m.release(spec.SizeBytes)
+		return nil, mapNoSpace(err)
+	}
+	var err error
+	switch {
+	case spec.AccessType == state.AccessBlock:
+		v.Engine = "image"
+		err = writeImage(dst, srcPath, spec.SizeBytes)
+	case srcPath != "":
+		err = m.eng.Clone(srcPath, dst, spec.SizeBytes)
+	default:
+		err = m.eng.Create(dst, spec.SizeBytes, spec.DirMode)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("create volume data: %w", err))
+	}
+	err = m.st.Update(func(tx *state.Tx) error {
 		if spec.Name != "" && tx.VolumeIDByName(spec.Name) != "" {
 			return fmt.Errorf("%w: volume name %q", ErrExists, spec.Name)
 		}
 		return tx.PutVolume(v)
 	})
 	if err != nil {
-		return fail(mapNoSpace(err))
+		return fail(err)
 	}
+	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
+		"engine", v.Engine, "sourceSnapshot", v.SourceSnapshotID, "sourceVolume", v.SourceVolumeID)
 	return v, nil
+}
+
+func checkSource(kind, id, accessType string, size int64, spec CreateSpec) error {
+	if accessType != spec.AccessType {
+		return fmt.Errorf("%w: source %s %s holds a %s volume, the request asks for %s", ErrInvalid, kind, id, accessType, spec.AccessType)
+	}
+	if spec.SizeBytes < size {
+		return fmt.Errorf("%w: requested %d bytes, smaller than the %d bytes of source %s %s", ErrOutOfRange, spec.SizeBytes, size, kind, id)
+	}
+	return nil
+}
+
+// writeImage creates the image file dst of size bytes: sparse and empty, or
+// a copy of the image src (reflinked where possible) grown to size.
+func writeImage(dst, src string, size int64) error {
+	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(out)
+	if src != "" {
+		in, err := unix.Open(src, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(in)
+		if _, _, err := engine.CopyData(out, in); err != nil {
+			return err
+		}
+	}
+	return unix.Ftruncate(out, size)
 }
 
 func mapNoSpace(err error) error {
@@ -332,13 +487,30 @@ func (m *Manager) Get(id string) (*state.Volume, error) {
 	return v, err
 }
 
+// Resolve returns the volume a node call names: a driver-issued volume_id,
+// or the CO-chosen id of an ephemeral inline volume. Errors: ErrNotFound.
+func (m *Manager) Resolve(id string) (*state.Volume, error) {
+	if ValidVolumeID(id) {
+		return m.Get(id)
+	}
+	v, err := m.LookupByName(EphemeralName(id))
+	if err == nil && v == nil {
+		err = fmt.Errorf("%w: volume %q", ErrNotFound, id)
+	}
+	return v, err
+}
+
 // List returns up to limit volumes (all when limit <= 0) whose ids sort
 // after `after`, in id order, and the id to continue after ("" at the end).
+// Ephemeral inline volumes are not listed: the CO did not create them.
 func (m *Manager) List(after string, limit int) ([]*state.Volume, string, error) {
 	var out []*state.Volume
 	next := ""
 	err := m.st.View(func(tx *state.Tx) error {
 		return tx.ForEachVolume(after, func(v *state.Volume) bool {
+			if v.Ephemeral {
+				return true
+			}
 			if limit > 0 && len(out) == limit {
 				next = out[len(out)-1].ID
 				return false
@@ -351,8 +523,9 @@ func (m *Manager) List(after string, limit int) ([]*state.Volume, string, error)
 }
 
 // Delete removes a volume: its record is removed durably first, then its
-// data. Deleting an unknown id succeeds. Errors: ErrPrecondition when the
-// volume is mounted anywhere on this node or something is mounted inside it.
+// data. Deleting an unknown id succeeds. Snapshots of the volume are
+// independent copies and stay usable. Errors: ErrPrecondition when the
+// volume is mounted or attached anywhere on this node.
 func (m *Manager) Delete(id string) error {
 	if !ValidVolumeID(id) {
 		return nil
@@ -364,39 +537,148 @@ func (m *Manager) Delete(id string) error {
 	if err != nil {
 		return err
 	}
-	dir := m.volDir(id)
-	busy, err := m.mountedAnywhere(dir)
-	if err != nil {
+	if err := m.checkUnused(v); err != nil {
 		return err
-	}
-	if busy {
-		return fmt.Errorf("%w: volume %s is still mounted (staged or published); unpublish and unstage it first", ErrPrecondition, id)
 	}
 	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(id) }); err != nil {
 		return err
 	}
 	m.release(v.CapacityBytes)
 	// The record is gone, so a crash from here on is finished by recover().
-	if err := os.RemoveAll(dir); err != nil {
-		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id, "path", dir)
+	if err := engine.Remove(m.dataPath(v)); err != nil {
+		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id)
+	}
+	klog.V(2).InfoS("Volume deleted", "volumeID", id)
+	return nil
+}
+
+// checkUnused fails with ErrPrecondition when v is mounted (mount volume) or
+// attached to a loop device (block volume).
+func (m *Manager) checkUnused(v *state.Volume) error {
+	p := m.dataPath(v)
+	if v.AccessType == state.AccessBlock {
+		dev, err := block.Find(p)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if dev != "" {
+			return fmt.Errorf("%w: volume %s is still attached as %s (staged); unpublish and unstage it first", ErrPrecondition, v.ID, dev)
+		}
+		return nil
+	}
+	busy, err := m.mountedAnywhere(p)
+	if err != nil {
+		return err
+	}
+	if busy {
+		return fmt.Errorf("%w: volume %s is still mounted (staged or published); unpublish and unstage it first", ErrPrecondition, v.ID)
 	}
 	return nil
 }
 
-// Condition describes a volume's health (CSI VolumeCondition).
-type Condition struct {
-	Abnormal bool
-	Message  string
-}
-
-// Condition checks that the volume's data exists. Errors: ErrNotFound.
-func (m *Manager) Condition(id string) (Condition, error) {
+// Expand grows volume id to newSize bytes (CSI ControllerExpandVolume): the
+// capacity is reserved, the btrfs qgroup limit raised or the image file
+// grown (an attached loop device is refreshed by NodeExpand), and the new
+// size committed. A newSize at or below the current size changes nothing.
+// It returns the volume's capacity afterwards. Errors: ErrNotFound,
+// ErrNoSpace.
+func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 	v, err := m.Get(id)
 	if err != nil {
-		return Condition{}, err
+		return 0, err
 	}
-	if _, err := os.Lstat(m.volDir(v.ID)); err != nil {
-		return Condition{Abnormal: true, Message: fmt.Sprintf("volume data is missing: %v", err)}, nil
+	if newSize <= v.CapacityBytes {
+		return v.CapacityBytes, nil
 	}
-	return Condition{Message: "volume data present"}, nil
+	delta := newSize - v.CapacityBytes
+	if err := m.reserve(delta); err != nil {
+		return 0, err
+	}
+	if err := m.resizeData(v, newSize); err != nil {
+		m.release(delta)
+		return 0, mapNoSpace(err)
+	}
+	v.CapacityBytes = newSize
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
+		m.release(delta)
+		return 0, err
+	}
+	klog.V(2).InfoS("Volume expanded", "volumeID", id, "size", newSize)
+	return newSize, nil
+}
+
+func (m *Manager) resizeData(v *state.Volume, size int64) error {
+	if v.AccessType == state.AccessBlock {
+		if err := unix.Truncate(m.imagePath(v.ID), size); err != nil {
+			return err
+		}
+		_, err := block.Refresh(m.imagePath(v.ID))
+		return err
+	}
+	return m.eng.Resize(m.volDir(v.ID), size)
+}
+
+// NodeExpand makes the node side see volume id's recorded size (CSI
+// NodeExpandVolume): the loop device of a block volume is refreshed, the
+// qgroup limit of a btrfs volume re-applied. volumePath must exist. It
+// returns the capacity in bytes. Errors: ErrNotFound.
+func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
+	v, err := m.Resolve(id)
+	if err != nil {
+		return 0, err
+	}
+	if !filepath.IsAbs(volumePath) {
+		return 0, fmt.Errorf("%w: volume_path %q is not an absolute path", ErrNotFound, volumePath)
+	}
+	if _, err := os.Lstat(volumePath); err != nil {
+		return 0, fmt.Errorf("%w: volume_path %q: %v", ErrNotFound, volumePath, err)
+	}
+	if err := m.resizeData(v, v.CapacityBytes); err != nil {
+		return 0, err
+	}
+	return v.CapacityBytes, nil
+}
+
+// Health is a volume's condition (CSI VolumeHealth).
+type Health struct {
+	// Problems is empty for a healthy volume.
+	Problems []Problem
+}
+
+// Problem is one abnormal condition.
+type Problem struct {
+	// Kind is "Inaccessible", "Degraded" or "DataLoss".
+	Kind    string
+	Reason  string // CamelCase
+	Message string
+}
+
+// Health checks volume id's data: missing data (DataLoss), and for the dir
+// engine usage beyond the capacity (Degraded). Errors: ErrNotFound.
+func (m *Manager) Health(id string) (Health, error) {
+	v, err := m.Resolve(id)
+	if err != nil {
+		return Health{}, err
+	}
+	var h Health
+	p := m.dataPath(v)
+	fi, err := os.Lstat(p)
+	if err != nil {
+		h.Problems = append(h.Problems, Problem{Kind: "DataLoss", Reason: "DataMissing", Message: fmt.Sprintf("volume data %s is missing: %v", p, err)})
+		return h, nil
+	}
+	if v.AccessType == state.AccessBlock {
+		if fi.Size() < v.CapacityBytes {
+			h.Problems = append(h.Problems, Problem{Kind: "Degraded", Reason: "ImageTooSmall", Message: fmt.Sprintf("image is %d bytes, volume size is %d", fi.Size(), v.CapacityBytes)})
+		}
+		return h, nil
+	}
+	if !m.eng.Enforced() || v.Engine == engine.Dir {
+		used, _, err := engine.DiskUsage(p)
+		if err == nil && used > v.CapacityBytes {
+			h.Problems = append(h.Problems, Problem{Kind: "Degraded", Reason: "OverCapacity",
+				Message: fmt.Sprintf("volume uses %d bytes, more than its capacity of %d bytes (the dir engine does not enforce capacity)", used, v.CapacityBytes)})
+		}
+	}
+	return h, nil
 }

@@ -14,6 +14,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 // The node side. Staged and published state is always read from the mount
@@ -29,71 +30,215 @@ import (
 
 var mounter = mount.New("")
 
-// Stage bind-mounts volume id onto stagingPath (CSI NodeStageVolume for a
-// mount volume). stagingPath must be an existing directory that is not a
-// symlink. Repeating a stage with the same flags succeeds; a different
-// volume, other flags or a foreign filesystem already mounted there gives
-// ErrExists. Errors: ErrNotFound, ErrInvalid, ErrExists, ErrPrecondition.
-func (m *Manager) Stage(id, stagingPath string, flags []string) error {
+// Stage prepares volume id on this node (CSI NodeStageVolume). A mount
+// volume is bind-mounted onto stagingPath, which must be an existing
+// directory that is not a symlink; repeating a stage with the same flags
+// succeeds, while a different volume, other flags or a foreign filesystem
+// already mounted there give ErrExists. A block volume gets its loop device
+// attached (found again by its image file if it already is). accessType is
+// what the request's capability asks for. Errors: ErrNotFound, ErrInvalid,
+// ErrExists, ErrPrecondition (capability of the other access type).
+func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) error {
 	v, err := m.Get(id)
 	if err != nil {
 		return err
 	}
-	if v.AccessType != state.AccessMount {
-		return fmt.Errorf("%w: volume %s is a %s volume", ErrPrecondition, id, v.AccessType)
+	if err := matchAccess(v, accessType); err != nil {
+		return err
 	}
 	mf, err := ParseMountFlags(flags)
 	if err != nil {
 		return err
 	}
-	src := m.volDir(id)
 	if err := checkDir(stagingPath, "staging_target_path", false); err != nil {
 		return err
 	}
+	if v.AccessType == state.AccessBlock {
+		dev, err := block.Attach(m.imagePath(id))
+		if err != nil {
+			return err
+		}
+		klog.V(2).InfoS("Block volume staged", "volumeID", id, "device", dev)
+		return nil
+	}
+	src := m.volDir(id)
 	return bindOnce(src, src, stagingPath, mf, false)
 }
 
-// Publish bind-mounts the staged volume from stagingPath onto targetPath
-// (CSI NodePublishVolume). targetPath is created (one directory, its parent
-// must exist) unless it exists; a symlink there is refused with ErrInvalid.
-// ErrPrecondition when stagingPath does not hold this volume. A repeated
-// publish with the same readonly/flags succeeds; any other mount on
+func matchAccess(v *state.Volume, accessType string) error {
+	if v.AccessType != accessType {
+		return fmt.Errorf("%w: volume %s is a %s volume; the capability asks for %s", ErrPrecondition, v.ID, v.AccessType, accessType)
+	}
+	return nil
+}
+
+// Unstage undoes Stage (CSI NodeUnstageVolume): stagingPath is unmounted
+// (the directory itself belongs to the CO and stays) and a block volume's
+// loop device detached. Not staged, and unknown volumes, are success.
+func (m *Manager) Unstage(id, stagingPath string) error {
+	if err := cleanupPath(stagingPath); err != nil {
+		return err
+	}
+	v, err := m.Resolve(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if v.AccessType == state.AccessBlock {
+		return block.Detach(m.imagePath(v.ID))
+	}
+	return nil
+}
+
+// Publish makes the staged volume visible at targetPath (CSI
+// NodePublishVolume). A mount volume is bind-mounted from stagingPath onto
+// targetPath, a directory created (one level, its parent must exist) unless
+// it exists. A block volume's loop device node is bind-mounted onto
+// targetPath, a file created the same way. A symlink at targetPath is
+// refused with ErrInvalid. ErrPrecondition when the volume is not staged. A
+// repeated publish with the same readonly/flags succeeds; any other mount on
 // targetPath gives ErrExists.
 //
 // With singleWriter (SINGLE_NODE_SINGLE_WRITER) the volume may be published
 // at one target path only: ErrPrecondition when it is published elsewhere.
-func (m *Manager) Publish(id, stagingPath, targetPath string, readonly, singleWriter bool, flags []string) error {
+func (m *Manager) Publish(id, stagingPath, targetPath, accessType string, readonly, singleWriter bool, flags []string) error {
 	v, err := m.Get(id)
 	if err != nil {
 		return err
 	}
-	if v.AccessType != state.AccessMount {
-		return fmt.Errorf("%w: volume %s is a %s volume", ErrPrecondition, id, v.AccessType)
+	if err := matchAccess(v, accessType); err != nil {
+		return err
 	}
 	mf, err := ParseMountFlags(flags)
 	if err != nil {
 		return err
+	}
+	if v.AccessType == state.AccessBlock {
+		dev, err := block.Find(m.imagePath(id))
+		if err != nil || dev == "" {
+			return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", ErrPrecondition, id)
+		}
+		if singleWriter {
+			if err := onlyAt(id, dev, targetPath); err != nil {
+				return err
+			}
+		}
+		return publishDevice(dev, targetPath, readonly)
 	}
 	src := m.volDir(id)
 	if ok, err := holds(stagingPath, src); err != nil || !ok {
 		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", ErrPrecondition, id, stagingPath)
 	}
 	if singleWriter {
-		points, _, err := mountsOf(src)
-		if err != nil {
+		if err := onlyAt(id, src, stagingPath, targetPath); err != nil {
 			return err
-		}
-		staging, target := resolved(stagingPath), resolved(targetPath)
-		for _, p := range points {
-			if p != staging && p != target {
-				return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", ErrPrecondition, id, p)
-			}
 		}
 	}
 	if err := checkDir(targetPath, "target_path", true); err != nil {
 		return err
 	}
 	return bindOnce(src, stagingPath, targetPath, mf, readonly)
+}
+
+// onlyAt enforces SINGLE_NODE_SINGLE_WRITER: the volume's data src (its
+// directory, or its loop device node) may be mounted only at the given paths.
+func onlyAt(id, src string, paths ...string) error {
+	points, _, err := mountsOf(src)
+	if err != nil {
+		return err
+	}
+	allowed := map[string]bool{}
+	for _, p := range paths {
+		allowed[resolved(p)] = true
+	}
+	for _, p := range points {
+		if !allowed[p] {
+			return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", ErrPrecondition, id, p)
+		}
+	}
+	return nil
+}
+
+// PublishEphemeral bind-mounts the ephemeral volume v (no staging) onto
+// targetPath, created as for Publish. Errors as for Publish.
+func (m *Manager) PublishEphemeral(v *state.Volume, targetPath string, readonly bool, flags []string) error {
+	mf, err := ParseMountFlags(flags)
+	if err != nil {
+		return err
+	}
+	if err := checkDir(targetPath, "target_path", true); err != nil {
+		return err
+	}
+	src := m.volDir(v.ID)
+	return bindOnce(src, src, targetPath, mf, readonly)
+}
+
+// publishDevice bind-mounts the block device node dev onto the file
+// targetPath (created if missing, mode 0600; its parent must exist).
+func publishDevice(dev, targetPath string, readonly bool) error {
+	if c := filepath.Clean(targetPath); !filepath.IsAbs(targetPath) || c != targetPath {
+		return fmt.Errorf("%w: target_path %q must be an absolute, clean path", ErrInvalid, targetPath)
+	}
+	rdev, err := block.Rdev(dev)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Lstat(targetPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		fd, err := unix.Open(targetPath, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("%w: parent directory of target_path %q does not exist", ErrInvalid, targetPath)
+		}
+		if err != nil {
+			return fmt.Errorf("create %s: %w", targetPath, err)
+		}
+		unix.Close(fd)
+	case err != nil:
+		return fmt.Errorf("lstat %s: %w", targetPath, err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("%w: target_path %q is a symlink; refusing to mount over it", ErrInvalid, targetPath)
+	case fi.IsDir():
+		return fmt.Errorf("%w: target_path %q is a directory; a block volume is published as a device file", ErrInvalid, targetPath)
+	}
+	isMnt, err := mounter.IsMountPoint(targetPath)
+	if err != nil {
+		return fmt.Errorf("check mount point %s: %w", targetPath, err)
+	}
+	if isMnt {
+		var st unix.Stat_t
+		if err := unix.Stat(targetPath, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFBLK || st.Rdev != rdev {
+			return fmt.Errorf("%w: something else is already mounted at %q", ErrExists, targetPath)
+		}
+		return nil
+	}
+	fd, err := unix.Open(targetPath, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%w: open %s: %v", ErrInvalid, targetPath, err)
+	}
+	err = unix.Mount(dev, fdPath(fd), "", unix.MS_BIND, "")
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("bind mount %s on %s: %w", dev, targetPath, err)
+	}
+	if readonly {
+		fd, err := unix.Open(targetPath, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Mount("", fdPath(fd), "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, "")
+			unix.Close(fd)
+		}
+		if err != nil {
+			_ = unmountAll(targetPath)
+			return fmt.Errorf("remount %s read-only: %w", targetPath, err)
+		}
+	}
+	klog.V(4).InfoS("Device bind mounted", "device", dev, "target", targetPath, "readonly", readonly)
+	return nil
 }
 
 // Unpublish unmounts targetPath (every stacked mount on it, broken FUSE
@@ -113,12 +258,6 @@ func Unpublish(targetPath string) error {
 		return fmt.Errorf("remove %s: %w", targetPath, err)
 	}
 	return nil
-}
-
-// Unstage unmounts stagingPath (CSI NodeUnstageVolume). The directory itself
-// belongs to the CO and is left in place. Not staged is success.
-func Unstage(stagingPath string) error {
-	return cleanupPath(stagingPath)
 }
 
 // cleanupPath unmounts everything mounted on p. A symlink at p is removed

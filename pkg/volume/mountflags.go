@@ -8,9 +8,8 @@ import (
 )
 
 // Per-mount flags that a bind remount can set (mount(2), MS_REMOUNT|MS_BIND).
-// statfs(2) reports them in f_flags with the same bit values (ST_RDONLY ==
-// MS_RDONLY, ST_NOSUID == MS_NOSUID, …), which is how existing mounts are
-// compared with a request.
+// statfs(2) reports them in f_flags, which is how existing mounts are
+// compared with a request; see msFlags for the one bit that differs.
 const (
 	atimeMask     = unix.MS_NOATIME | unix.MS_RELATIME | unix.MS_STRICTATIME
 	perMountMask  = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NODIRATIME | atimeMask
@@ -81,11 +80,22 @@ func ParseMountFlags(flags []string) (mountFlags, error) {
 	return mf, nil
 }
 
+// msFlags converts statfs(2) f_flags to the MS_* per-mount flags. The ST_*
+// values equal the MS_* ones (ST_RDONLY == MS_RDONLY, …) except relatime:
+// ST_RELATIME is 0x1000 (MS_BIND's value), MS_RELATIME is 1<<21.
+func msFlags(st uintptr) uintptr {
+	f := st & (restrictFlags | unix.MS_NODIRATIME | unix.MS_NOATIME)
+	if st&unix.ST_RELATIME != 0 {
+		f |= unix.MS_RELATIME
+	}
+	return f
+}
+
 // apply returns the per-mount flags a new bind mount gets when its source
 // mount has flags `inherited` (statfs f_flags): the inherited restrictions
 // are kept, the requested ones added, the atime mode replaced if requested.
 func (mf mountFlags) apply(inherited uintptr, readonly bool) uintptr {
-	f := inherited&perMountMask | mf.set
+	f := msFlags(inherited) | mf.set
 	if readonly {
 		f |= unix.MS_RDONLY
 	}
@@ -98,7 +108,7 @@ func (mf mountFlags) apply(inherited uintptr, readonly bool) uintptr {
 // needsRemount says whether a plain bind mount (which copies the source's
 // flags) differs from what the request wants.
 func (mf mountFlags) needsRemount(inherited uintptr, readonly bool) bool {
-	return mf.apply(inherited, readonly) != inherited&perMountMask
+	return mf.apply(inherited, readonly) != msFlags(inherited)
 }
 
 // matches reports whether an existing mount with flags `actual` is what this
@@ -110,5 +120,5 @@ func (mf mountFlags) matches(actual, inherited uintptr, readonly bool) bool {
 	if mf.atimeSet {
 		mask |= unix.MS_NOATIME | unix.MS_RELATIME
 	}
-	return actual&mask == want&mask
+	return msFlags(actual)&mask == want&mask
 }

@@ -1,0 +1,171 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// Node RPCs for ephemeral inline volumes, expansion and health.
+
+// Volume attributes of a CSI ephemeral inline volume (the pod's
+// volumeAttributes).
+const (
+	// AttrSize is the ephemeral volume's size, a Kubernetes quantity.
+	AttrSize = "size"
+	// DefaultEphemeralBytes is the size when AttrSize is not given: 100Mi.
+	DefaultEphemeralBytes = 100 << 20
+)
+
+// KnownEphemeralAttributes lists the volumeAttributes an inline volume may
+// set (besides the csi.storage.k8s.io/ ones kubelet adds), for docs and
+// tests.
+var KnownEphemeralAttributes = []string{AttrSize, ParamDirMode}
+
+// ephemeralIDPattern: kubelet names inline volumes "csi-" + a hex hash. The
+// id is never used in a path, but anything path-like is refused outright.
+var ephemeralIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// publishEphemeral creates (once) and publishes a CSI ephemeral inline
+// volume: a mount volume of the `size` attribute (default 100Mi), counted in
+// capacity while it lives, bind-mounted straight onto target_path and
+// deleted by NodeUnpublishVolume. A repeated publish finds the same volume.
+// Codes: INVALID_ARGUMENT (bad id, attribute, block capability),
+// RESOURCE_EXHAUSTED, ALREADY_EXISTS, ABORTED.
+func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	coID := req.GetVolumeId()
+	if !ephemeralIDPattern.MatchString(coID) || strings.Contains(coID, "..") {
+		return nil, invalid("volume_id %q is not a valid ephemeral volume id ([A-Za-z0-9._-], at most 128 characters)", coID)
+	}
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return nil, invalid("ephemeral inline volumes are mount volumes; block is not supported")
+	}
+	size := int64(DefaultEphemeralBytes)
+	attrs := map[string]string{}
+	for k, v := range req.GetVolumeContext() {
+		if strings.HasPrefix(k, reservedPrefix) {
+			continue
+		}
+		switch k {
+		case AttrSize:
+			n, err := ParseBytes(v)
+			if err != nil || n <= 0 {
+				return nil, invalid("volume attribute size=%q: want a positive quantity such as 100Mi", v)
+			}
+			size = roundUp(n)
+		case ParamDirMode:
+			attrs[k] = v
+		default:
+			return nil, invalid("unknown volume attribute %q for an ephemeral volume (known: %s)", k, strings.Join(KnownEphemeralAttributes, ", "))
+		}
+	}
+	params, err := parseParams(attrs)
+	if err != nil {
+		return nil, err
+	}
+	if m := s.d.opts.MaxVolumeBytes; m > 0 && size > m {
+		return nil, status.Errorf(codes.OutOfRange, "ephemeral volume size %d exceeds the maximum volume size of %d bytes", size, m)
+	}
+	release, err := s.d.ids.acquire("volume", coID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, err := s.d.vm.LookupByName(volume.EphemeralName(coID))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	created := false
+	if v == nil {
+		v, err = s.d.vm.Create(volume.CreateSpec{
+			Name:        volume.EphemeralName(coID),
+			SizeBytes:   size,
+			AccessType:  state.AccessMount,
+			Parameters:  attrs,
+			DirMode:     params.dirMode,
+			Ephemeral:   true,
+			EphemeralID: coID,
+		})
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		created = true
+	}
+	if err := s.d.vm.PublishEphemeral(v, req.GetTargetPath(), req.GetReadonly(), req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
+		if created {
+			if derr := s.d.vm.Delete(v.ID); derr != nil {
+				klog.ErrorS(derr, "Could not delete an ephemeral volume whose publish failed", "volumeID", v.ID)
+			}
+		}
+		return nil, toStatus(err)
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// NodeExpandVolume makes the node see a volume's new size (spec
+// §NodeExpandVolume): a block volume's loop device is refreshed without
+// detaching, a btrfs volume's qgroup limit re-applied. Codes:
+// INVALID_ARGUMENT (no id or path), NOT_FOUND (unknown volume or missing
+// path), ABORTED.
+func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetVolumePath() == "" {
+		return nil, invalid("volume_path is required")
+	}
+	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	capacity, err := s.d.vm.NodeExpand(req.GetVolumeId(), req.GetVolumePath())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if req.GetCapacityRange().GetRequiredBytes() > capacity {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; call ControllerExpandVolume before asking the node for %d",
+			req.GetVolumeId(), capacity, req.GetCapacityRange().GetRequiredBytes())
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+// NodeGetVolumeHealth reports problems of one volume on this node; the paths
+// are optional. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it only reads.
+func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	h, err := s.d.vm.Health(req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if p := req.GetVolumePublishPath(); p != "" {
+		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, volume.ErrNotFound) {
+			h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NotPublished",
+				Message: "the volume is not mounted at volume_publish_path " + p})
+		}
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: csiHealth(req.GetVolumeId(), h)}, nil
+}
+
+// NodeGetStorageHealth reports the data root: unreachable when it is not
+// writable or its state file unreadable; healthy is an empty list.
+func (s *node) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+	resp := &csi.NodeGetStorageHealthResponse{}
+	if err := s.d.vm.Probe(); err != nil {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "DataRootUnusable", Message: err.Error(),
+		})
+	}
+	return resp, nil
+}

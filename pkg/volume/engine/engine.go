@@ -1,0 +1,111 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Names of the engines (--engine, and the engine recorded with each volume).
+const (
+	Dir   = "dir"
+	Btrfs = "btrfs"
+	Auto  = "auto"
+)
+
+// Engine lays out mount volumes (directory trees) on the data root's
+// filesystem. Paths passed in are always below the data root, built by
+// pkg/volume from validated ids.
+type Engine interface {
+	// Name is Dir or Btrfs.
+	Name() string
+	// Create makes an empty volume directory at path (which must not exist)
+	// with permission mode and a capacity of size bytes.
+	Create(path string, size int64, mode uint32) error
+	// Snapshot makes a point-in-time, read-only copy of the volume at src,
+	// at dst (which must not exist).
+	Snapshot(src, dst string) error
+	// Clone makes a writable copy of src (a volume or a snapshot) at dst
+	// (which must not exist) with a capacity of size bytes.
+	Clone(src, dst string, size int64) error
+	// Resize sets the capacity of the volume at path to size bytes.
+	Resize(path string, size int64) error
+	// Usage returns the bytes the volume at path uses and its inode count
+	// (-1 when the engine cannot count inodes cheaply).
+	Usage(path string) (bytes, inodes int64, err error)
+	// Enforced says whether the kernel enforces the capacity (a write past
+	// it fails with EDQUOT/ENOSPC).
+	Enforced() bool
+}
+
+// New returns the engine called name for the data root root. Auto picks
+// btrfs when root is on btrfs, else dir. The btrfs engine enables quotas
+// (qgroups) on the filesystem if they are off.
+func New(name, root string) (Engine, error) {
+	switch name {
+	case Dir:
+		return dirEngine{}, nil
+	case Btrfs:
+		return newBtrfs(root)
+	case Auto, "":
+		if onBtrfs(root) {
+			return newBtrfs(root)
+		}
+		return dirEngine{}, nil
+	}
+	return nil, fmt.Errorf("unknown engine %q (want auto, dir or btrfs)", name)
+}
+
+func onBtrfs(p string) bool {
+	var s unix.Statfs_t
+	return unix.Statfs(p, &s) == nil && s.Type == unix.BTRFS_SUPER_MAGIC
+}
+
+// Remove deletes a volume or snapshot tree at path made by any engine: a
+// btrfs subvolume is destroyed with its ioctl (read-only snapshots cannot
+// be emptied file by file), anything else removed with os.RemoveAll, which
+// never follows symlinks. A missing path is not an error.
+func Remove(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() && isSubvolume(path) {
+		return destroySubvolume(path)
+	}
+	return os.RemoveAll(path)
+}
+
+// dirEngine keeps a volume as a plain directory. Capacity is tracked by
+// pkg/volume, not enforced; snapshots and clones are CopyTree copies that
+// share extents where the filesystem has reflinks.
+type dirEngine struct{}
+
+func (dirEngine) Name() string   { return Dir }
+func (dirEngine) Enforced() bool { return false }
+
+func (dirEngine) Create(path string, _ int64, mode uint32) error {
+	if err := unix.Mkdir(path, 0o700); err != nil {
+		return fmt.Errorf("mkdir %s: %w", path, err)
+	}
+	return unix.Chmod(path, mode)
+}
+
+func (dirEngine) Snapshot(src, dst string) error {
+	_, err := CopyTree(src, dst)
+	return err
+}
+
+func (dirEngine) Clone(src, dst string, _ int64) error {
+	_, err := CopyTree(src, dst)
+	return err
+}
+
+func (dirEngine) Resize(string, int64) error { return nil }
+
+func (dirEngine) Usage(path string) (int64, int64, error) { return DiskUsage(path) }

@@ -1,0 +1,148 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// snapPath is where snapshot s's data lives.
+func (m *Manager) snapPath(s *state.Snapshot) string {
+	if !ValidSnapshotID(s.ID) {
+		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))
+	}
+	if s.AccessType == state.AccessBlock {
+		return filepath.Join(m.snapRoot, s.ID+".img")
+	}
+	return filepath.Join(m.snapRoot, s.ID)
+}
+
+// LookupSnapshotByName returns the snapshot created for a CSI name, or nil.
+func (m *Manager) LookupSnapshotByName(name string) (*state.Snapshot, error) {
+	var s *state.Snapshot
+	err := m.st.View(func(tx *state.Tx) error {
+		id := tx.SnapshotIDByName(name)
+		if id == "" {
+			return nil
+		}
+		var err error
+		s, err = tx.Snapshot(id)
+		return err
+	})
+	return s, err
+}
+
+// GetSnapshot returns the snapshot with this id. Errors: ErrNotFound (also
+// for ids not of the driver's shape).
+func (m *Manager) GetSnapshot(id string) (*state.Snapshot, error) {
+	if !ValidSnapshotID(id) {
+		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, id)
+	}
+	var s *state.Snapshot
+	err := m.st.View(func(tx *state.Tx) error {
+		var err error
+		s, err = tx.Snapshot(id)
+		return err
+	})
+	if err == nil && s == nil {
+		err = fmt.Errorf("%w: snapshot %q", ErrNotFound, id)
+	}
+	return s, err
+}
+
+// CreateSnapshot takes a snapshot of volume sourceID for the CSI name and
+// commits its record before it returns. btrfs volumes get a read-only
+// subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents shared on
+// reflink filesystems); block volumes a copy of the image. The snapshot is
+// independent of its source: deleting the volume leaves it usable. Its size
+// is the source's capacity (the restore size). Errors: ErrNotFound (source),
+// ErrNoSpace, ErrExists (name taken by a concurrent call).
+func (m *Manager) CreateSnapshot(name, sourceID string) (*state.Snapshot, error) {
+	v, err := m.Get(sourceID)
+	if err != nil {
+		return nil, err
+	}
+	s := &state.Snapshot{
+		ID:             NewSnapshotID(),
+		Name:           name,
+		SourceVolumeID: v.ID,
+		SizeBytes:      v.CapacityBytes,
+		AccessType:     v.AccessType,
+		Engine:         v.Engine,
+		CreatedAt:      time.Now().UTC(),
+	}
+	dst := m.snapPath(s)
+	fail := func(err error) (*state.Snapshot, error) {
+		if rerr := engine.Remove(dst); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove data of a failed snapshot; it is removed at restart", "path", dst)
+		}
+		return nil, mapNoSpace(err)
+	}
+	if v.AccessType == state.AccessBlock {
+		err = writeImage(dst, m.imagePath(v.ID), v.CapacityBytes)
+	} else {
+		err = m.eng.Snapshot(m.volDir(v.ID), dst)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("snapshot volume %s: %w", v.ID, err))
+	}
+	err = m.st.Update(func(tx *state.Tx) error {
+		if tx.SnapshotIDByName(name) != "" {
+			return fmt.Errorf("%w: snapshot name %q", ErrExists, name)
+		}
+		return tx.PutSnapshot(s)
+	})
+	if err != nil {
+		return fail(err)
+	}
+	klog.V(2).InfoS("Snapshot created", "snapshotID", s.ID, "sourceVolumeID", v.ID, "size", s.SizeBytes)
+	return s, nil
+}
+
+// DeleteSnapshot removes a snapshot (record first, then data). Unknown ids
+// succeed. Volumes restored from it are independent and stay.
+func (m *Manager) DeleteSnapshot(id string) error {
+	s, err := m.GetSnapshot(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(id) }); err != nil {
+		return err
+	}
+	if err := engine.Remove(m.snapPath(s)); err != nil {
+		klog.ErrorS(err, "Snapshot record deleted but data removal failed; it will be retried at restart", "snapshotID", id)
+	}
+	klog.V(2).InfoS("Snapshot deleted", "snapshotID", id)
+	return nil
+}
+
+// ListSnapshots returns up to limit snapshots (all when limit <= 0) whose
+// ids sort after `after`, optionally only those of one source volume, in id
+// order, and the id to continue after ("" at the end).
+func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) ([]*state.Snapshot, string, error) {
+	var out []*state.Snapshot
+	next := ""
+	err := m.st.View(func(tx *state.Tx) error {
+		return tx.ForEachSnapshot(after, func(s *state.Snapshot) bool {
+			if sourceVolumeID != "" && s.SourceVolumeID != sourceVolumeID {
+				return true
+			}
+			if limit > 0 && len(out) == limit {
+				next = out[len(out)-1].ID
+				return false
+			}
+			out = append(out, s)
+			return true
+		})
+	})
+	return out, next, err
+}
