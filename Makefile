@@ -7,7 +7,12 @@ CSI_TEST_VERSION := v5.6.0
 CSI_SANITY := $(OUT)/bin/csi-sanity
 GOTEST_FLAGS ?= -count=1
 
-.PHONY: help build test unit sanity bench demo verify clean
+TOOLS := $(OUT)/tools/bin
+CONTROLLER_GEN := $(OUT)/bin/controller-gen
+CONTROLLER_TOOLS_VERSION := v0.23.0
+K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
+
+.PHONY: help build test unit sanity test-cluster tools generate bench demo verify clean
 
 help: ## show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -15,7 +20,7 @@ help: ## show this help
 build: ## build the driver binary into _output/
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/localdir-csi
 
-test: verify ## unit, case and csi-sanity tests (as root: real bind mounts)
+test: verify tools ## everything: unit, case, csi-sanity and cluster tests (as root: real mounts)
 	$(GO) test $(GOTEST_FLAGS) -race ./...
 
 unit: ## unit tests only (no root needed)
@@ -23,6 +28,32 @@ unit: ## unit tests only (no root needed)
 
 sanity: ## csi-sanity (csi-test/v5) in all mode, in-process: dir, XFS reflink, btrfs, block
 	$(GO) test $(GOTEST_FLAGS) -v ./tests/sanity/...
+
+test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (part of make test)
+	$(GO) test $(GOTEST_FLAGS) -v ./tests/cluster/...
+
+# The control plane for the cluster tests, built from Go modules in their own
+# modules under tests/tools (cached in _output/tools/bin; ~7 min cold).
+tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize $(TOOLS)/helm
+
+$(TOOLS)/etcd: tests/tools/etcd/go.mod tests/tools/etcd/main.go
+	cd tests/tools/etcd && $(GO) build -o $@ .
+
+$(TOOLS)/kube-apiserver $(TOOLS)/kubectl: tests/tools/k8s/go.mod
+	cd tests/tools/k8s && $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+# kustomize and helm render deploy/ in tests/cluster/deploy.
+$(TOOLS)/kustomize: tests/tools/kustomize/go.mod
+	cd tests/tools/kustomize && $(GO) build -o $@ sigs.k8s.io/kustomize/kustomize/v5
+
+$(TOOLS)/helm: tests/tools/helm/go.mod
+	cd tests/tools/helm && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
+
+$(CONTROLLER_GEN):
+	GOBIN=$(OUT)/bin $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+generate: $(CONTROLLER_GEN) ## regenerate deepcopy code and the CRDs in deploy/
+	$(CONTROLLER_GEN) object paths=./pkg/cluster/api/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/kubernetes/crds
 
 bench: ## benchmarks: CO-like client over the driver's socket (as root)
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./tests/bench/

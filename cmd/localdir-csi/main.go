@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/app"
 	"github.com/localdir-csi/localdir/pkg/driver"
 )
 
@@ -41,15 +42,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "localdir-csi:", err)
 		os.Exit(2)
 	}
-	d, err := driver.New(opts)
-	if err != nil {
-		klog.ErrorS(err, "Cannot start")
-		klog.Flush()
-		os.Exit(1)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := d.Run(ctx); err != nil {
+	if err := app.Run(ctx, opts); err != nil {
 		klog.ErrorS(err, "Driver stopped with an error")
 		klog.Flush()
 		os.Exit(1)

@@ -20,41 +20,15 @@ type controller struct {
 	d *Driver
 }
 
-func (s *controller) topology() []*csi.Topology {
-	return []*csi.Topology{{Segments: map[string]string{TopologyKey: s.d.opts.NodeID}}}
-}
-
-// reachable reports whether a topology requirement admits this node. With
-// requisite topologies given, one must name this node; preferred ones alone
-// are only a preference.
-func (s *controller) reachable(req *csi.TopologyRequirement) bool {
-	if len(req.GetRequisite()) == 0 {
-		return true
-	}
-	for _, t := range req.GetRequisite() {
-		if s.admits(t) {
-			return true
-		}
-	}
-	return false
-}
-
-// admits reports whether a topology segment set describes this node: every
-// key it names must be one we have, with our value.
-func (s *controller) admits(t *csi.Topology) bool {
-	for k, v := range t.GetSegments() {
-		if k != TopologyKey || v != s.d.opts.NodeID {
-			return false
-		}
-	}
-	return true
+func topologyOf(node string) []*csi.Topology {
+	return []*csi.Topology{{Segments: map[string]string{TopologyKey: node}}}
 }
 
 func (s *controller) csiVolume(v *state.Volume) *csi.Volume {
 	out := &csi.Volume{
 		VolumeId:           v.ID,
 		CapacityBytes:      v.CapacityBytes,
-		AccessibleTopology: s.topology(),
+		AccessibleTopology: topologyOf(v.Node),
 	}
 	if v.SourceSnapshotID != "" {
 		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: v.SourceSnapshotID}}}
@@ -91,7 +65,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	defer release()
 
-	existing, err := s.d.vm.LookupByName(req.GetName())
+	existing, err := s.d.backend.VolumeByName(ctx, req.GetName())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -111,7 +85,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	srcSnap, srcVol, srcSize, err := s.source(req.GetVolumeContentSource())
+	srcSnap, srcVol, srcSize, err := s.source(ctx, req.GetVolumeContentSource())
 	if err != nil {
 		return nil, err
 	}
@@ -121,9 +95,6 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			return nil, err
 		}
 	}
-	if !s.reachable(req.GetAccessibilityRequirements()) {
-		return nil, status.Errorf(codes.ResourceExhausted, "accessibility_requirements exclude node %q, the only node this controller serves", s.d.opts.NodeID)
-	}
 	if srcVol != "" {
 		// The source must not be deleted while it is copied.
 		release, err := s.d.ids.acquire("volume", srcVol)
@@ -132,7 +103,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		defer release()
 	}
-	v, err := s.d.vm.Create(volume.CreateSpec{
+	v, err := s.d.backend.CreateVolume(ctx, volume.CreateSpec{
 		Name:             req.GetName(),
 		SizeBytes:        size,
 		AccessType:       accessTypeOf(req.GetVolumeCapabilities()),
@@ -140,7 +111,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		DirMode:          params.dirMode,
 		SourceSnapshotID: srcSnap,
 		SourceVolumeID:   srcVol,
-	})
+	}, req.GetAccessibilityRequirements())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -151,18 +122,18 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 // and its size in bytes. Codes: NOT_FOUND for a source that does not exist
 // on this node (an id of any other shape included), INVALID_ARGUMENT for an
 // empty or unknown source type.
-func (s *controller) source(src *csi.VolumeContentSource) (snapID, volID string, size int64, err error) {
+func (s *controller) source(ctx context.Context, src *csi.VolumeContentSource) (snapID, volID string, size int64, err error) {
 	switch {
 	case src == nil:
 		return "", "", 0, nil
 	case src.GetSnapshot() != nil:
-		snap, err := s.d.vm.GetSnapshot(src.GetSnapshot().GetSnapshotId())
+		snap, err := s.d.backend.Snapshot(ctx, src.GetSnapshot().GetSnapshotId())
 		if err != nil {
 			return "", "", 0, toStatus(err)
 		}
 		return snap.ID, "", snap.SizeBytes, nil
 	case src.GetVolume() != nil:
-		v, err := s.d.vm.Get(src.GetVolume().GetVolumeId())
+		v, err := s.d.backend.Volume(ctx, src.GetVolume().GetVolumeId())
 		if err != nil {
 			return "", "", 0, toStatus(err)
 		}
@@ -187,7 +158,7 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		return nil, err
 	}
 	defer release()
-	if err := s.d.vm.Delete(id); err != nil {
+	if err := s.d.backend.DeleteVolume(ctx, id); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.DeleteVolumeResponse{}, nil
@@ -203,7 +174,7 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if err := checkCapsWellFormed(req.GetVolumeCapabilities()); err != nil {
 		return nil, err
 	}
-	v, err := s.d.vm.Get(req.GetVolumeId())
+	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -236,7 +207,7 @@ func (s *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	if err != nil {
 		return nil, err
 	}
-	vols, next, err := s.d.vm.List(after, int(req.GetMaxEntries()))
+	vols, next, err := s.d.backend.ListVolumes(ctx, after, int(req.GetMaxEntries()))
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -253,7 +224,7 @@ func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	v, err := s.d.vm.Get(req.GetVolumeId())
+	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -263,10 +234,11 @@ func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	}, nil
 }
 
-// GetCapacity reports the bytes still available for new volumes on this
-// node: min(capacity − Σ volume sizes, free space), and the largest volume
-// that may be requested (spec §GetCapacity). Capabilities or a topology this
-// node cannot serve get 0. Codes: INVALID_ARGUMENT (malformed capability or
+// GetCapacity reports the bytes still available for new volumes in the
+// requested topology segment (all mode: this node; controller mode: the
+// node the segment names, from its LocalNode): min(capacity − Σ volume
+// sizes, free space), and the largest volume that may be requested (spec
+// §GetCapacity). Capabilities or a topology that cannot be served get 0. Codes: INVALID_ARGUMENT (malformed capability or
 // unknown parameter).
 func (s *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	for _, c := range req.GetVolumeCapabilities() {
@@ -277,24 +249,16 @@ func (s *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	if _, err := parseParams(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	zero := &csi.GetCapacityResponse{AvailableCapacity: 0, MaximumVolumeSize: wrapperspb.Int64(0)}
-	if t := req.GetAccessibleTopology(); t != nil && !s.admits(t) {
-		return zero, nil
-	}
 	for _, c := range req.GetVolumeCapabilities() {
 		if capProblem(c) != "" {
-			return zero, nil
+			return &csi.GetCapacityResponse{MaximumVolumeSize: wrapperspb.Int64(0)}, nil
 		}
 	}
-	ci, err := s.d.vm.Capacity()
+	avail, largest, err := s.d.backend.Capacity(ctx, req.GetAccessibleTopology())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	maxVol := ci.Available
-	if m := s.d.opts.MaxVolumeBytes; m > 0 {
-		maxVol = min(maxVol, m)
-	}
-	return &csi.GetCapacityResponse{AvailableCapacity: ci.Available, MaximumVolumeSize: wrapperspb.Int64(maxVol)}, nil
+	return &csi.GetCapacityResponse{AvailableCapacity: avail, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
 }
 
 // ControllerGetCapabilities advertises what this build implements.
@@ -314,7 +278,76 @@ func (s *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	} {
-		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
+		caps = append(caps, rpcCap(t))
+	}
+	if _, ok := s.d.backend.(publisher); ok {
+		caps = append(caps, rpcCap(csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME))
 	}
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func rpcCap(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
+	return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
+}
+
+// publisher is implemented by backends whose volumes must be checked
+// against the node a CO attaches them to (controller mode).
+type publisher interface {
+	// NodeKnown reports whether the node runs the localdir node plugin.
+	NodeKnown(ctx context.Context, node string) (bool, error)
+}
+
+// ControllerPublishVolume checks that the volume lives on the node the CO
+// wants to use it on (spec §ControllerPublishVolume); there is nothing to
+// attach. Served in controller mode, where csi-attacher may run
+// (CSIDriver attachRequired is a deploy-time choice). Codes:
+// INVALID_ARGUMENT, NOT_FOUND (volume or node), FAILED_PRECONDITION (the
+// volume lives on another node, or its access type differs).
+func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	p, ok := s.d.backend.(publisher)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "ControllerPublishVolume is not needed in all mode")
+	}
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if req.GetNodeId() == "" {
+		return nil, invalid("node_id is required")
+	}
+	if err := checkCapWellFormed(req.GetVolumeCapability()); err != nil {
+		return nil, err
+	}
+	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	known, err := p.NodeKnown(ctx, req.GetNodeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !known {
+		return nil, status.Errorf(codes.NotFound, "node %q does not run the localdir node plugin", req.GetNodeId())
+	}
+	if v.Node != req.GetNodeId() {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s lives on node %q, not on %q: local volumes cannot move", v.ID, v.Node, req.GetNodeId())
+	}
+	if p := capProblem(req.GetVolumeCapability()); p != "" {
+		return nil, status.Error(codes.FailedPrecondition, p)
+	}
+	if at := accessTypeOf([]*csi.VolumeCapability{req.GetVolumeCapability()}); at != v.AccessType {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is a %s volume, not %s", v.ID, v.AccessType, at)
+	}
+	return &csi.ControllerPublishVolumeResponse{}, nil
+}
+
+// ControllerUnpublishVolume has nothing to detach; it succeeds once the
+// arguments are valid (spec §ControllerUnpublishVolume).
+func (s *controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	if _, ok := s.d.backend.(publisher); !ok {
+		return nil, status.Error(codes.Unimplemented, "ControllerUnpublishVolume is not needed in all mode")
+	}
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }

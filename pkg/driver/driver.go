@@ -64,9 +64,10 @@ func Version() string {
 // node-local volume manager (nil in controller mode).
 type Driver struct {
 	opts    Options
-	vm      *volume.Manager
-	names   *keyLocks // CreateVolume by name
-	ids     *keyLocks // everything else by volume_id
+	vm      *volume.Manager // node-local data plane (node, all mode)
+	backend Backend         // what the Controller service works on (controller, all mode)
+	names   *keyLocks       // CreateVolume by name
+	ids     *keyLocks       // everything else by volume_id
 	version string
 
 	server *grpc.Server
@@ -82,16 +83,34 @@ func New(opts Options) (*Driver, error) {
 	d := &Driver{opts: opts, names: newKeyLocks(), ids: newKeyLocks(), version: Version()}
 	switch opts.Mode {
 	case ModeController:
-		return nil, errors.New("--mode=controller needs the cluster API (LocalVolume custom resources), which this build does not include yet; use --mode=all")
+		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
 	case ModeNode, ModeAll:
 		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine})
 		if err != nil {
 			return nil, err
 		}
 		d.vm = vm
+		if opts.Mode == ModeAll {
+			d.backend = &LocalBackend{VM: vm, NodeID: opts.NodeID, MaxVolumeBytes: opts.MaxVolumeBytes}
+		}
 	}
 	return d, nil
 }
+
+// NewController returns a controller-mode driver whose Controller service
+// works on backend (pkg/cluster's ControllerBackend).
+func NewController(opts Options, backend Backend) (*Driver, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Mode != ModeController {
+		return nil, fmt.Errorf("NewController: mode is %q", opts.Mode)
+	}
+	return &Driver{opts: opts, names: newKeyLocks(), ids: newKeyLocks(), version: Version(), backend: backend}, nil
+}
+
+// VolumeManager is the node-local data plane (nil in controller mode).
+func (d *Driver) VolumeManager() *volume.Manager { return d.vm }
 
 // Run serves the CSI services on the endpoint until ctx is done, then stops
 // gracefully and closes the state file.

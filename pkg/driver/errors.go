@@ -10,6 +10,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
+// ToStatus is toStatus for other packages (the cluster node agent records
+// the code of a failed create for the controller to return).
+func ToStatus(err error) error { return toStatus(err) }
+
 // toStatus is the one boundary where storage errors become gRPC codes (CSI
 // spec, "Error Scheme"). An error that already carries a status keeps it; an
 // error wrapping none of the volume sentinels is INTERNAL.

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -35,6 +36,20 @@ func checkNodeCap(c *csi.VolumeCapability) error {
 	return nil
 }
 
+// checkNodePath validates a staging_target_path or target_path given by the
+// CO, before any lookup: an unusable path is INVALID_ARGUMENT whether or not
+// the volume exists (spec error scheme; csi-sanity sends unknown ids with
+// bad paths). Required, absolute and clean, as pkg/volume requires too.
+func checkNodePath(field, p string) error {
+	if p == "" {
+		return invalid("%s is required", field)
+	}
+	if c := filepath.Clean(p); !filepath.IsAbs(p) || (c != p && c+"/" != p) {
+		return invalid("%s %q must be an absolute, clean path", field, p)
+	}
+	return nil
+}
+
 // NodeStageVolume bind-mounts the volume onto staging_target_path (spec
 // §NodeStageVolume). Codes: INVALID_ARGUMENT (missing field, bad mount
 // flag, path not a directory or a symlink), NOT_FOUND (unknown volume),
@@ -44,8 +59,8 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if req.GetStagingTargetPath() == "" {
-		return nil, invalid("staging_target_path is required")
+	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
 		return nil, err
@@ -87,8 +102,8 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if req.GetTargetPath() == "" {
-		return nil, invalid("target_path is required")
+	if err := checkNodePath("target_path", req.GetTargetPath()); err != nil {
+		return nil, err
 	}
 	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
 		return nil, err
@@ -98,6 +113,9 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	if req.GetStagingTargetPath() == "" {
 		return nil, invalid("staging_target_path is required: the driver advertises STAGE_UNSTAGE_VOLUME")
+	}
+	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
 	if err != nil {

@@ -113,9 +113,13 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 
 // NodeExpandVolume makes the node see a volume's new size (spec
 // §NodeExpandVolume): a block volume's loop device is refreshed without
-// detaching, a btrfs volume's qgroup limit re-applied. Codes:
-// INVALID_ARGUMENT (no id or path), NOT_FOUND (unknown volume or missing
-// path), ABORTED.
+// detaching, a btrfs volume's qgroup limit re-applied. When capacity_range
+// asks for more than the recorded size, all mode grows the volume here with
+// ControllerExpandVolume's checks (this node's manager is the controller's
+// backend); node mode answers OUT_OF_RANGE, as the controller owns sizes.
+// Codes: INVALID_ARGUMENT (no id or path), NOT_FOUND (unknown volume or
+// missing path), OUT_OF_RANGE (above --max-volume-size), RESOURCE_EXHAUSTED
+// (no room), ABORTED.
 func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -133,8 +137,21 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		return nil, toStatus(err)
 	}
 	if req.GetCapacityRange().GetRequiredBytes() > capacity {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; call ControllerExpandVolume before asking the node for %d",
-			req.GetVolumeId(), capacity, req.GetCapacityRange().GetRequiredBytes())
+		if s.d.opts.Mode != ModeAll {
+			return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; call ControllerExpandVolume before asking the node for %d",
+				req.GetVolumeId(), capacity, req.GetCapacityRange().GetRequiredBytes())
+		}
+		size, err := resolveSize(req.GetCapacityRange(), s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
+		if err != nil {
+			return nil, err
+		}
+		v, err := s.d.vm.Resolve(req.GetVolumeId())
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if capacity, err = s.d.vm.Expand(v.ID, size); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
 }

@@ -53,15 +53,12 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	for k := range userParams(req.GetParameters()) {
 		return nil, invalid("unknown snapshot parameter %q (the driver takes none besides the %s* ones); remove it from the VolumeSnapshotClass", k, reservedPrefix)
 	}
-	if !s.reachable(req.GetAccessibilityRequirements()) {
-		return nil, status.Errorf(codes.ResourceExhausted, "accessibility_requirements exclude node %q, where the source volume lives", s.d.opts.NodeID)
-	}
 	release, err := s.d.names.acquire("snapshot name", snapshotNameKey(req.GetName()))
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	existing, err := s.d.vm.LookupSnapshotByName(req.GetName())
+	existing, err := s.d.backend.SnapshotByName(ctx, req.GetName())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -80,7 +77,7 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, err
 	}
 	defer releaseSrc()
-	snap, err := s.d.vm.CreateSnapshot(req.GetName(), req.GetSourceVolumeId())
+	snap, err := s.d.backend.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId(), req.GetAccessibilityRequirements())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -103,7 +100,7 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		return nil, err
 	}
 	defer release()
-	return &csi.DeleteSnapshotResponse{}, toStatus(s.d.vm.DeleteSnapshot(id))
+	return &csi.DeleteSnapshotResponse{}, toStatus(s.d.backend.DeleteSnapshot(ctx, id))
 }
 
 // ListSnapshots pages through snapshots in id order, optionally filtered by
@@ -119,7 +116,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	}
 	resp := &csi.ListSnapshotsResponse{}
 	if id := req.GetSnapshotId(); id != "" {
-		snap, err := s.d.vm.GetSnapshot(id)
+		snap, err := s.d.backend.Snapshot(ctx, id)
 		if err != nil {
 			return resp, nil // not found: no entries
 		}
@@ -128,7 +125,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		}
 		return resp, nil
 	}
-	snaps, next, err := s.d.vm.ListSnapshots(after, int(req.GetMaxEntries()), req.GetSourceVolumeId())
+	snaps, next, err := s.d.backend.ListSnapshots(ctx, after, int(req.GetMaxEntries()), req.GetSourceVolumeId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -145,7 +142,7 @@ func (s *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 	if req.GetSnapshotId() == "" {
 		return nil, invalid("snapshot_id is required")
 	}
-	snap, err := s.d.vm.GetSnapshot(req.GetSnapshotId())
+	snap, err := s.d.backend.Snapshot(ctx, req.GetSnapshotId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -176,14 +173,14 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, err
 	}
 	defer release()
-	v, err := s.d.vm.Get(req.GetVolumeId())
+	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if c := req.GetVolumeCapability(); c != nil && accessTypeOf([]*csi.VolumeCapability{c}) != v.AccessType {
 		return nil, invalid("volume %s is a %s volume; volume_capability asks for another access type", v.ID, v.AccessType)
 	}
-	capacity, err := s.d.vm.Expand(v.ID, size)
+	capacity, err := s.d.backend.ExpandVolume(ctx, v.ID, size)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -216,7 +213,7 @@ func (s *controller) ControllerGetVolumeHealth(ctx context.Context, req *csi.Con
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	h, err := s.d.vm.Health(req.GetVolumeId())
+	h, err := s.d.backend.VolumeHealth(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -233,13 +230,13 @@ func (s *controller) ControllerListVolumeHealth(ctx context.Context, req *csi.Co
 	if err != nil {
 		return nil, err
 	}
-	vols, next, err := s.d.vm.List(after, int(req.GetMaxEntries()))
+	vols, next, err := s.d.backend.ListVolumes(ctx, after, int(req.GetMaxEntries()))
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	resp := &csi.ControllerListVolumeHealthResponse{NextToken: encodeToken(next)}
 	for _, v := range vols {
-		h, err := s.d.vm.Health(v.ID)
+		h, err := s.d.backend.VolumeHealth(ctx, v.ID)
 		if err != nil {
 			continue // deleted meanwhile
 		}

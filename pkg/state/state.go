@@ -72,6 +72,9 @@ type Volume struct {
 	Engine string `json:"engine,omitempty"`
 	// CreatedAt is when the create was committed (UTC).
 	CreatedAt time.Time `json:"createdAt"`
+	// Node is the node id holding the volume (filled in by the controller
+	// side; not stored by a node).
+	Node string `json:"-"`
 }
 
 // Snapshot is the durable record of one CSI snapshot.
@@ -83,6 +86,8 @@ type Snapshot struct {
 	AccessType     string    `json:"accessType"`
 	Engine         string    `json:"engine,omitempty"`
 	CreatedAt      time.Time `json:"createdAt"`
+	// Node is the node id holding the snapshot (controller side only).
+	Node string `json:"-"`
 }
 
 // Store is an open state file. All methods are safe for concurrent use.
@@ -110,6 +115,8 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	} else if fi.Size() == 0 {
 		return nil, corrupt(path, errors.New("file is empty"))
+	} else if err := checkLength(path, fi.Size()); err != nil {
+		return nil, err
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:        5 * time.Second,
@@ -120,10 +127,7 @@ func Open(path string) (*Store, error) {
 		InitialMmapSize: 16 << 20,
 	})
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) || err.Error() == "timeout" {
-			return nil, fmt.Errorf("state file %s is locked by another process (is another localdir-csi running on this data root?)", path)
-		}
-		return nil, corrupt(path, err)
+		return nil, openError(path, err)
 	}
 	s := &Store{path: path, db: db, ops: make(chan *op, 4096), done: make(chan struct{})}
 	if err := s.initBuckets(fresh); err != nil {
@@ -132,6 +136,31 @@ func Open(path string) (*Store, error) {
 	}
 	go s.commitLoop()
 	return s, nil
+}
+
+func openError(path string, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) || err.Error() == "timeout" {
+		return fmt.Errorf("state file %s is locked by another process (is another localdir-csi running on this data root?)", path)
+	}
+	return corrupt(path, err)
+}
+
+// checkLength refuses a file shorter than its meta page says, as left by an
+// interrupted copy or restore. bbolt maps the missing pages, and reading them
+// (which a read-write open does at once, rebuilding the free list) kills the
+// process with SIGBUS. A read-only open reads only the meta pages.
+func checkLength(path string, size int64) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	if err != nil {
+		return openError(path, err)
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		if need := tx.Size(); need > size {
+			return corrupt(path, fmt.Errorf("file is %d bytes, its header refers to %d: it was cut short", size, need))
+		}
+		return nil
+	})
 }
 
 func corrupt(path string, cause error) error {

@@ -57,8 +57,12 @@ type Manager struct {
 	eng       engine.Engine
 	st        *state.Store
 
-	mu        sync.Mutex // guards allocated only; held for arithmetic, never across I/O
+	mu        sync.Mutex // guards allocated and inflight; held for arithmetic, never across I/O
 	allocated int64      // sum of CapacityBytes of all recorded volumes, plus reservations
+	// inflight is the part of the reservations whose data is still being
+	// written (creates, expansions): statfs free space does not show it
+	// yet, so concurrent reservations must not count it as free.
+	inflight int64
 }
 
 // Open prepares the data root, opens its state file and finishes or rolls
@@ -231,6 +235,10 @@ func (m *Manager) imagePath(id string) string {
 	return filepath.Join(m.blockRoot, id+".img")
 }
 
+// DataPath is where volume v's data lives on this node (for status and
+// logs; the manager builds it from the validated id).
+func (m *Manager) DataPath(v *state.Volume) string { return m.dataPath(v) }
+
 // dataPath is where volume v's data lives.
 func (m *Manager) dataPath(v *state.Volume) string {
 	if v.AccessType == state.AccessBlock {
@@ -254,19 +262,20 @@ type CapacityInfo struct {
 	// Free is the free space of the filesystem (statfs f_bavail).
 	Free int64
 	// Available is what a new volume may still reserve:
-	// min(Total - Allocated, Free), never negative.
+	// min(Total - Allocated, Free - space reserved by creates and
+	// expansions still writing), never negative.
 	Available int64
 }
 
 // Capacity reports the data root's capacity (statfs(2) on the data root).
 func (m *Manager) Capacity() (CapacityInfo, error) {
 	m.mu.Lock()
-	alloc := m.allocated
+	alloc, inflight := m.allocated, m.inflight
 	m.mu.Unlock()
-	return m.capacityWith(alloc)
+	return m.capacityWith(alloc, inflight)
 }
 
-func (m *Manager) capacityWith(alloc int64) (CapacityInfo, error) {
+func (m *Manager) capacityWith(alloc, inflight int64) (CapacityInfo, error) {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(m.root, &sfs); err != nil {
 		return CapacityInfo{}, fmt.Errorf("statfs %s: %w", m.root, err)
@@ -279,15 +288,17 @@ func (m *Manager) capacityWith(alloc int64) (CapacityInfo, error) {
 	if m.cfg.CapacityBytes > 0 {
 		ci.Total = m.cfg.CapacityBytes
 	}
-	ci.Available = max(min(ci.Total-alloc, ci.Free), 0)
+	ci.Available = max(min(ci.Total-alloc, ci.Free-inflight), 0)
 	return ci, nil
 }
 
-// reserve takes n bytes of capacity or fails with ErrNoSpace.
+// reserve takes n bytes of capacity or fails with ErrNoSpace. The caller
+// calls settle(n) once the data is written (or failed), and release(n) if
+// the reservation is given up.
 func (m *Manager) reserve(n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ci, err := m.capacityWith(m.allocated)
+	ci, err := m.capacityWith(m.allocated, m.inflight)
 	if err != nil {
 		return err
 	}
@@ -295,7 +306,16 @@ func (m *Manager) reserve(n int64) error {
 		return fmt.Errorf("%w: %d bytes requested, %d available on node data root", ErrNoSpace, n, ci.Available)
 	}
 	m.allocated += n
+	m.inflight += n
 	return nil
+}
+
+// settle ends the in-flight part of a reservation of n bytes: its data is
+// written, so statfs counts it now (or it failed and was removed).
+func (m *Manager) settle(n int64) {
+	m.mu.Lock()
+	m.inflight -= n
+	m.mu.Unlock()
 }
 
 func (m *Manager) release(n int64) {
@@ -306,6 +326,10 @@ func (m *Manager) release(n int64) {
 
 // CreateSpec describes a new volume.
 type CreateSpec struct {
+	// ID is the volume_id to use; empty means a fresh random one. The
+	// cluster controller chooses ids, and a node creating an id it already
+	// holds gets the existing volume back (the reconciler's idempotency).
+	ID string
 	// Name is the CSI name (stored, never used in a path).
 	Name string
 	// SizeBytes is the capacity to reserve, in bytes (> 0).
@@ -344,6 +368,16 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	if spec.AccessType != state.AccessMount && spec.AccessType != state.AccessBlock {
 		return nil, fmt.Errorf("%w: access type %q", ErrInvalid, spec.AccessType)
 	}
+	if spec.ID != "" {
+		if !ValidVolumeID(spec.ID) {
+			return nil, fmt.Errorf("%w: volume id %q", ErrInvalid, spec.ID)
+		}
+		if v, err := m.Get(spec.ID); err == nil {
+			return v, nil
+		}
+	} else {
+		spec.ID = NewVolumeID()
+	}
 	var srcPath string
 	switch {
 	case spec.SourceSnapshotID != "":
@@ -369,7 +403,7 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 		return nil, err
 	}
 	v := &state.Volume{
-		ID:               NewVolumeID(),
+		ID:               spec.ID,
 		Name:             spec.Name,
 		CapacityBytes:    spec.SizeBytes,
 		AccessType:       spec.AccessType,
@@ -394,11 +428,15 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	case spec.AccessType == state.AccessBlock:
 		v.Engine = "image"
 		err = writeImage(dst, srcPath, spec.SizeBytes)
+		if err == nil {
+			err = preallocate(dst, spec.SizeBytes)
+		}
 	case srcPath != "":
 		err = m.eng.Clone(srcPath, dst, spec.SizeBytes)
 	default:
 		err = m.eng.Create(dst, spec.SizeBytes, spec.DirMode)
 	}
+	m.settle(spec.SizeBytes)
 	if err != nil {
 		return fail(fmt.Errorf("create volume data: %w", err))
 	}
@@ -445,6 +483,24 @@ func writeImage(dst, src string, size int64) error {
 		}
 	}
 	return unix.Ftruncate(out, size)
+}
+
+// preallocate allocates disk blocks for the whole image at path
+// (fallocate(2) mode 0: data kept, holes filled, extents shared with a
+// snapshot stay shared). A raw block volume must own its space: with a
+// sparse image the data root can fill up under a pod's loop device, and its
+// writes turn into I/O errors; and a create must fail (ENOSPC) when the disk
+// cannot hold it. Filesystems without fallocate keep the image sparse.
+func preallocate(path string, size int64) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("allocate %d bytes for %s: %w", size, path, err)
+	}
+	return nil
 }
 
 func mapNoSpace(err error) error {
@@ -594,7 +650,9 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 	if err := m.reserve(delta); err != nil {
 		return 0, err
 	}
-	if err := m.resizeData(v, newSize); err != nil {
+	err = m.resizeData(v, newSize)
+	m.settle(delta)
+	if err != nil {
 		m.release(delta)
 		return 0, mapNoSpace(err)
 	}
@@ -609,10 +667,19 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 
 func (m *Manager) resizeData(v *state.Volume, size int64) error {
 	if v.AccessType == state.AccessBlock {
-		if err := unix.Truncate(m.imagePath(v.ID), size); err != nil {
+		img := m.imagePath(v.ID)
+		fi, err := os.Stat(img)
+		if err != nil {
 			return err
 		}
-		_, err := block.Refresh(m.imagePath(v.ID))
+		if err := unix.Truncate(img, size); err != nil {
+			return err
+		}
+		if err := preallocate(img, size); err != nil {
+			_ = unix.Truncate(img, fi.Size()) // give back what was allocated past the old size
+			return err
+		}
+		_, err = block.Refresh(img)
 		return err
 	}
 	return m.eng.Resize(m.volDir(v.ID), size)

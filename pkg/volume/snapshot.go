@@ -56,20 +56,41 @@ func (m *Manager) GetSnapshot(id string) (*state.Snapshot, error) {
 	return s, err
 }
 
-// CreateSnapshot takes a snapshot of volume sourceID for the CSI name and
+// SnapshotSpec describes a new snapshot.
+type SnapshotSpec struct {
+	// ID is the snapshot_id to use; empty means a fresh random one. An id
+	// the node already holds returns the existing snapshot.
+	ID string
+	// Name is the CSI name; SourceVolumeID the volume to snapshot.
+	Name, SourceVolumeID string
+}
+
+// CreateSnapshot takes a snapshot of volume spec.SourceVolumeID for the CSI
+// name and
 // commits its record before it returns. btrfs volumes get a read-only
 // subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents shared on
 // reflink filesystems); block volumes a copy of the image. The snapshot is
 // independent of its source: deleting the volume leaves it usable. Its size
 // is the source's capacity (the restore size). Errors: ErrNotFound (source),
 // ErrNoSpace, ErrExists (name taken by a concurrent call).
-func (m *Manager) CreateSnapshot(name, sourceID string) (*state.Snapshot, error) {
-	v, err := m.Get(sourceID)
+func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
+	name := spec.Name
+	if spec.ID != "" {
+		if !ValidSnapshotID(spec.ID) {
+			return nil, fmt.Errorf("%w: snapshot id %q", ErrInvalid, spec.ID)
+		}
+		if s, err := m.GetSnapshot(spec.ID); err == nil {
+			return s, nil
+		}
+	} else {
+		spec.ID = NewSnapshotID()
+	}
+	v, err := m.Get(spec.SourceVolumeID)
 	if err != nil {
 		return nil, err
 	}
 	s := &state.Snapshot{
-		ID:             NewSnapshotID(),
+		ID:             spec.ID,
 		Name:           name,
 		SourceVolumeID: v.ID,
 		SizeBytes:      v.CapacityBytes,

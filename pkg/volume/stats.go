@@ -17,9 +17,9 @@ import (
 type Usage struct {
 	// TotalBytes is the volume's capacity in bytes; UsedBytes the space its
 	// files occupy (qgroup referenced bytes on btrfs; allocated blocks with
-	// hard links counted once on dir; the image's allocated blocks for
-	// block volumes); AvailableBytes = TotalBytes - UsedBytes, never
-	// negative.
+	// hard links counted once on dir; for block volumes the bytes written
+	// to the image, its data segments); AvailableBytes = TotalBytes -
+	// UsedBytes, never negative.
 	TotalBytes, UsedBytes, AvailableBytes int64
 	// HasInodes says whether the inode figures are known (not for block
 	// volumes, nor on btrfs, which has no inode limit).
@@ -95,10 +95,44 @@ func (m *Manager) blockStats(v *state.Volume, volumePath string, notHere error) 
 	} else if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return Usage{}, notHere
 	}
-	var ist unix.Stat_t
-	if err := unix.Stat(img, &ist); err != nil {
+	used, err := writtenBytes(img)
+	if err != nil {
 		return Usage{}, err
 	}
-	used := min(ist.Blocks*512, v.CapacityBytes)
+	used = min(used, v.CapacityBytes)
 	return Usage{TotalBytes: v.CapacityBytes, UsedBytes: used, AvailableBytes: v.CapacityBytes - used}, nil
+}
+
+// writtenBytes sums the data segments of the image at path (SEEK_DATA /
+// SEEK_HOLE): what was written through the device. Its allocated blocks
+// (st_blocks) would count the preallocated, never written ranges too,
+// which SEEK_DATA reports as holes. A filesystem without SEEK_DATA reports
+// the whole file as data.
+func writtenBytes(path string) (int64, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, err
+	}
+	var n int64
+	for off := int64(0); off < st.Size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return 0, err
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, err
+		}
+		n += hole - data
+		off = hole
+	}
+	return n, nil
 }

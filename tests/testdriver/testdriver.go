@@ -6,6 +6,7 @@ package testdriver
 import (
 	"context"
 	"flag"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,12 +94,16 @@ func StartWith(t testing.TB, o driver.Options) *Instance {
 	go func() { in.done <- d.Run(ctx) }()
 	sock := strings.TrimPrefix(o.Endpoint, "unix://")
 	deadline := time.Now().Add(10 * time.Second)
+	// The socket file appears at bind(2), a moment before listen(2); a
+	// dial in between is refused and fails the first RPC. Wait until a
+	// connection is accepted, not merely for the file.
 	for {
-		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
+			_ = c.Close()
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("driver socket %s did not appear", sock)
+			t.Fatalf("driver socket %s did not accept connections", sock)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -103,6 +103,19 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		}
 		return fmt.Errorf("stat %s: %w", rel, err)
 	}
+	// Every non-directory may have several names, symlinks included
+	// (link(2) does not follow them): the second and later names become
+	// hard links to the first copy.
+	if s.Mode&unix.S_IFMT != unix.S_IFDIR && s.Nlink > 1 {
+		if first, ok := c.links[s.Ino]; ok {
+			if err := unix.Linkat(unix.AT_FDCWD, filepath.Join(c.dstRoot, first), dfd, name, 0); err != nil {
+				return fmt.Errorf("link %s: %w", rel, err)
+			}
+			c.st.HardLinks++
+			return nil
+		}
+		c.links[s.Ino] = rel
+	}
 	switch s.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
@@ -126,16 +139,6 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		c.st.Dirs++
 		return c.attrsFd(cfd, nfd, &s)
 	case unix.S_IFREG:
-		if s.Nlink > 1 {
-			if first, ok := c.links[s.Ino]; ok {
-				if err := unix.Linkat(unix.AT_FDCWD, filepath.Join(c.dstRoot, first), dfd, name, 0); err != nil {
-					return fmt.Errorf("link %s: %w", rel, err)
-				}
-				c.st.HardLinks++
-				return nil
-			}
-			c.links[s.Ino] = rel
-		}
 		return c.file(sfd, dfd, name, rel, &s)
 	case unix.S_IFLNK:
 		target, err := readlinkat(sfd, name)
@@ -148,16 +151,6 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		c.st.Symlinks++
 		return c.attrsAt(sfd, dfd, name, &s)
 	default: // devices, FIFOs, sockets
-		if s.Nlink > 1 {
-			if first, ok := c.links[s.Ino]; ok {
-				if err := unix.Linkat(unix.AT_FDCWD, filepath.Join(c.dstRoot, first), dfd, name, 0); err != nil {
-					return fmt.Errorf("link %s: %w", rel, err)
-				}
-				c.st.HardLinks++
-				return nil
-			}
-			c.links[s.Ino] = rel
-		}
 		if err := unix.Mknodat(dfd, name, s.Mode&unix.S_IFMT|0o600, int(s.Rdev)); err != nil {
 			return fmt.Errorf("mknod %s: %w", rel, err)
 		}

@@ -1,0 +1,300 @@
+// Package v1alpha1 is the localdir.csi.dev/v1alpha1 API: the custom
+// resources through which the controller Deployment and the node plugins
+// meet in cluster mode. All of them are cluster-scoped.
+//
+// +kubebuilder:object:generate=true
+// +groupName=localdir.csi.dev
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion is the API group and version of these resources.
+var GroupVersion = schema.GroupVersion{Group: "localdir.csi.dev", Version: "v1alpha1"}
+
+// AddToScheme registers the types with a runtime.Scheme.
+func AddToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&LocalVolume{}, &LocalVolumeList{},
+		&LocalSnapshot{}, &LocalSnapshotList{},
+		&LocalNode{}, &LocalNodeList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
+
+// Label and finalizer names.
+const (
+	// NodeLabel on LocalVolume and LocalSnapshot objects names the node that
+	// holds the data, so each node plugin watches only its own objects.
+	NodeLabel = "localdir.csi.dev/node"
+	// Finalizer is held by the node plugin until it has acted on a deleted
+	// object (removed the data when deleteData is set, else kept it).
+	Finalizer = "localdir.csi.dev/node-data"
+)
+
+// Phases of LocalVolume and LocalSnapshot.
+const (
+	PhasePending  = "Pending"  // recorded by the controller, not yet seen by the node
+	PhaseReady    = "Ready"    // the data exists on the node
+	PhaseFailed   = "Failed"   // the node could not create it; see the Ready condition
+	PhaseDeleting = "Deleting" // delete requested, the node is removing the data
+)
+
+// ConditionReady is the condition type carrying why an object is or is not
+// ready.
+const ConditionReady = "Ready"
+
+// VolumeMode values, as in a PersistentVolume.
+const (
+	VolumeModeFilesystem = "Filesystem"
+	VolumeModeBlock      = "Block"
+)
+
+// ContentSource is what a new volume is filled from: at most one field set.
+type ContentSource struct {
+	// Snapshot is the snapshot_id (a LocalSnapshot name) to restore.
+	// +optional
+	Snapshot string `json:"snapshot,omitempty"`
+	// Volume is the volume_id (a LocalVolume name) to clone.
+	// +optional
+	Volume string `json:"volume,omitempty"`
+}
+
+// LocalVolumeSpec is the volume the controller asks a node to hold.
+type LocalVolumeSpec struct {
+	// Node is the node id (CSI node_id, the value of the
+	// topology.localdir.csi.dev/node key) whose data root holds the volume.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
+	Node string `json:"node"`
+	// Size is the volume's capacity in bytes. ControllerExpandVolume raises
+	// it; the node plugin then grows the volume (btrfs qgroup limit, image
+	// file size).
+	// +kubebuilder:validation:Minimum=1
+	Size int64 `json:"size"`
+	// VolumeMode is Filesystem (a directory, mounted into pods) or Block (an
+	// image file attached as a loop device).
+	// +kubebuilder:validation:Enum=Filesystem;Block
+	// +kubebuilder:default=Filesystem
+	VolumeMode string `json:"volumeMode,omitempty"`
+	// Engine is the storage engine the node used for a Filesystem volume
+	// ("dir" or "btrfs"); informational, chosen by the node plugin.
+	// +optional
+	Engine string `json:"engine,omitempty"`
+	// ContentSource, when set, fills the new volume from a snapshot or a
+	// volume on the same node.
+	// +optional
+	ContentSource *ContentSource `json:"contentSource,omitempty"`
+	// Parameters are the StorageClass parameters the volume was created
+	// with (dirMode, …), without the csi.storage.k8s.io/ ones.
+	// +optional
+	Parameters map[string]string `json:"parameters,omitempty"`
+	// CSIName is the CreateVolumeRequest name (the PV name under
+	// Kubernetes) the volume was created for.
+	CSIName string `json:"csiName"`
+	// DeleteData is set by the controller's DeleteVolume just before it
+	// deletes this object. Only then does the node plugin remove the data:
+	// an object deleted any other way (by hand, with its CRD, by a
+	// namespace or etcd restore) leaves the data on the node, reported as
+	// orphaned and re-adopted when the object comes back.
+	// +optional
+	DeleteData bool `json:"deleteData,omitempty"`
+}
+
+// LocalVolumeStatus is what the node plugin reports.
+type LocalVolumeStatus struct {
+	// Phase is Pending, Ready, Failed or Deleting.
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// Conditions: Ready (True once the data exists; False with a reason
+	// and a message a person can act on).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// CapacityBytes is the capacity the node actually provides, in bytes.
+	// +optional
+	CapacityBytes int64 `json:"capacityBytes,omitempty"`
+	// UsedBytes is the space the volume's data occupies, in bytes, as last
+	// measured by the node plugin.
+	// +optional
+	UsedBytes int64 `json:"usedBytes,omitempty"`
+	// Path is where the data lives on the node.
+	// +optional
+	Path string `json:"path,omitempty"`
+	// ErrorCode is the gRPC code name (e.g. ResourceExhausted) of a failed
+	// create, which the controller returns to the CO.
+	// +optional
+	ErrorCode string `json:"errorCode,omitempty"`
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// LocalVolume is one CSI volume held on one node's local disk. Its name is
+// the volume_id.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=lv,categories=localdir
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.spec.size`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.volumeMode`,priority=1
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="PV",type=string,JSONPath=`.spec.csiName`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type LocalVolume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   LocalVolumeSpec   `json:"spec"`
+	Status LocalVolumeStatus `json:"status,omitempty"`
+}
+
+// LocalVolumeList is a list of LocalVolume.
+//
+// +kubebuilder:object:root=true
+type LocalVolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LocalVolume `json:"items"`
+}
+
+// LocalSnapshotSpec is the snapshot the controller asks a node to take.
+type LocalSnapshotSpec struct {
+	// SourceVolume is the volume_id (LocalVolume name) to snapshot.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sourceVolume is immutable"
+	SourceVolume string `json:"sourceVolume"`
+	// Node is the node id holding the source volume and the snapshot.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
+	Node string `json:"node"`
+	// CSIName is the CreateSnapshotRequest name.
+	CSIName string `json:"csiName"`
+	// DeleteData is set by the controller's DeleteSnapshot just before it
+	// deletes this object; see LocalVolumeSpec.DeleteData.
+	// +optional
+	DeleteData bool `json:"deleteData,omitempty"`
+}
+
+// LocalSnapshotStatus is what the node plugin reports.
+type LocalSnapshotStatus struct {
+	// ReadyToUse is true once the snapshot can be restored.
+	// +optional
+	ReadyToUse bool `json:"readyToUse,omitempty"`
+	// Phase is Pending, Ready, Failed or Deleting.
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// SizeBytes is the restore size: the source's capacity when taken.
+	// +optional
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// CreationTime is when the snapshot was taken.
+	// +optional
+	CreationTime *metav1.Time `json:"creationTime,omitempty"`
+	// Conditions: Ready, with a reason and a message.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// ErrorCode is the gRPC code name of a failed snapshot.
+	// +optional
+	ErrorCode string `json:"errorCode,omitempty"`
+}
+
+// LocalSnapshot is one CSI snapshot held on one node. Its name is the
+// snapshot_id.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=lsnap,categories=localdir
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceVolume`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Ready",type=boolean,JSONPath=`.status.readyToUse`
+// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.sizeBytes`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type LocalSnapshot struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   LocalSnapshotSpec   `json:"spec"`
+	Status LocalSnapshotStatus `json:"status,omitempty"`
+}
+
+// LocalSnapshotList is a list of LocalSnapshot.
+//
+// +kubebuilder:object:root=true
+type LocalSnapshotList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LocalSnapshot `json:"items"`
+}
+
+// OrphanedData is data on a node that no LocalVolume or LocalSnapshot
+// claims.
+type OrphanedData struct {
+	// ID is the volume_id or snapshot_id of the data.
+	ID string `json:"id"`
+	// Kind is Volume or Snapshot.
+	Kind string `json:"kind"`
+	// Path is where the data is on the node.
+	Path string `json:"path"`
+	// SizeBytes is the recorded size, in bytes.
+	SizeBytes int64 `json:"sizeBytes"`
+}
+
+// LocalNodeStatus is written by a node plugin about its own node.
+type LocalNodeStatus struct {
+	// Engine is the storage engine of new Filesystem volumes (dir, btrfs).
+	Engine string `json:"engine,omitempty"`
+	// CapacityBytes is the data root's capacity (--capacity, or its
+	// filesystem's size), in bytes.
+	CapacityBytes int64 `json:"capacityBytes,omitempty"`
+	// AllocatableBytes is what volumes may still reserve on this node:
+	// min(capacity − Σ volume sizes, free), in bytes.
+	AllocatableBytes int64 `json:"allocatableBytes,omitempty"`
+	// FreeBytes is the free space of the data root's filesystem, in bytes.
+	FreeBytes int64 `json:"freeBytes,omitempty"`
+	// MaxVolumeBytes is the largest volume the node accepts (0 = no limit).
+	// +optional
+	MaxVolumeBytes int64 `json:"maxVolumeBytes,omitempty"`
+	// DriverVersion is the node plugin's version.
+	DriverVersion string `json:"driverVersion,omitempty"`
+	// Heartbeat is when the node plugin last wrote this status.
+	Heartbeat metav1.Time `json:"heartbeat,omitempty"`
+	// Orphans is data on the node that no object claims (kept, never
+	// deleted on its own).
+	// +optional
+	Orphans []OrphanedData `json:"orphans,omitempty"`
+}
+
+// LocalNode describes one node's localdir storage. Its name is the node
+// id; the node plugin creates and updates it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=lnode,categories=localdir
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Engine",type=string,JSONPath=`.status.engine`
+// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.status.capacityBytes`
+// +kubebuilder:printcolumn:name="Allocatable",type=integer,JSONPath=`.status.allocatableBytes`
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.driverVersion`
+// +kubebuilder:printcolumn:name="Heartbeat",type=date,JSONPath=`.status.heartbeat`
+type LocalNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Status LocalNodeStatus `json:"status,omitempty"`
+}
+
+// LocalNodeList is a list of LocalNode.
+//
+// +kubebuilder:object:root=true
+type LocalNodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LocalNode `json:"items"`
+}

@@ -1,0 +1,337 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// NodeAgent is the node plugin's operator half: it reconciles the
+// LocalVolumes and LocalSnapshots of its own node (selected by the
+// localdir.csi.dev/node label) with the same pkg/volume code all mode uses,
+// and keeps its LocalNode current. On start it reconciles every object of
+// its node. It removes data only for objects whose spec.deleteData the
+// controller set; data whose object went away otherwise stays, listed in
+// LocalNode status.orphans.
+type NodeAgent struct {
+	NodeID         string
+	VM             *volume.Manager
+	Version        string
+	MaxVolumeBytes int64
+	// Heartbeat is how often LocalNode status is refreshed.
+	Heartbeat time.Duration
+
+	c client.Client
+}
+
+// Start runs the agent until ctx is done.
+func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
+	sel := labels.SelectorFromSet(labels.Set{v1.NodeLabel: a.NodeID})
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  Scheme(),
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&v1.LocalVolume{}:   {Label: sel},
+			&v1.LocalSnapshot{}: {Label: sel},
+		}},
+		HealthProbeBindAddress: "0",
+		Logger:                 klog.NewKlogr(),
+	})
+	if err != nil {
+		return err
+	}
+	a.c = mgr.GetClient()
+	if a.Heartbeat == 0 {
+		a.Heartbeat = 30 * time.Second
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("localvolume").For(&v1.LocalVolume{}).
+		Complete(reconcile.Func(a.reconcileVolume)); err != nil {
+		return err
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("localsnapshot").For(&v1.LocalSnapshot{}).
+		Complete(reconcile.Func(a.reconcileSnapshot)); err != nil {
+		return err
+	}
+	if err := mgr.Add(ctrlRunnable(a.heartbeatLoop)); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
+
+type ctrlRunnable func(context.Context) error
+
+func (f ctrlRunnable) Start(ctx context.Context) error { return f(ctx) }
+
+func codeName(err error) string {
+	if st, ok := status.FromError(driver.ToStatus(err)); ok {
+		return st.Code().String()
+	}
+	return "Internal"
+}
+
+func setReady(conds *[]metav1.Condition, gen int64, ok bool, reason, msg string) {
+	st := metav1.ConditionFalse
+	if ok {
+		st = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(conds, metav1.Condition{Type: v1.ConditionReady, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen})
+}
+
+func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	lv := &v1.LocalVolume{}
+	if err := a.c.Get(ctx, req.NamespacedName, lv); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if lv.Spec.Node != a.NodeID || !volume.ValidVolumeID(lv.Name) {
+		return reconcile.Result{}, nil
+	}
+	if lv.DeletionTimestamp != nil {
+		return a.finishVolumeDelete(ctx, lv)
+	}
+	if controllerutil.AddFinalizer(lv, v1.Finalizer) {
+		if err := a.c.Update(ctx, lv); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	before := lv.Status.DeepCopy()
+	local, err := a.VM.Get(lv.Name)
+	switch {
+	case errors.Is(err, volume.ErrNotFound) && lv.Status.Phase == v1.PhaseReady:
+		lv.Status.ErrorCode = "DataLoss"
+		setReady(&lv.Status.Conditions, lv.Generation, false, "DataMissing",
+			"the node holds no data for this volume although it was Ready; it was removed outside localdir")
+	case errors.Is(err, volume.ErrNotFound) && lv.Status.Phase != v1.PhaseFailed:
+		local, err = a.VM.Create(a.createSpec(lv))
+		if err != nil {
+			lv.Status.Phase, lv.Status.ErrorCode = v1.PhaseFailed, codeName(err)
+			setReady(&lv.Status.Conditions, lv.Generation, false, "CreateFailed", err.Error())
+			klog.ErrorS(err, "Cannot create volume", "volumeID", lv.Name)
+			break
+		}
+		klog.InfoS("Volume created for LocalVolume", "volumeID", lv.Name, "size", lv.Spec.Size)
+		fallthrough
+	case err == nil && local != nil:
+		if lv.Spec.Size > local.CapacityBytes {
+			if c, err := a.VM.Expand(lv.Name, lv.Spec.Size); err != nil {
+				lv.Status.ErrorCode = codeName(err)
+				setReady(&lv.Status.Conditions, lv.Generation, true, "ExpandFailed", err.Error())
+			} else {
+				local.CapacityBytes = c
+				lv.Status.ErrorCode = ""
+			}
+		}
+		lv.Status.Phase = v1.PhaseReady
+		lv.Status.CapacityBytes = local.CapacityBytes
+		lv.Status.Path = a.VM.DataPath(local)
+		if lv.Status.ErrorCode == "" {
+			setReady(&lv.Status.Conditions, lv.Generation, true, "Created", "the volume's data exists on node "+a.NodeID)
+		}
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	lv.Status.ObservedGeneration = lv.Generation
+	if !equalStatus(before, &lv.Status) {
+		if err := a.c.Status().Update(ctx, lv); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return reconcile.Result{}, nil
+}
+
+func equalStatus(a, b *v1.LocalVolumeStatus) bool {
+	return a.Phase == b.Phase && a.CapacityBytes == b.CapacityBytes && a.Path == b.Path && a.ErrorCode == b.ErrorCode &&
+		a.ObservedGeneration == b.ObservedGeneration && len(a.Conditions) == len(b.Conditions) &&
+		(len(a.Conditions) == 0 || (a.Conditions[0].Reason == b.Conditions[0].Reason && a.Conditions[0].Status == b.Conditions[0].Status))
+}
+
+func (a *NodeAgent) createSpec(lv *v1.LocalVolume) volume.CreateSpec {
+	spec := volume.CreateSpec{
+		ID:         lv.Name,
+		Name:       lv.Spec.CSIName,
+		SizeBytes:  lv.Spec.Size,
+		AccessType: accessType(lv.Spec.VolumeMode),
+		Parameters: lv.Spec.Parameters,
+		DirMode:    driver.DefaultDirMode,
+	}
+	if m, err := strconv.ParseUint(lv.Spec.Parameters[driver.ParamDirMode], 8, 32); err == nil && m <= 0o7777 {
+		spec.DirMode = uint32(m)
+	}
+	if cs := lv.Spec.ContentSource; cs != nil {
+		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume
+	}
+	return spec
+}
+
+// finishVolumeDelete acts on a deleted LocalVolume: with deleteData the data
+// is removed (a mounted volume waits, with the reason in its condition);
+// without it the data stays and is reported as orphaned. Then the finalizer
+// goes.
+func (a *NodeAgent) finishVolumeDelete(ctx context.Context, lv *v1.LocalVolume) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(lv, v1.Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	if lv.Spec.DeleteData {
+		if err := a.VM.Delete(lv.Name); err != nil {
+			lv.Status.Phase = v1.PhaseDeleting
+			setReady(&lv.Status.Conditions, lv.Generation, false, "DeleteBlocked", err.Error())
+			_ = a.c.Status().Update(ctx, lv)
+			klog.ErrorS(err, "Cannot delete volume data yet", "volumeID", lv.Name)
+			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+		}
+		klog.InfoS("Volume data deleted", "volumeID", lv.Name)
+	} else if v, err := a.VM.Get(lv.Name); err == nil {
+		klog.InfoS("LocalVolume deleted without a DeleteVolume call; keeping its data as an orphan",
+			"volumeID", lv.Name, "path", a.VM.DataPath(v))
+	}
+	controllerutil.RemoveFinalizer(lv, v1.Finalizer)
+	return reconcile.Result{}, client.IgnoreNotFound(a.c.Update(ctx, lv))
+}
+
+func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	ls := &v1.LocalSnapshot{}
+	if err := a.c.Get(ctx, req.NamespacedName, ls); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if ls.Spec.Node != a.NodeID || !volume.ValidSnapshotID(ls.Name) {
+		return reconcile.Result{}, nil
+	}
+	if ls.DeletionTimestamp != nil {
+		if !controllerutil.ContainsFinalizer(ls, v1.Finalizer) {
+			return reconcile.Result{}, nil
+		}
+		if ls.Spec.DeleteData {
+			if err := a.VM.DeleteSnapshot(ls.Name); err != nil {
+				return reconcile.Result{}, err
+			}
+		} else {
+			klog.InfoS("LocalSnapshot deleted without a DeleteSnapshot call; keeping its data as an orphan", "snapshotID", ls.Name)
+		}
+		controllerutil.RemoveFinalizer(ls, v1.Finalizer)
+		return reconcile.Result{}, client.IgnoreNotFound(a.c.Update(ctx, ls))
+	}
+	if controllerutil.AddFinalizer(ls, v1.Finalizer) {
+		if err := a.c.Update(ctx, ls); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if ls.Status.ReadyToUse || ls.Status.Phase == v1.PhaseFailed {
+		return reconcile.Result{}, nil
+	}
+	snap, err := a.VM.CreateSnapshot(volume.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
+	if err != nil {
+		ls.Status.Phase, ls.Status.ErrorCode = v1.PhaseFailed, codeName(err)
+		setReady(&ls.Status.Conditions, ls.Generation, false, "SnapshotFailed", err.Error())
+	} else {
+		t := metav1.NewTime(snap.CreatedAt)
+		ls.Status.Phase, ls.Status.ReadyToUse, ls.Status.SizeBytes, ls.Status.CreationTime = v1.PhaseReady, true, snap.SizeBytes, &t
+		setReady(&ls.Status.Conditions, ls.Generation, true, "Created", "the snapshot exists on node "+a.NodeID)
+	}
+	return reconcile.Result{}, a.c.Status().Update(ctx, ls)
+}
+
+// heartbeatLoop writes LocalNode status now and every a.Heartbeat.
+func (a *NodeAgent) heartbeatLoop(ctx context.Context) error {
+	t := time.NewTicker(a.Heartbeat)
+	defer t.Stop()
+	for {
+		if err := a.writeLocalNode(ctx); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "Cannot update LocalNode", "node", a.NodeID)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
+	ci, err := a.VM.Capacity()
+	if err != nil {
+		return err
+	}
+	orphans, err := a.orphans(ctx)
+	if err != nil {
+		return err
+	}
+	ln := &v1.LocalNode{}
+	err = a.c.Get(ctx, client.ObjectKey{Name: a.NodeID}, ln)
+	if apierrors.IsNotFound(err) {
+		ln = &v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: a.NodeID}}
+		if err := a.c.Create(ctx, ln); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	ln.Status = v1.LocalNodeStatus{
+		Engine:           a.VM.Engine(),
+		CapacityBytes:    ci.Total,
+		AllocatableBytes: ci.Available,
+		FreeBytes:        ci.Free,
+		MaxVolumeBytes:   a.MaxVolumeBytes,
+		DriverVersion:    a.Version,
+		Heartbeat:        metav1.Now(),
+		Orphans:          orphans,
+	}
+	return a.c.Status().Update(ctx, ln)
+}
+
+// orphans lists local volumes and snapshots that no object claims.
+func (a *NodeAgent) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
+	lvs := &v1.LocalVolumeList{}
+	if err := a.c.List(ctx, lvs); err != nil {
+		return nil, err
+	}
+	lss := &v1.LocalSnapshotList{}
+	if err := a.c.List(ctx, lss); err != nil {
+		return nil, err
+	}
+	claimed := map[string]bool{}
+	for _, o := range lvs.Items {
+		claimed[o.Name] = true
+	}
+	for _, o := range lss.Items {
+		claimed[o.Name] = true
+	}
+	var out []v1.OrphanedData
+	vols, _, err := a.VM.List("", 0)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vols {
+		if !claimed[v.ID] {
+			out = append(out, v1.OrphanedData{ID: v.ID, Kind: "Volume", Path: a.VM.DataPath(v), SizeBytes: v.CapacityBytes})
+		}
+	}
+	snaps, _, err := a.VM.ListSnapshots("", 0, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		if !claimed[s.ID] {
+			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: fmt.Sprintf("snapshot %s", s.ID), SizeBytes: s.SizeBytes})
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,190 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// Backend is what the Controller service works on: in all mode the
+// node-local volume manager (LocalBackend), in controller mode the
+// LocalVolume/LocalSnapshot custom resources that node plugins carry out
+// (pkg/cluster). The Controller service keeps the CSI semantics —
+// validation, idempotency, locks, codes — and the backend the placement and
+// the data. Errors wrap the pkg/volume sentinels.
+type Backend interface {
+	// VolumeByName returns the volume created for a CSI name, or nil.
+	VolumeByName(ctx context.Context, name string) (*state.Volume, error)
+	// Volume returns a volume (ErrNotFound).
+	Volume(ctx context.Context, id string) (*state.Volume, error)
+	// ListVolumes pages through volumes in id order.
+	ListVolumes(ctx context.Context, after string, limit int) ([]*state.Volume, string, error)
+	// CreateVolume places and creates a volume; topology is the request's
+	// accessibility_requirements (ErrNoSpace when no admissible node has
+	// room, or the content source lives on a node they exclude).
+	CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error)
+	// DeleteVolume deletes a volume; unknown ids succeed.
+	DeleteVolume(ctx context.Context, id string) error
+	// ExpandVolume grows a volume to size bytes; returns the new capacity.
+	ExpandVolume(ctx context.Context, id string, size int64) (int64, error)
+	// Capacity returns the bytes available for new volumes in a topology
+	// segment (nil: the whole backend), and the largest single volume.
+	Capacity(ctx context.Context, segment *csi.Topology) (available, largest int64, err error)
+	// VolumeHealth checks one volume.
+	VolumeHealth(ctx context.Context, id string) (volume.Health, error)
+
+	// SnapshotByName returns the snapshot created for a CSI name, or nil.
+	SnapshotByName(ctx context.Context, name string) (*state.Snapshot, error)
+	// Snapshot returns a snapshot (ErrNotFound).
+	Snapshot(ctx context.Context, id string) (*state.Snapshot, error)
+	// ListSnapshots pages through snapshots in id order, optionally of one
+	// source volume.
+	ListSnapshots(ctx context.Context, after string, limit int, sourceVolumeID string) ([]*state.Snapshot, string, error)
+	// CreateSnapshot snapshots a volume on its node.
+	CreateSnapshot(ctx context.Context, name, sourceVolumeID string, topology *csi.TopologyRequirement) (*state.Snapshot, error)
+	// DeleteSnapshot deletes a snapshot; unknown ids succeed.
+	DeleteSnapshot(ctx context.Context, id string) error
+}
+
+// LocalBackend serves the Controller service from this node's volume
+// manager (all mode): one node, the driver's own.
+type LocalBackend struct {
+	VM     *volume.Manager
+	NodeID string
+	// MaxVolumeBytes caps single volumes (0: no cap but the capacity).
+	MaxVolumeBytes int64
+}
+
+var _ Backend = (*LocalBackend)(nil)
+
+func (b *LocalBackend) v(v *state.Volume, err error) (*state.Volume, error) {
+	if v != nil {
+		v.Node = b.NodeID
+	}
+	return v, err
+}
+
+func (b *LocalBackend) s(s *state.Snapshot, err error) (*state.Snapshot, error) {
+	if s != nil {
+		s.Node = b.NodeID
+	}
+	return s, err
+}
+
+// VolumeByName implements Backend.
+func (b *LocalBackend) VolumeByName(_ context.Context, name string) (*state.Volume, error) {
+	return b.v(b.VM.LookupByName(name))
+}
+
+// Volume implements Backend.
+func (b *LocalBackend) Volume(_ context.Context, id string) (*state.Volume, error) {
+	return b.v(b.VM.Get(id))
+}
+
+// ListVolumes implements Backend.
+func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) ([]*state.Volume, string, error) {
+	vols, next, err := b.VM.List(after, limit)
+	for _, v := range vols {
+		v.Node = b.NodeID
+	}
+	return vols, next, err
+}
+
+// admits reports whether a topology segment set describes this node: every
+// key it names must be one we have, with our value.
+func admits(t *csi.Topology, node string) bool {
+	for k, v := range t.GetSegments() {
+		if k != TopologyKey || v != node {
+			return false
+		}
+	}
+	return true
+}
+
+// reachable reports whether a topology requirement admits node. With
+// requisite topologies given, one must name the node; preferred ones alone
+// are only a preference.
+func reachable(req *csi.TopologyRequirement, node string) bool {
+	if len(req.GetRequisite()) == 0 {
+		return true
+	}
+	for _, t := range req.GetRequisite() {
+		if admits(t, node) {
+			return true
+		}
+	}
+	return false
+}
+
+// CreateVolume implements Backend.
+func (b *LocalBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error) {
+	if !reachable(topology, b.NodeID) {
+		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", volume.ErrNoSpace, b.NodeID)
+	}
+	return b.v(b.VM.Create(spec))
+}
+
+// DeleteVolume implements Backend.
+func (b *LocalBackend) DeleteVolume(_ context.Context, id string) error { return b.VM.Delete(id) }
+
+// ExpandVolume implements Backend.
+func (b *LocalBackend) ExpandVolume(_ context.Context, id string, size int64) (int64, error) {
+	return b.VM.Expand(id, size)
+}
+
+// Capacity implements Backend.
+func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64, int64, error) {
+	if segment != nil && !admits(segment, b.NodeID) {
+		return 0, 0, nil
+	}
+	ci, err := b.VM.Capacity()
+	if err != nil {
+		return 0, 0, err
+	}
+	largest := ci.Available
+	if b.MaxVolumeBytes > 0 {
+		largest = min(largest, b.MaxVolumeBytes)
+	}
+	return ci.Available, largest, nil
+}
+
+// VolumeHealth implements Backend.
+func (b *LocalBackend) VolumeHealth(_ context.Context, id string) (volume.Health, error) {
+	return b.VM.Health(id)
+}
+
+// SnapshotByName implements Backend.
+func (b *LocalBackend) SnapshotByName(_ context.Context, name string) (*state.Snapshot, error) {
+	return b.s(b.VM.LookupSnapshotByName(name))
+}
+
+// Snapshot implements Backend.
+func (b *LocalBackend) Snapshot(_ context.Context, id string) (*state.Snapshot, error) {
+	return b.s(b.VM.GetSnapshot(id))
+}
+
+// ListSnapshots implements Backend.
+func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int, src string) ([]*state.Snapshot, string, error) {
+	snaps, next, err := b.VM.ListSnapshots(after, limit, src)
+	for _, s := range snaps {
+		s.Node = b.NodeID
+	}
+	return snaps, next, err
+}
+
+// CreateSnapshot implements Backend.
+func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topology *csi.TopologyRequirement) (*state.Snapshot, error) {
+	if !reachable(topology, b.NodeID) {
+		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", volume.ErrNoSpace, b.NodeID)
+	}
+	return b.s(b.VM.CreateSnapshot(volume.SnapshotSpec{Name: name, SourceVolumeID: src}))
+}
+
+// DeleteSnapshot implements Backend.
+func (b *LocalBackend) DeleteSnapshot(_ context.Context, id string) error {
+	return b.VM.DeleteSnapshot(id)
+}

@@ -1,0 +1,79 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+func TestToStatus(t *testing.T) {
+	if toStatus(nil) != nil {
+		t.Fatal("toStatus(nil) != nil")
+	}
+	tests := []struct {
+		name string
+		err  error
+		code codes.Code
+	}{
+		{"not found", volume.ErrNotFound, codes.NotFound},
+		{"exists", volume.ErrExists, codes.AlreadyExists},
+		{"no space", volume.ErrNoSpace, codes.ResourceExhausted},
+		{"out of range", volume.ErrOutOfRange, codes.OutOfRange},
+		{"invalid", volume.ErrInvalid, codes.InvalidArgument},
+		{"precondition", volume.ErrPrecondition, codes.FailedPrecondition},
+		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded},
+		{"canceled", context.Canceled, codes.Canceled},
+		{"plain error", errors.New("disk on fire"), codes.Internal},
+		{"os error", &os.PathError{Op: "open", Path: "/x", Err: os.ErrPermission}, codes.Internal},
+		{"joined sentinel", errors.Join(errors.New("x"), volume.ErrPrecondition), codes.FailedPrecondition},
+	}
+	for _, tc := range tests {
+		for _, wrapped := range []struct {
+			name string
+			err  error
+		}{
+			{"bare", tc.err},
+			{"wrapped", fmt.Errorf("volume vol-1: %w", tc.err)},
+			{"wrapped twice", fmt.Errorf("stage: %w", fmt.Errorf("%w: volume %q", tc.err, "vol-1"))},
+		} {
+			t.Run(tc.name+"/"+wrapped.name, func(t *testing.T) {
+				if got := codeOf(wrapped.err); got != tc.code {
+					t.Fatalf("codeOf(%v) = %s, want %s", wrapped.err, got, tc.code)
+				}
+				got := toStatus(wrapped.err)
+				st, ok := status.FromError(got)
+				if !ok {
+					t.Fatalf("toStatus(%v) = %v carries no status", wrapped.err, got)
+				}
+				if st.Code() != tc.code || st.Message() != wrapped.err.Error() {
+					t.Fatalf("toStatus(%v) = %s %q, want %s %q", wrapped.err, st.Code(), st.Message(), tc.code, wrapped.err.Error())
+				}
+			})
+		}
+	}
+
+	// An error that already is a status keeps it, unchanged.
+	for _, c := range []codes.Code{codes.Aborted, codes.NotFound, codes.Unavailable, codes.InvalidArgument} {
+		in := status.Error(c, "already a status")
+		if got := toStatus(in); got != in {
+			t.Errorf("toStatus(status %s) = %v, want the same error", c, got)
+		}
+	}
+	// A status wrapped in context keeps its code, not Internal.
+	in := fmt.Errorf("while staging: %w", status.Error(codes.Unavailable, "try later"))
+	if got := status.Code(toStatus(in)); got != codes.Unavailable {
+		t.Errorf("toStatus(wrapped status) code = %s, want Unavailable", got)
+	}
+	// A status error wins over a sentinel in the same chain.
+	in = fmt.Errorf("%w: %w", status.Error(codes.Aborted, "busy"), volume.ErrNotFound)
+	if got := status.Code(toStatus(in)); got != codes.Aborted {
+		t.Errorf("toStatus(status+sentinel) code = %s, want Aborted", got)
+	}
+}

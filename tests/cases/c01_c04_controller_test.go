@@ -1,0 +1,281 @@
+package cases
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+)
+
+// C01: 16 parallel CreateVolume calls with one name make one volume. Every
+// call answers OK with the same id or ABORTED, never INTERNAL; one volume is
+// listed and one directory exists; a later identical call returns it; after
+// DeleteVolume nothing is left. Several rounds, so the race is hit in more
+// than one interleaving.
+//
+// Not covered here (mount volumes only): the CreateSnapshot half of the case
+// (16 × CreateSnapshot{name:"snap-race"}) belongs to the snapshots feature
+// (CREATE_DELETE_SNAPSHOT).
+func TestC01ParallelCreateSameName(t *testing.T) {
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	const callers = 16
+	for round := range 5 {
+		name := fmt.Sprintf("pvc-race-%d", round+1)
+		req := &csi.CreateVolumeRequest{
+			Name:               name,
+			CapacityRange:      &csi.CapacityRange{RequiredBytes: Mi},
+			VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+		}
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			ids   = make([]string, callers)
+			errs  = make([]error, callers)
+		)
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				resp, err := in.Controller.CreateVolume(ctx(t), req)
+				ids[i], errs[i] = resp.GetVolume().GetVolumeId(), err
+			}()
+		}
+		close(start)
+		wg.Wait()
+
+		id, oks := "", 0
+		for i, err := range errs {
+			switch status.Code(err) {
+			case codes.OK:
+				oks++
+				if id == "" {
+					id = ids[i]
+				} else if ids[i] != id {
+					t.Errorf("%s: call %d returned volume %s, another returned %s", name, i, ids[i], id)
+				}
+			case codes.Aborted:
+			default:
+				t.Errorf("%s: call %d: got %s (%v), want OK or ABORTED", name, i, status.Code(err), err)
+			}
+		}
+		if oks == 0 {
+			t.Fatalf("%s: no call succeeded; the one holding the name lock must", name)
+		}
+		t.Logf("%s: %d OK, %d ABORTED", name, oks, callers-oks)
+		assertListMatchesDisk(t, in, id)
+
+		resp, err := in.Controller.CreateVolume(ctx(t), req)
+		mustCode(t, err, codes.OK, "repeated CreateVolume "+name)
+		if got := resp.GetVolume().GetVolumeId(); got != id {
+			t.Errorf("repeated CreateVolume %s returned %s, want %s", name, got, id)
+		}
+		if got := resp.GetVolume().GetCapacityBytes(); got < Mi {
+			t.Errorf("repeated CreateVolume %s: capacity %d < 1Mi", name, got)
+		}
+		assertListMatchesDisk(t, in, id)
+
+		deleteVolume(t, in, id)
+		assertListMatchesDisk(t, in)
+	}
+}
+
+// C02: a repeated CreateVolume with the same name is compared with the
+// existing volume: a compatible one returns it, an incompatible one gets
+// ALREADY_EXISTS and changes nothing.
+func TestC02CreateSameNameDifferentArgs(t *testing.T) {
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	x := createVolume(t, in, "v2", Mi).GetVolumeId()
+	before := available(t, in)
+
+	for _, tc := range []struct {
+		name string
+		req  *csi.CreateVolumeRequest
+		want codes.Code
+	}{
+		{"1 larger exact size", &csi.CreateVolumeRequest{CapacityRange: rng(2*Mi, 2*Mi)}, codes.AlreadyExists},
+		{"2 range containing 1Mi", &csi.CreateVolumeRequest{CapacityRange: rng(512*Ki, 4*Mi)}, codes.OK},
+		{"3 block instead of mount", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), VolumeCapabilities: []*csi.VolumeCapability{blkCap()}}, codes.AlreadyExists},
+		{"4 other parameters", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), Parameters: map[string]string{"kind": "other"}}, codes.AlreadyExists},
+		{"5 snapshot content source", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-0123456789abcdef0123456789abcdef"}}}}, codes.AlreadyExists},
+		{"volume content source", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: x}}}}, codes.AlreadyExists},
+		{"limit below 1Mi", &csi.CreateVolumeRequest{CapacityRange: rng(0, 512*Ki)}, codes.AlreadyExists},
+		{"required above 1Mi, no limit", &csi.CreateVolumeRequest{CapacityRange: rng(Mi+1, 0)}, codes.AlreadyExists},
+		{"same arguments", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi)}, codes.OK},
+		{"no capacity_range", &csi.CreateVolumeRequest{}, codes.OK},
+		{"limit only, above 1Mi", &csi.CreateVolumeRequest{CapacityRange: rng(0, 4*Mi)}, codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.Name = "v2"
+			if tc.req.VolumeCapabilities == nil {
+				tc.req.VolumeCapabilities = []*csi.VolumeCapability{mntCap()}
+			}
+			resp, err := in.Controller.CreateVolume(ctx(t), tc.req)
+			mustCode(t, err, tc.want, "CreateVolume v2")
+			if tc.want == codes.OK {
+				if got := resp.GetVolume().GetVolumeId(); got != x {
+					t.Errorf("returned volume %s, want the existing %s", got, x)
+				}
+				if got := resp.GetVolume().GetCapacityBytes(); got != Mi {
+					t.Errorf("returned capacity %d, want the existing 1Mi", got)
+				}
+			}
+			assertListMatchesDisk(t, in, x)
+			if got := available(t, in); got != before {
+				t.Errorf("GetCapacity available changed from %d to %d", before, got)
+			}
+		})
+	}
+}
+
+// C03: capacity ranges are validated before anything is created; the size
+// given is within the range; a size above the maximum is OUT_OF_RANGE
+// (permanent), not RESOURCE_EXHAUSTED. Failed calls leave nothing behind.
+func TestC03CapacityRange(t *testing.T) {
+	const (
+		defSize = 8 * Mi
+		maxSize = 64 * Mi
+	)
+	in := testdriver.Start(t, func(o *driver.Options) {
+		o.CapacityBytes = 512 * Mi
+		o.DefaultVolumeBytes = defSize
+		o.MaxVolumeBytes = maxSize
+	})
+	var created []string
+	for i, tc := range []struct {
+		name     string
+		cr       *csi.CapacityRange
+		want     codes.Code
+		min, max int64 // accepted capacity, when OK
+	}{
+		{name: "a required -1", cr: rng(-1, 0), want: codes.InvalidArgument},
+		{name: "a limit -1", cr: rng(0, -1), want: codes.InvalidArgument},
+		{name: "b required above limit", cr: rng(2*Mi, Mi), want: codes.InvalidArgument},
+		{name: "c limit only", cr: rng(0, Mi), want: codes.OK, min: 1, max: Mi},
+		{name: "d omitted", cr: nil, want: codes.OK, min: defSize, max: defSize},
+		{name: "d empty range", cr: rng(0, 0), want: codes.OK, min: defSize, max: defSize},
+		{name: "e one byte", cr: rng(1, 0), want: codes.OK, min: 1, max: maxSize},
+		// Rounding up to the 4 KiB unit would break these limits: the
+		// answer is a size within the limit or OUT_OF_RANGE; the driver
+		// gives the limit itself.
+		{name: "e one byte, limit one byte", cr: rng(1, 1), want: codes.OK, min: 1, max: 1},
+		{name: "e unaligned, limit below the next unit", cr: rng(4097, 5000), want: codes.OK, min: 4097, max: 5000},
+		{name: "f required above maximum", cr: rng(maxSize+1, 0), want: codes.OutOfRange},
+		{name: "f required far above maximum with limit", cr: rng(1<<40, 1<<41), want: codes.OutOfRange},
+		{name: "maximum exactly", cr: rng(maxSize, maxSize), want: codes.OK, min: maxSize, max: maxSize},
+		{name: "limit only, below default", cr: rng(0, 3*Mi), want: codes.OK, min: 1, max: 3 * Mi},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := available(t, in)
+			resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+				Name:               fmt.Sprintf("c03-%d", i),
+				CapacityRange:      tc.cr,
+				VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+			})
+			mustCode(t, err, tc.want, "CreateVolume")
+			if tc.want != codes.OK {
+				assertListMatchesDisk(t, in, created...)
+				if got := available(t, in); got != before {
+					t.Errorf("failed CreateVolume changed available capacity %d -> %d", before, got)
+				}
+				return
+			}
+			v := resp.GetVolume()
+			created = append(created, v.GetVolumeId())
+			if c := v.GetCapacityBytes(); c < tc.min || c > tc.max {
+				t.Errorf("capacity %d, want within [%d, %d]", c, tc.min, tc.max)
+			}
+			assertListMatchesDisk(t, in, created...)
+			if got := available(t, in); got != before-v.GetCapacityBytes() {
+				t.Errorf("available capacity %d -> %d, want a decrease of exactly %d", before, got, v.GetCapacityBytes())
+			}
+		})
+	}
+	for _, id := range created {
+		deleteVolume(t, in, id)
+	}
+	assertListMatchesDisk(t, in)
+}
+
+// C04: DeleteVolume succeeds for unknown ids and for a volume whose data
+// vanished (twice), returns its capacity, and refuses with
+// FAILED_PRECONDITION while the volume is staged or published, keeping its
+// data.
+func TestC04DeleteVolumeIdempotentAndInUse(t *testing.T) {
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 64 * Mi })
+
+	t.Run("unknown and empty ids", func(t *testing.T) {
+		for _, tc := range []struct {
+			id   string
+			want codes.Code
+		}{
+			{"no-such-id", codes.OK},
+			{unknownID, codes.OK},
+			{"", codes.InvalidArgument},
+		} {
+			_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: tc.id})
+			codeIs(t, err, tc.want, fmt.Sprintf("DeleteVolume{%q}", tc.id))
+		}
+		assertListMatchesDisk(t, in)
+	})
+
+	t.Run("backing directory removed out of band", func(t *testing.T) {
+		empty := available(t, in)
+		x := createVolume(t, in, "c04-x", 4*Mi).GetVolumeId()
+		if got := available(t, in); got != empty-4*Mi {
+			t.Fatalf("available after create = %d, want %d", got, empty-4*Mi)
+		}
+		if err := os.RemoveAll(volDir(in, x)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
+			codeIs(t, err, codes.OK, fmt.Sprintf("DeleteVolume #%d of a volume without data", i+1))
+		}
+		assertListMatchesDisk(t, in)
+		if got := available(t, in); got != empty {
+			t.Errorf("available after delete = %d, want %d (capacity returned)", got, empty)
+		}
+	})
+
+	t.Run("staged and published", func(t *testing.T) {
+		y := createVolume(t, in, "c04-y", 4*Mi).GetVolumeId()
+		staging := mkdir(t, in.Dir+"/c04/staging")
+		target := in.Dir + "/c04/target"
+		data := randomBytes(4, int(64*Ki))
+
+		stage(t, in, y, staging)
+		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
+		codeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a staged volume")
+
+		publish(t, in, y, staging, target)
+		writeSynced(t, target+"/f", data)
+		for i := range 2 {
+			_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
+			codeIs(t, err, codes.FailedPrecondition, fmt.Sprintf("DeleteVolume #%d of a published volume", i+1))
+		}
+		assertFileBytes(t, target+"/f", data)
+		assertFileBytes(t, volDir(in, y)+"/f", data)
+		assertShowsVolume(t, in, target, y)
+		assertShowsVolume(t, in, staging, y)
+		assertListMatchesDisk(t, in, y)
+
+		unpublish(t, in, y, target)
+		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
+		codeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a volume still staged")
+		assertFileBytes(t, volDir(in, y)+"/f", data)
+
+		unstage(t, in, y, staging)
+		deleteVolume(t, in, y)
+		assertListMatchesDisk(t, in)
+	})
+}

@@ -1,0 +1,411 @@
+package cases
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/tests/testdriver"
+)
+
+const (
+	Ki = int64(1) << 10
+	Mi = int64(1) << 20
+)
+
+// rpcTimeout bounds every single call: a hung RPC must fail the test, not
+// the whole go test run.
+const rpcTimeout = 30 * time.Second
+
+func ctx(t testing.TB) context.Context {
+	t.Helper()
+	c, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+	t.Cleanup(cancel)
+	return c
+}
+
+// mntCap is the notation's `mnt`: mount access type, SINGLE_NODE_WRITER,
+// with optional mount flags.
+func mntCap(flags ...string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: flags}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// blkCap is the notation's `blk`.
+func blkCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+func rng(req, lim int64) *csi.CapacityRange {
+	return &csi.CapacityRange{RequiredBytes: req, LimitBytes: lim}
+}
+
+// codeIs fails the test unless err carries exactly the gRPC code want.
+func codeIs(t testing.TB, err error, want codes.Code, what string) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Errorf("%s: got code %s (%v), want %s", what, got, err, want)
+	}
+}
+
+// mustCode is codeIs that stops the test.
+func mustCode(t testing.TB, err error, want codes.Code, what string) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("%s: got code %s (%v), want %s", what, got, err, want)
+	}
+}
+
+// createVolume creates a mount volume of exactly size bytes and checks that
+// its directory exists under the data root.
+func createVolume(t testing.TB, in *testdriver.Instance, name string, size int64) *csi.Volume {
+	t.Helper()
+	resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name:               name,
+		CapacityRange:      rng(size, size),
+		VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+	})
+	mustCode(t, err, codes.OK, "CreateVolume "+name)
+	v := resp.GetVolume()
+	if v.GetCapacityBytes() != size {
+		t.Fatalf("CreateVolume %s: capacity %d, want %d", name, v.GetCapacityBytes(), size)
+	}
+	if fi, err := os.Lstat(volDir(in, v.GetVolumeId())); err != nil || !fi.IsDir() {
+		t.Fatalf("CreateVolume %s: backing directory of %s: %v", name, v.GetVolumeId(), err)
+	}
+	return v
+}
+
+func volumesDir(in *testdriver.Instance) string { return filepath.Join(in.Opts.DataRoot, "volumes") }
+
+// volDir is the documented backing directory of a mount volume.
+func volDir(in *testdriver.Instance, id string) string { return filepath.Join(volumesDir(in), id) }
+
+// listIDs returns the volume ids ListVolumes reports, sorted.
+func listIDs(t testing.TB, ctl csi.ControllerClient) []string {
+	t.Helper()
+	resp, err := ctl.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
+	mustCode(t, err, codes.OK, "ListVolumes")
+	if resp.GetNextToken() != "" {
+		t.Fatalf("ListVolumes without max_entries returned a next_token %q", resp.GetNextToken())
+	}
+	var ids []string
+	for _, e := range resp.GetEntries() {
+		ids = append(ids, e.GetVolume().GetVolumeId())
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// dirEntries returns the names in dir, sorted (none when dir is missing).
+func dirEntries(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	return names
+}
+
+// assertListMatchesDisk checks that ListVolumes and <root>/volumes hold
+// exactly the ids want, one-to-one.
+func assertListMatchesDisk(t testing.TB, in *testdriver.Instance, want ...string) {
+	t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	if got := listIDs(t, in.Controller); !slices.Equal(got, want) {
+		t.Errorf("ListVolumes = %v, want %v", got, want)
+	}
+	if got := dirEntries(t, volumesDir(in)); !slices.Equal(got, want) {
+		t.Errorf("%s holds %v, want %v", volumesDir(in), got, want)
+	}
+}
+
+func available(t testing.TB, in *testdriver.Instance) int64 {
+	t.Helper()
+	resp, err := in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
+	mustCode(t, err, codes.OK, "GetCapacity")
+	return resp.GetAvailableCapacity()
+}
+
+// realPath resolves symlinks in p the way the mount table shows paths; a
+// missing last component is kept as is.
+func realPath(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	if r, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
+		return filepath.Join(r, filepath.Base(p))
+	}
+	return filepath.Clean(p)
+}
+
+// mountsAt returns every mount-table entry whose mount point is p (stacked
+// mounts give several), read from /proc/self/mountinfo.
+func mountsAt(t testing.TB, p string) []*mountinfo.Info {
+	t.Helper()
+	rp := realPath(p)
+	ms, err := mountinfo.GetMounts(func(i *mountinfo.Info) (bool, bool) { return i.Mountpoint != rp, false })
+	if err != nil {
+		t.Fatalf("read mount table: %v", err)
+	}
+	return ms
+}
+
+// mountsUnder returns the mounts at or below p.
+func mountsUnder(t testing.TB, p string) []*mountinfo.Info {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(realPath(p)))
+	if err != nil {
+		t.Fatalf("read mount table: %v", err)
+	}
+	return ms
+}
+
+// assertMountCount checks how many mounts sit on p.
+func assertMountCount(t testing.TB, p string, want int) {
+	t.Helper()
+	if got := len(mountsAt(t, p)); got != want {
+		t.Errorf("%s: %d mount(s) in /proc/self/mountinfo, want %d", p, got, want)
+	}
+}
+
+// assertShowsVolume checks that p is a single mount of volume id: one
+// mount-table entry whose root is the volume's backing directory, and the
+// same inode as that directory.
+func assertShowsVolume(t testing.TB, in *testdriver.Instance, p, id string) {
+	t.Helper()
+	ms := mountsAt(t, p)
+	if len(ms) != 1 {
+		t.Errorf("%s: %d mounts, want exactly 1 (a bind mount of %s)", p, len(ms), id)
+		return
+	}
+	if want := realPath(volDir(in, id)); ms[0].Root != want {
+		t.Errorf("%s: mount root is %q, want the backing directory %q", p, ms[0].Root, want)
+	}
+	if !sameInode(t, p, volDir(in, id)) {
+		t.Errorf("%s does not show the directory of volume %s", p, id)
+	}
+}
+
+func sameInode(t testing.TB, a, b string) bool {
+	t.Helper()
+	var sa, sb unix.Stat_t
+	if err := unix.Stat(a, &sa); err != nil {
+		t.Errorf("stat %s: %v", a, err)
+		return false
+	}
+	if err := unix.Stat(b, &sb); err != nil {
+		t.Errorf("stat %s: %v", b, err)
+		return false
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
+}
+
+// assertGone checks that nothing exists at p (os.Lstat: a dangling symlink
+// counts as existing).
+func assertGone(t testing.TB, p string) {
+	t.Helper()
+	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s still exists (lstat: %v)", p, err)
+	}
+}
+
+func assertDir(t testing.TB, p string) {
+	t.Helper()
+	fi, err := os.Lstat(p)
+	if err != nil || !fi.IsDir() {
+		t.Errorf("%s: want a directory (lstat: %v)", p, err)
+	}
+}
+
+func mkdir(t testing.TB, p string) string {
+	t.Helper()
+	if err := os.MkdirAll(p, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// randomBytes returns n reproducible pseudo-random bytes.
+func randomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// writeSynced writes data to p and fsyncs it.
+func writeSynced(t testing.TB, p string, data []byte) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func assertFileBytes(t testing.TB, p string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Errorf("read %s: %v", p, err)
+		return
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s: %d bytes differ from the %d bytes written", p, len(got), len(want))
+	}
+}
+
+// treeOf describes everything below dir (without following symlinks):
+// relative path → type, mode, size, content hash or link target. Two equal
+// results mean nothing below dir was created, removed or changed.
+func treeOf(t testing.TB, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		desc := fmt.Sprintf("%v", fi.Mode())
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			desc += " -> " + target
+		case fi.Mode().IsRegular():
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			desc += fmt.Sprintf(" %d %x", len(data), sha256.Sum256(data))
+		}
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk %s: %v", dir, err)
+	}
+	return out
+}
+
+func assertTreeUnchanged(t testing.TB, dir string, before map[string]string) {
+	t.Helper()
+	after := treeOf(t, dir)
+	for k, v := range before {
+		if a, ok := after[k]; !ok {
+			t.Errorf("%s: %q was removed", dir, k)
+		} else if a != v {
+			t.Errorf("%s: %q changed: %s -> %s", dir, k, v, a)
+		}
+	}
+	for k, v := range after {
+		if _, ok := before[k]; !ok {
+			t.Errorf("%s: %q (%s) appeared", dir, k, v)
+		}
+	}
+}
+
+// mountOptions returns the per-mount options of the single mount at p.
+func mountOptions(t testing.TB, p string) []string {
+	t.Helper()
+	ms := mountsAt(t, p)
+	if len(ms) != 1 {
+		t.Fatalf("%s: %d mounts, want 1", p, len(ms))
+	}
+	return strings.Split(ms[0].Options, ",")
+}
+
+// stage runs NodeStageVolume with mnt at staging (which it creates first,
+// as kubelet does) and checks the bind mount.
+func stage(t testing.TB, in *testdriver.Instance, id, staging string) {
+	t.Helper()
+	mkdir(t, staging)
+	_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: mntCap(),
+	})
+	mustCode(t, err, codes.OK, "NodeStageVolume "+id)
+	assertShowsVolume(t, in, staging, id)
+}
+
+// publish runs NodePublishVolume with mnt(flags) and checks the bind mount.
+func publish(t testing.TB, in *testdriver.Instance, id, staging, target string, flags ...string) {
+	t.Helper()
+	_, err := in.Node.NodePublishVolume(ctx(t), publishReq(id, staging, target, flags...))
+	mustCode(t, err, codes.OK, "NodePublishVolume "+id+" at "+target)
+	assertShowsVolume(t, in, target, id)
+}
+
+func publishReq(id, staging, target string, flags ...string) *csi.NodePublishVolumeRequest {
+	return &csi.NodePublishVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mntCap(flags...),
+	}
+}
+
+func unpublish(t testing.TB, in *testdriver.Instance, id, target string) {
+	t.Helper()
+	_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	mustCode(t, err, codes.OK, "NodeUnpublishVolume "+id+" at "+target)
+	assertMountCount(t, target, 0)
+	assertGone(t, target)
+}
+
+func unstage(t testing.TB, in *testdriver.Instance, id, staging string) {
+	t.Helper()
+	_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	mustCode(t, err, codes.OK, "NodeUnstageVolume "+id+" at "+staging)
+	assertMountCount(t, staging, 0)
+}
+
+func deleteVolume(t testing.TB, in *testdriver.Instance, id string) {
+	t.Helper()
+	_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	mustCode(t, err, codes.OK, "DeleteVolume "+id)
+	assertGone(t, volDir(in, id))
+}
+
+// unknownID has the shape of a driver-issued id but was never issued, so
+// calls with it reach the existence lookup.
+const unknownID = "vol-0123456789abcdef0123456789abcdef"
