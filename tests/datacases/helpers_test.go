@@ -1,0 +1,693 @@
+package datacases
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+	"github.com/localdir-csi/localdir/tests/testfs"
+	"github.com/localdir-csi/localdir/tests/treecmp"
+)
+
+const (
+	Ki = int64(1) << 10
+	Mi = int64(1) << 20
+)
+
+const rpcTimeout = 60 * time.Second
+
+func ctx(t testing.TB) context.Context {
+	t.Helper()
+	c, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+	t.Cleanup(cancel)
+	return c
+}
+
+func mntCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+func blkCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+func capOf(block bool) *csi.VolumeCapability {
+	if block {
+		return blkCap()
+	}
+	return mntCap()
+}
+
+func rng(req, lim int64) *csi.CapacityRange {
+	return &csi.CapacityRange{RequiredBytes: req, LimitBytes: lim}
+}
+
+func fromSnapshot(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+}
+
+func fromVolume(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
+}
+
+// codeIs fails the test unless err carries exactly the gRPC code want.
+func codeIs(t testing.TB, err error, want codes.Code, what string) bool {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Errorf("%s: got code %s (%v), want %s", what, got, err, want)
+		return false
+	}
+	return true
+}
+
+func mustCode(t testing.TB, err error, want codes.Code, what string) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("%s: got code %s (%v), want %s", what, got, err, want)
+	}
+}
+
+// env is one running driver and the temp dir holding its sockets and the
+// CO's staging and target paths.
+type env struct {
+	t    *testing.T
+	in   *testdriver.Instance
+	dir  string
+	root string // data root
+	seq  atomic.Int64
+}
+
+// start runs a driver. fsKind "" puts the data root on the machine's disk,
+// else on a fresh testfs filesystem of that kind and size. At the end of the
+// test anything the test left mounted under its temp dir, or attached to a
+// loop device from the data root, is an error (and is cleaned up).
+func start(t *testing.T, fsKind string, fsSize int64, mutate func(*driver.Options)) *env {
+	t.Helper()
+	testdriver.RequireRoot(t)
+	var fsRoot string
+	if fsKind != "" {
+		fsRoot = testfs.New(t, fsKind, fsSize)
+	}
+	in := testdriver.Start(t, func(o *driver.Options) {
+		if fsRoot != "" {
+			o.DataRoot = filepath.Join(fsRoot, "data")
+		}
+		if mutate != nil {
+			mutate(o)
+		}
+	})
+	e := &env{t: t, in: in, dir: in.Dir, root: in.Opts.DataRoot}
+	t.Cleanup(e.leftovers)
+	return e
+}
+
+// restart stops the driver and starts it again with the same options.
+func (e *env) restart() {
+	e.t.Helper()
+	e.in.Stop(e.t)
+	dir := e.in.Dir
+	e.in = testdriver.StartWith(e.t, e.in.Opts)
+	e.in.Dir = dir
+}
+
+func (e *env) leftovers() {
+	t := e.t
+	ms := mountsUnder(t, e.dir)
+	loops := loopsUnder(t, e.root)
+	if !t.Failed() {
+		for _, m := range ms {
+			t.Errorf("left mounted after the test: %s", m.Mountpoint)
+		}
+		for _, l := range loops {
+			t.Errorf("loop device left attached after the test: %s", l)
+		}
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
+	}
+	for _, l := range loops {
+		detachLoop(t, l)
+	}
+}
+
+func (e *env) ctl() csi.ControllerClient { return e.in.Controller }
+func (e *env) node() csi.NodeClient      { return e.in.Node }
+
+func (e *env) volDir(id string) string    { return filepath.Join(e.root, "volumes", id) }
+func (e *env) imagePath(id string) string { return filepath.Join(e.root, "block", id+".img") }
+
+// createReq sends CreateVolume and returns the volume or the error.
+func (e *env) createReq(req *csi.CreateVolumeRequest) (*csi.Volume, error) {
+	resp, err := e.ctl().CreateVolume(ctx(e.t), req)
+	return resp.GetVolume(), err
+}
+
+// create makes a volume of exactly size bytes and checks its backing object.
+func (e *env) create(name string, size int64, block bool) *csi.Volume {
+	e.t.Helper()
+	v, err := e.createReq(&csi.CreateVolumeRequest{
+		Name: name, CapacityRange: rng(size, size), VolumeCapabilities: []*csi.VolumeCapability{capOf(block)},
+	})
+	mustCode(e.t, err, codes.OK, "CreateVolume "+name)
+	if v.GetCapacityBytes() != size {
+		e.t.Fatalf("CreateVolume %s: capacity %d, want %d", name, v.GetCapacityBytes(), size)
+	}
+	e.assertBacking(v.GetVolumeId(), block, size)
+	return v
+}
+
+// assertBacking checks a volume's backing object: a directory, or an image
+// file of exactly size bytes.
+func (e *env) assertBacking(id string, block bool, size int64) {
+	e.t.Helper()
+	if block {
+		fi, err := os.Lstat(e.imagePath(id))
+		if err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
+			e.t.Fatalf("volume %s: image %s: %v (size %v), want a %d-byte file", id, e.imagePath(id), err, fi, size)
+		}
+		return
+	}
+	if fi, err := os.Lstat(e.volDir(id)); err != nil || !fi.IsDir() {
+		e.t.Fatalf("volume %s: backing directory: %v", id, err)
+	}
+}
+
+func (e *env) deleteVolume(id string) {
+	e.t.Helper()
+	_, err := e.ctl().DeleteVolume(ctx(e.t), &csi.DeleteVolumeRequest{VolumeId: id})
+	mustCode(e.t, err, codes.OK, "DeleteVolume "+id)
+	assertGone(e.t, e.volDir(id))
+	assertGone(e.t, e.imagePath(id))
+}
+
+func (e *env) snapshot(name, src string) *csi.Snapshot {
+	e.t.Helper()
+	resp, err := e.ctl().CreateSnapshot(ctx(e.t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
+	mustCode(e.t, err, codes.OK, "CreateSnapshot "+name)
+	s := resp.GetSnapshot()
+	if !s.GetReadyToUse() || s.GetSourceVolumeId() != src {
+		e.t.Fatalf("CreateSnapshot %s: %v, want ready_to_use with source %s", name, s, src)
+	}
+	return s
+}
+
+func (e *env) deleteSnapshot(id string) {
+	e.t.Helper()
+	_, err := e.ctl().DeleteSnapshot(ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	mustCode(e.t, err, codes.OK, "DeleteSnapshot "+id)
+}
+
+func (e *env) available() int64 {
+	e.t.Helper()
+	resp, err := e.ctl().GetCapacity(ctx(e.t), &csi.GetCapacityRequest{})
+	mustCode(e.t, err, codes.OK, "GetCapacity")
+	if resp.GetAvailableCapacity() < 0 {
+		e.t.Errorf("GetCapacity: available_capacity %d is negative", resp.GetAvailableCapacity())
+	}
+	return resp.GetAvailableCapacity()
+}
+
+// listIDs returns ListVolumes' ids, sorted.
+func (e *env) listIDs() []string {
+	e.t.Helper()
+	resp, err := e.ctl().ListVolumes(ctx(e.t), &csi.ListVolumesRequest{})
+	mustCode(e.t, err, codes.OK, "ListVolumes")
+	var ids []string
+	for _, en := range resp.GetEntries() {
+		ids = append(ids, en.GetVolume().GetVolumeId())
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// capacityOf returns the recorded capacity (ControllerGetVolume).
+func (e *env) capacityOf(id string) int64 {
+	e.t.Helper()
+	resp, err := e.ctl().ControllerGetVolume(ctx(e.t), &csi.ControllerGetVolumeRequest{VolumeId: id})
+	mustCode(e.t, err, codes.OK, "ControllerGetVolume "+id)
+	return resp.GetVolume().GetCapacityBytes()
+}
+
+// assertVolumes checks that ListVolumes and the data root's volumes/ and
+// block/ directories hold exactly the ids want.
+func (e *env) assertVolumes(want ...string) {
+	e.t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	if got := e.listIDs(); !slices.Equal(got, want) {
+		e.t.Errorf("ListVolumes = %v, want %v", got, want)
+	}
+	var onDisk []string
+	onDisk = append(onDisk, dirNames(e.t, filepath.Join(e.root, "volumes"))...)
+	for _, n := range dirNames(e.t, filepath.Join(e.root, "block")) {
+		onDisk = append(onDisk, strings.TrimSuffix(n, ".img"))
+	}
+	slices.Sort(onDisk)
+	if !slices.Equal(onDisk, want) {
+		e.t.Errorf("data root holds %v, want %v", onDisk, want)
+	}
+}
+
+// paths returns a fresh staging directory (created) and a fresh target
+// path whose parent exists (the target itself is created by the driver).
+func (e *env) paths() (staging, target string) {
+	n := e.seq.Add(1)
+	staging = filepath.Join(e.dir, "staging", fmt.Sprintf("s%d", n))
+	target = filepath.Join(e.dir, "pods", fmt.Sprintf("p%d", n), "vol")
+	for _, d := range []string{staging, filepath.Dir(target)} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return staging, target
+}
+
+func (e *env) stageReq(id, staging string, block bool) error {
+	_, err := e.node().NodeStageVolume(ctx(e.t), &csi.NodeStageVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: capOf(block),
+	})
+	return err
+}
+
+func (e *env) publishReq(id, staging, target string, block bool) error {
+	_, err := e.node().NodePublishVolume(ctx(e.t), &csi.NodePublishVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capOf(block),
+	})
+	return err
+}
+
+// attach stages and publishes a volume at fresh paths and checks the
+// outcome: a mount volume's target is one bind mount showing its backing
+// directory; a block volume's image has a loop device and the target is a
+// bind mount of that device node.
+func (e *env) attach(id string, block bool) (staging, target string) {
+	e.t.Helper()
+	staging, target = e.paths()
+	mustCode(e.t, e.stageReq(id, staging, block), codes.OK, "NodeStageVolume "+id)
+	mustCode(e.t, e.publishReq(id, staging, target, block), codes.OK, "NodePublishVolume "+id)
+	e.assertPublished(id, target, block)
+	return staging, target
+}
+
+func (e *env) assertPublished(id, target string, block bool) {
+	e.t.Helper()
+	if n := len(mountsAt(e.t, target)); n != 1 {
+		e.t.Fatalf("%s: %d mounts, want 1", target, n)
+	}
+	if block {
+		dev := loopOf(e.t, e.imagePath(id))
+		if dev == "" {
+			e.t.Fatalf("volume %s is published but no loop device has %s as backing file", id, e.imagePath(id))
+		}
+		var st, dst unix.Stat_t
+		if err := unix.Stat(target, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+			e.t.Fatalf("%s: want a block device node (stat: %v, mode %o)", target, err, st.Mode)
+		}
+		if err := unix.Stat(dev, &dst); err != nil || dst.Rdev != st.Rdev {
+			e.t.Fatalf("%s is device %#x, want %s (%#x): %v", target, st.Rdev, dev, dst.Rdev, err)
+		}
+		return
+	}
+	if !sameInode(e.t, target, e.volDir(id)) {
+		e.t.Fatalf("%s does not show the backing directory of volume %s", target, id)
+	}
+}
+
+// detach unpublishes and unstages and checks that nothing is left: no
+// mount on either path, the target removed, no loop device for the image.
+func (e *env) detach(id, staging, target string) {
+	e.t.Helper()
+	_, err := e.node().NodeUnpublishVolume(ctx(e.t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	mustCode(e.t, err, codes.OK, "NodeUnpublishVolume "+id)
+	_, err = e.node().NodeUnstageVolume(ctx(e.t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	mustCode(e.t, err, codes.OK, "NodeUnstageVolume "+id)
+	if n := len(mountsAt(e.t, target)) + len(mountsAt(e.t, staging)); n != 0 {
+		e.t.Errorf("volume %s: %d mounts left on %s / %s", id, n, target, staging)
+	}
+	assertGone(e.t, target)
+	if dev := loopOf(e.t, e.imagePath(id)); dev != "" {
+		e.t.Errorf("volume %s: %s still attached after unstage", id, dev)
+	}
+}
+
+// --- mount table, loop devices, files -----------------------------------
+
+func realPath(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	if r, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
+		return filepath.Join(r, filepath.Base(p))
+	}
+	return filepath.Clean(p)
+}
+
+func mountsAt(t testing.TB, p string) []*mountinfo.Info {
+	t.Helper()
+	rp := realPath(p)
+	ms, err := mountinfo.GetMounts(func(i *mountinfo.Info) (bool, bool) { return i.Mountpoint != rp, false })
+	if err != nil {
+		t.Fatalf("read mount table: %v", err)
+	}
+	return ms
+}
+
+func mountsUnder(t testing.TB, p string) []*mountinfo.Info {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(realPath(p)))
+	if err != nil {
+		t.Fatalf("read mount table: %v", err)
+	}
+	return ms
+}
+
+// loops returns every attached loop device and its backing file, read from
+// /sys/block/loop*/loop/backing_file.
+func loops(t testing.TB) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir("/sys/block")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, en := range ents {
+		if !strings.HasPrefix(en.Name(), "loop") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/block", en.Name(), "loop", "backing_file"))
+		if err != nil {
+			continue
+		}
+		out["/dev/"+en.Name()] = strings.TrimSuffix(string(b), "\n")
+	}
+	return out
+}
+
+// loopOf is the loop device backed by image, or "".
+func loopOf(t testing.TB, image string) string {
+	t.Helper()
+	want := realPath(image)
+	var found []string
+	for dev, file := range loops(t) {
+		if file == want {
+			found = append(found, dev)
+		}
+	}
+	if len(found) > 1 {
+		t.Errorf("%s is attached %d times: %v", image, len(found), found)
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return found[0]
+}
+
+// loopsUnder lists loop devices whose backing file is below dir.
+func loopsUnder(t testing.TB, dir string) []string {
+	t.Helper()
+	rd := realPath(dir) + "/"
+	var out []string
+	for dev, file := range loops(t) {
+		if strings.HasPrefix(file, rd) {
+			out = append(out, dev)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func detachLoop(t testing.TB, dev string) {
+	t.Helper()
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Errorf("open %s: %v", dev, err)
+		return
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil {
+		t.Errorf("detach %s: %v", dev, err)
+	}
+}
+
+// attachLoop attaches a loop device to image (the test's own, unrelated
+// to the driver) and returns it; it is detached when the test ends.
+func attachLoop(t testing.TB, image string) string {
+	t.Helper()
+	file, err := unix.Open(image, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(file)
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ctl)
+	for attempt := 0; attempt < 16; attempt++ {
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev := "/dev/loop" + strconv.Itoa(n)
+		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			_ = unix.Mknod(dev, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n))))
+			fd, err = unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.IoctlLoopConfigure(fd, &unix.LoopConfig{Fd: uint32(file)})
+		unix.Close(fd)
+		if errors.Is(err, unix.EBUSY) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { detachLoop(t, dev) })
+		return dev
+	}
+	t.Fatal("no free loop device")
+	return ""
+}
+
+// devSize is BLKGETSIZE64 of the block device node p.
+func devSize(t testing.TB, p string) int64 {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	return fdSize(t, fd)
+}
+
+func fdSize(t testing.TB, fd int) int64 {
+	t.Helper()
+	var size uint64
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(unix.BLKGETSIZE64), uintptr(unsafe.Pointer(&size))); e != 0 {
+		t.Fatalf("BLKGETSIZE64: %v", e)
+	}
+	return int64(size)
+}
+
+// sysfsSize is /sys/block/loopN/size in bytes.
+func sysfsSize(t testing.TB, dev string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "size"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n * 512
+}
+
+// writeDev writes data at off through the device node p and fsyncs it.
+func writeDev(t testing.TB, p string, off int64, data []byte) {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if n, err := unix.Pwrite(fd, data, off); err != nil || n != len(data) {
+		t.Fatalf("write %d bytes at %d to %s: %d, %v", len(data), off, p, n, err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		t.Fatalf("fsync %s: %v", p, err)
+	}
+}
+
+// readDev reads n bytes at off through the device node p, bypassing the
+// page cache so the bytes come from the backing image.
+func readDev(t testing.TB, p string, off int64, n int) []byte {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	_ = unix.IoctlSetInt(fd, unix.BLKFLSBUF, 0) // drop cached pages of the device
+	buf := make([]byte, n)
+	if k, err := unix.Pread(fd, buf, off); err != nil || k != n {
+		t.Fatalf("read %d bytes at %d from %s: %d, %v", n, off, p, k, err)
+	}
+	return buf
+}
+
+func assertBytes(t testing.TB, what string, got, want []byte) {
+	t.Helper()
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < len(got) && i < len(want) && got[i] == want[i] {
+			i++
+		}
+		t.Errorf("%s: %d bytes differ from the %d expected, first difference at offset %d", what, len(got), len(want), i)
+	}
+}
+
+func sameInode(t testing.TB, a, b string) bool {
+	t.Helper()
+	var sa, sb unix.Stat_t
+	if err := unix.Stat(a, &sa); err != nil {
+		t.Errorf("stat %s: %v", a, err)
+		return false
+	}
+	if err := unix.Stat(b, &sb); err != nil {
+		t.Errorf("stat %s: %v", b, err)
+		return false
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
+}
+
+func assertGone(t testing.TB, p string) {
+	t.Helper()
+	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s still exists (lstat: %v)", p, err)
+	}
+}
+
+func dirNames(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, en := range ents {
+		out = append(out, en.Name())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// writeFile writes data to p and fsyncs it, returning the first error
+// (write, fsync or close) instead of failing: callers test quota limits.
+func writeFile(p string, data []byte) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	for off := 0; off < len(data); off += int(Mi) {
+		end := min(off+int(Mi), len(data))
+		if _, err := f.Write(data[off:end]); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func mustWrite(t testing.TB, p string, data []byte) {
+	t.Helper()
+	if err := writeFile(p, data); err != nil {
+		t.Fatalf("write %d bytes to %s: %v", len(data), p, err)
+	}
+}
+
+func assertFile(t testing.TB, p string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Errorf("read %s: %v", p, err)
+		return
+	}
+	assertBytes(t, p, got, want)
+}
+
+// isQuotaErr reports a write refused for lack of space or quota.
+func isQuotaErr(err error) bool { return errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.ENOSPC) }
+
+// syncfs commits the filesystem holding p (btrfs accounts qgroups at
+// transaction commit).
+func syncfs(t testing.TB, p string) {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var random = treecmp.RandomBytes
+
+// engineCase is a data root configuration for mount volumes.
+type engineCase struct {
+	name   string
+	fs     string // testfs kind, "" = the machine's disk
+	engine string
+}
+
+var mountEngines = []engineCase{
+	{name: "dir", engine: "dir"},
+	{name: "btrfs", fs: testfs.Btrfs, engine: "btrfs"},
+}
+
+// startEngine runs a driver for ec with --capacity 256Mi, well below the
+// free space of the disk or the 1 GiB test filesystem, so GetCapacity is
+// exact (capacity - allocated), unless mutate says otherwise.
+func startEngine(t *testing.T, ec engineCase, mutate func(*driver.Options)) *env {
+	t.Helper()
+	return start(t, ec.fs, 1<<30, func(o *driver.Options) {
+		o.Engine = ec.engine
+		o.CapacityBytes = 256 * Mi
+		if mutate != nil {
+			mutate(o)
+		}
+	})
+}
