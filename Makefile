@@ -46,8 +46,12 @@ $(TOOLS)/kube-apiserver $(TOOLS)/kubectl: tests/tools/k8s/go.mod
 $(TOOLS)/kustomize: tests/tools/kustomize/go.mod
 	cd tests/tools/kustomize && $(GO) build -o $@ sigs.k8s.io/kustomize/kustomize/v5
 
+# helm's version and default Kubernetes version (for kubeVersion checks)
+# are stamped as its own Makefile does, from tests/tools/helm/go.mod.
 $(TOOLS)/helm: tests/tools/helm/go.mod
-	cd tests/tools/helm && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
+	cd tests/tools/helm && v=$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3) && \
+	  minor=$$($(GO) list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2) && \
+	  $(GO) build -ldflags "-X helm.sh/helm/v3/internal/version.version=$$v $(foreach p,pkg/lint/rules pkg/chartutil,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$$minor)" -o $@ helm.sh/helm/v3/cmd/helm
 
 $(CONTROLLER_GEN):
 	GOBIN=$(OUT)/bin $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)

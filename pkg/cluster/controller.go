@@ -277,45 +277,55 @@ func nodeOf(t *csi.Topology) (string, bool) {
 }
 
 // candidates lists the nodes a volume may go to, in order: the preferred
-// topologies first, then the requisite ones; without requirements, every
-// node with a LocalNode, most room first.
+// topologies first (in their order, restricted to the requisite ones when
+// those are given), then the other admissible nodes — the requisite ones,
+// or without requirements every node with a LocalNode — most room first.
 func (b *ControllerBackend) candidates(ctx context.Context, req *csi.TopologyRequirement) ([]string, error) {
-	var out []string
+	var first, rest []string
 	seen := map[string]bool{}
-	add := func(ts []*csi.Topology, onlyRequisite map[string]bool) {
-		for _, t := range ts {
-			if n, ok := nodeOf(t); ok && !seen[n] && (onlyRequisite == nil || onlyRequisite[n]) {
-				seen[n] = true
-				out = append(out, n)
-			}
+	requisite := map[string]bool{}
+	for _, t := range req.GetRequisite() {
+		if n, ok := nodeOf(t); ok {
+			requisite[n] = true
 		}
 	}
-	if len(req.GetRequisite()) > 0 {
-		requisite := map[string]bool{}
-		for _, t := range req.GetRequisite() {
-			if n, ok := nodeOf(t); ok {
-				requisite[n] = true
+	for _, t := range req.GetPreferred() {
+		if n, ok := nodeOf(t); ok && !seen[n] && (len(requisite) == 0 || requisite[n]) {
+			seen[n] = true
+			first = append(first, n)
+		}
+	}
+	switch {
+	case len(req.GetRequisite()) > 0:
+		for n := range requisite {
+			if !seen[n] {
+				rest = append(rest, n)
 			}
 		}
-		add(req.GetPreferred(), requisite)
-		add(req.GetRequisite(), nil)
-		return out, nil
+	case len(req.GetPreferred()) == 0:
+		nodes := &v1.LocalNodeList{}
+		if err := b.c.List(ctx, nodes); err != nil {
+			return nil, err
+		}
+		for _, n := range nodes.Items {
+			rest = append(rest, n.Name)
+		}
 	}
-	if len(req.GetPreferred()) > 0 {
-		add(req.GetPreferred(), nil)
-		return out, nil
+	room := map[string]int64{}
+	for _, n := range rest {
+		r, err := b.room(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		room[n] = r.available
 	}
-	nodes := &v1.LocalNodeList{}
-	if err := b.c.List(ctx, nodes); err != nil {
-		return nil, err
-	}
-	sort.Slice(nodes.Items, func(i, j int) bool {
-		return nodes.Items[i].Status.AllocatableBytes > nodes.Items[j].Status.AllocatableBytes
+	sort.SliceStable(rest, func(i, j int) bool {
+		if room[rest[i]] != room[rest[j]] {
+			return room[rest[i]] > room[rest[j]]
+		}
+		return rest[i] < rest[j]
 	})
-	for _, n := range nodes.Items {
-		out = append(out, n.Name)
-	}
-	return out, nil
+	return append(first, rest...), nil
 }
 
 // CreateVolume implements driver.Backend: it places the volume (on the

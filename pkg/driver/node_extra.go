@@ -137,10 +137,11 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		return nil, toStatus(err)
 	}
 	if req.GetCapacityRange().GetRequiredBytes() > capacity {
-		if s.d.opts.Mode != ModeAll {
-			return nil, status.Errorf(codes.OutOfRange, "volume %s has %d bytes; call ControllerExpandVolume before asking the node for %d",
-				req.GetVolumeId(), capacity, req.GetCapacityRange().GetRequiredBytes())
-		}
+		// Kubernetes always calls ControllerExpandVolume first; a CO that
+		// asks the node directly gets the growth here, checked against this
+		// node's capacity like any expansion. In node mode the LocalVolume's
+		// status reports the larger capacity at its next reconcile, and the
+		// controller counts max(spec.size, status.capacityBytes).
 		size, err := resolveSize(req.GetCapacityRange(), s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
 		if err != nil {
 			return nil, err

@@ -1,0 +1,233 @@
+// Package clustertest starts a real control plane (etcd and kube-apiserver
+// built from their Go modules by `make tools`, run on 127.0.0.1 with TLS and
+// an admin kubeconfig by controller-runtime's envtest) with the localdir
+// CRDs installed, and runs localdir controller and node plugins in-process
+// against it.
+package clustertest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/localdir-csi/localdir/pkg/cluster"
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+)
+
+// Root is the repository root (found from `go env GOMOD`).
+func Root(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// ToolsDir holds etcd, kube-apiserver and kubectl built by `make tools`.
+func ToolsDir(t testing.TB) string {
+	dir := filepath.Join(Root(t), "_output", "tools", "bin")
+	for _, b := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			t.Fatalf("%s is missing: run `make tools` first (builds etcd and kube-apiserver from their Go modules into %s)", b, dir)
+		}
+	}
+	return dir
+}
+
+// Env is a running control plane.
+type Env struct {
+	Config     *rest.Config
+	Client     client.Client
+	Kubeconfig string // admin kubeconfig file
+	env        *envtest.Environment
+}
+
+// Start brings up etcd and kube-apiserver with the localdir CRDs from
+// deploy/kubernetes/crds, and stops them when the test ends.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	testdriver.RequireRoot(t)
+	root := Root(t)
+	env := &envtest.Environment{
+		BinaryAssetsDirectory:    ToolsDir(t),
+		CRDDirectoryPaths:        []string{filepath.Join(root, "deploy", "kubernetes", "crds")},
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+	}
+	env.ControlPlane.GetAPIServer().Configure().Append("service-cluster-ip-range", "10.0.0.0/24")
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stop control plane: %v", err)
+		}
+	})
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	user, err := env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kc, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &Env{Config: cfg, Client: c, Kubeconfig: kc, env: env}
+}
+
+// Plugin is a running localdir process (in-process) and a client to it.
+type Plugin struct {
+	Endpoint   string
+	Dir        string
+	Opts       driver.Options
+	Conn       *grpc.ClientConn
+	Controller csi.ControllerClient
+	Node       csi.NodeClient
+	Identity   csi.IdentityClient
+	cancel     context.CancelFunc
+	done       chan error
+}
+
+// StartController runs a controller-mode driver against e.
+func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugin {
+	t.Helper()
+	dir := testdriver.TempDir(t)
+	o := testdriver.DefaultOptions(dir)
+	o.Mode = driver.ModeController
+	if mutate != nil {
+		mutate(&o)
+	}
+	b, err := cluster.NewControllerBackend(rest.CopyConfig(e.Config), o.MaxVolumeBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Wait = 30 * time.Second
+	d, err := driver.NewController(o, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run(t, dir, o, d.Run)
+}
+
+// StartNode runs a node-mode driver (gRPC Node service plus the node
+// agent) for nodeID against e, with its own data root.
+func (e *Env) StartNode(t testing.TB, nodeID string, mutate func(*driver.Options)) *Plugin {
+	t.Helper()
+	dir := testdriver.TempDir(t)
+	o := testdriver.DefaultOptions(dir)
+	o.Mode = driver.ModeNode
+	o.NodeID = nodeID
+	if mutate != nil {
+		mutate(&o)
+	}
+	return e.StartNodeWith(t, dir, o)
+}
+
+// StartNodeWith runs a node plugin with exactly these options (for
+// restarts on the same data root).
+func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin {
+	t.Helper()
+	d, err := driver.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := &cluster.NodeAgent{NodeID: o.NodeID, VM: d.VolumeManager(), Version: driver.Version(), Heartbeat: 2 * time.Second}
+	cfg := rest.CopyConfig(e.Config)
+	return run(t, dir, o, func(ctx context.Context) error {
+		// Like app.Run: when either half fails, both stop.
+		errc := make(chan error, 1)
+		actx, cancel := context.WithCancel(ctx)
+		go func() { errc <- agent.Start(actx, cfg); cancel() }()
+		err := d.Run(actx)
+		cancel()
+		if aerr := <-errc; err == nil {
+			err = aerr
+		}
+		return err
+	})
+}
+
+func run(t testing.TB, dir string, o driver.Options, serve func(context.Context) error) *Plugin {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Plugin{Endpoint: o.Endpoint, Dir: dir, Opts: o, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- serve(ctx) }()
+	sock := strings.TrimPrefix(o.Endpoint, "unix://")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			break
+		}
+		select {
+		case err := <-p.done:
+			t.Fatalf("plugin exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("socket %s did not appear", sock)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient(o.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Conn = conn
+	p.Controller, p.Node, p.Identity = csi.NewControllerClient(conn), csi.NewNodeClient(conn), csi.NewIdentityClient(conn)
+	t.Cleanup(func() { p.Stop(t) })
+	return p
+}
+
+// Stop stops the plugin; safe to repeat.
+func (p *Plugin) Stop(t testing.TB) {
+	if p.cancel == nil {
+		return
+	}
+	p.cancel()
+	p.cancel = nil
+	_ = p.Conn.Close()
+	select {
+	case err := <-p.done:
+		if err != nil && !strings.Contains(err.Error(), "context canceled") {
+			t.Errorf("plugin stopped with error: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("plugin did not stop within 30s")
+	}
+}
+
+// WaitLocalNode waits until the node plugin of nodeID has written its
+// LocalNode.
+func (e *Env) WaitLocalNode(t testing.TB, nodeID string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ln := &v1.LocalNode{}
+		if err := e.Client.Get(context.Background(), client.ObjectKey{Name: nodeID}, ln); err == nil && ln.Status.CapacityBytes > 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("LocalNode %s did not appear", nodeID)
+}
