@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/driver"
@@ -79,6 +80,7 @@ var _ driver.Backend = (*ControllerBackend)(nil)
 
 // NewControllerBackend connects to the API server.
 func NewControllerBackend(cfg *rest.Config, maxVolumeBytes int64) (*ControllerBackend, error) {
+	ctrllog.SetLogger(klog.NewKlogr())
 	c, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
 		return nil, err

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -48,6 +48,7 @@ type NodeAgent struct {
 
 // Start runs the agent until ctx is done.
 func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
+	ctrllog.SetLogger(klog.NewKlogr())
 	sel := labels.SelectorFromSet(labels.Set{v1.NodeLabel: a.NodeID})
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  Scheme(),
@@ -279,6 +280,7 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	orphans = a.readopt(ctx, orphans)
 	ln := &v1.LocalNode{}
 	err = a.c.Get(ctx, client.ObjectKey{Name: a.NodeID}, ln)
 	if apierrors.IsNotFound(err) {
@@ -289,6 +291,7 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 	} else if err != nil {
 		return err
 	}
+	patch := client.MergeFrom(ln.DeepCopy())
 	ln.Status = v1.LocalNodeStatus{
 		Engine:           a.VM.Engine(),
 		CapacityBytes:    ci.Total,
@@ -299,7 +302,58 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 		Heartbeat:        metav1.Now(),
 		Orphans:          orphans,
 	}
-	return a.c.Status().Update(ctx, ln)
+	// A merge patch: no resourceVersion conflict with a stale cache read.
+	return a.c.Status().Patch(ctx, ln, patch)
+}
+
+// readopt re-creates the LocalVolume / LocalSnapshot objects for data this
+// node holds but no object claims. Such data lost its object without a
+// DeleteVolume/DeleteSnapshot (those remove the local record before the
+// finalizer goes): its CRD was deleted, or the object was deleted by hand
+// or its finalizer cleared. Re-creating the object lets existing PVs work
+// again with no manual step. The objects carry ReadoptedLabel. It returns
+// the orphans it could not re-adopt (e.g. while the CRDs are missing).
+func (a *NodeAgent) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.OrphanedData {
+	var left []v1.OrphanedData
+	for _, o := range orphans {
+		var obj client.Object
+		labels := map[string]string{v1.NodeLabel: a.NodeID, v1.ReadoptedLabel: "true"}
+		switch o.Kind {
+		case "Volume":
+			v, err := a.VM.Get(o.ID)
+			if err != nil {
+				continue
+			}
+			lv := &v1.LocalVolume{
+				ObjectMeta: metav1.ObjectMeta{Name: v.ID, Labels: labels},
+				Spec: v1.LocalVolumeSpec{
+					Node: a.NodeID, Size: v.CapacityBytes, VolumeMode: volumeMode(v.AccessType),
+					Engine: v.Engine, Parameters: v.Parameters, CSIName: v.Name,
+				},
+			}
+			if v.SourceSnapshotID != "" || v.SourceVolumeID != "" {
+				lv.Spec.ContentSource = &v1.ContentSource{Snapshot: v.SourceSnapshotID, Volume: v.SourceVolumeID}
+			}
+			obj = lv
+		case "Snapshot":
+			s, err := a.VM.GetSnapshot(o.ID)
+			if err != nil {
+				continue
+			}
+			obj = &v1.LocalSnapshot{
+				ObjectMeta: metav1.ObjectMeta{Name: s.ID, Labels: labels},
+				Spec:       v1.LocalSnapshotSpec{SourceVolume: s.SourceVolumeID, Node: a.NodeID, CSIName: s.Name},
+			}
+		}
+		err := a.c.Create(ctx, obj)
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			klog.ErrorS(err, "Orphaned data: cannot re-create its object yet; the data is kept", "kind", o.Kind, "id", o.ID, "path", o.Path)
+			left = append(left, o)
+			continue
+		}
+		klog.InfoS("Re-adopted orphaned data: re-created its object", "kind", o.Kind, "id", o.ID, "path", o.Path)
+	}
+	return left
 }
 
 // orphans lists local volumes and snapshots that no object claims.
@@ -325,7 +379,7 @@ func (a *NodeAgent) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 		return nil, err
 	}
 	for _, v := range vols {
-		if !claimed[v.ID] {
+		if !claimed[v.ID] && !v.Ephemeral {
 			out = append(out, v1.OrphanedData{ID: v.ID, Kind: "Volume", Path: a.VM.DataPath(v), SizeBytes: v.CapacityBytes})
 		}
 	}
@@ -335,7 +389,7 @@ func (a *NodeAgent) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 	}
 	for _, s := range snaps {
 		if !claimed[s.ID] {
-			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: fmt.Sprintf("snapshot %s", s.ID), SizeBytes: s.SizeBytes})
+			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: a.VM.SnapshotPath(s), SizeBytes: s.SizeBytes})
 		}
 	}
 	return out, nil

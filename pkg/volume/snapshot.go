@@ -12,6 +12,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
+// SnapshotPath is where snapshot s's data lives on this node.
+func (m *Manager) SnapshotPath(s *state.Snapshot) string { return m.snapPath(s) }
+
 // snapPath is where snapshot s's data lives.
 func (m *Manager) snapPath(s *state.Snapshot) string {
 	if !ValidSnapshotID(s.ID) {

@@ -34,6 +34,10 @@ const (
 	// Finalizer is held by the node plugin until it has acted on a deleted
 	// object (removed the data when deleteData is set, else kept it).
 	Finalizer = "localdir.csi.dev/node-data"
+	// ReadoptedLabel marks objects a node plugin re-created for data it
+	// still held after their object went away without a delete request
+	// (CRDs deleted, an object deleted by hand). Value: "true".
+	ReadoptedLabel = "localdir.csi.dev/readopted"
 )
 
 // Phases of LocalVolume and LocalSnapshot.

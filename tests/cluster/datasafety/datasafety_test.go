@@ -1,0 +1,237 @@
+// Package datasafety shows that users' data is destroyed only by a
+// DeleteVolume or DeleteSnapshot for it: deleting the CRDs, deleting a
+// LocalVolume by hand or clearing a stuck finalizer keeps the data, and the
+// node plugin re-adopts it (re-creates the objects) so existing volumes work
+// again with no manual step.
+package datasafety
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
+)
+
+var mnt = []*csi.VolumeCapability{{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}}
+
+type fixture struct {
+	env  *clustertest.Env
+	node *clustertest.Plugin
+	ctrl *clustertest.Plugin
+	ctx  context.Context
+}
+
+func start(t *testing.T) *fixture {
+	env := clustertest.Start(t)
+	f := &fixture{env: env, ctx: context.Background()}
+	f.node = env.StartNode(t, "node-a", func(o *driver.Options) { o.CapacityBytes = 1 << 30 })
+	env.WaitLocalNode(t, "node-a")
+	f.ctrl = env.StartController(t, nil)
+	return f
+}
+
+// volume creates a volume and writes a marker file into its data.
+func (f *fixture) volume(t *testing.T, name string) (id, marker string) {
+	t.Helper()
+	resp, err := f.ctrl.Controller.CreateVolume(f.ctx, &csi.CreateVolumeRequest{
+		Name: name, VolumeCapabilities: mnt, CapacityRange: &csi.CapacityRange{RequiredBytes: 8 << 20},
+	})
+	if err != nil {
+		t.Fatalf("CreateVolume %s: %v", name, err)
+	}
+	id = resp.GetVolume().GetVolumeId()
+	marker = filepath.Join(f.node.Opts.DataRoot, "volumes", id, "marker")
+	if err := os.WriteFile(marker, []byte("data of "+name), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return id, marker
+}
+
+func mustHave(t *testing.T, marker, want string) {
+	t.Helper()
+	got, err := os.ReadFile(marker)
+	if err != nil || string(got) != want {
+		t.Fatalf("data at %s: %q, %v; want %q", marker, got, err, want)
+	}
+}
+
+// waitReadopted waits until the object named id exists again, Ready, with
+// the readopted label.
+func (f *fixture) waitReadopted(t *testing.T, obj client.Object, id string, ready func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, obj)
+		if err == nil && obj.GetLabels()[v1.ReadoptedLabel] == "true" && obj.GetDeletionTimestamp() == nil && ready() {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s was not re-adopted", id)
+}
+
+func TestCRDsDeletedAndReinstalledKeepsAndReadoptsData(t *testing.T) {
+	f := start(t)
+	id, marker := f.volume(t, "pvc-crd")
+	snap, err := f.ctrl.Controller.CreateSnapshot(f.ctx, &csi.CreateSnapshotRequest{Name: "snap-crd", SourceVolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+
+	// Uninstall the CRDs, as `kubectl delete -k deploy/kubernetes` does.
+	scheme := runtime.NewScheme()
+	_ = apiextensionsv1.AddToScheme(scheme)
+	c, err := client.New(f.env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crdDir := filepath.Join(clustertest.Root(t), "deploy", "kubernetes", "crds")
+	for _, n := range []string{"localvolumes", "localsnapshots", "localnodes"} {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		crd.Name = n + ".localdir.csi.dev"
+		if err := c.Delete(f.ctx, crd); err != nil {
+			t.Fatalf("delete CRD %s: %v", n, err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left := 0
+		for _, n := range []string{"localvolumes", "localsnapshots", "localnodes"} {
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			if err := c.Get(f.ctx, client.ObjectKey{Name: n + ".localdir.csi.dev"}, crd); !apierrors.IsNotFound(err) {
+				left++
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d CRDs still there after 60s (finalizers not released?)", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Nothing was deleted meanwhile.
+	mustHave(t, marker, "data of pvc-crd")
+	if _, err := os.Stat(filepath.Join(f.node.Opts.DataRoot, "snapshots", sid)); err != nil {
+		t.Fatalf("snapshot data gone after the CRDs were deleted: %v", err)
+	}
+
+	// Install again: the node plugin re-creates the objects.
+	if _, err := envtest.InstallCRDs(f.env.Config, envtest.CRDInstallOptions{Paths: []string{crdDir}}); err != nil {
+		t.Fatal(err)
+	}
+	lv := &v1.LocalVolume{}
+	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
+	if lv.Spec.Size != 8<<20 || lv.Spec.Node != "node-a" || lv.Spec.CSIName != "pvc-crd" {
+		t.Errorf("re-adopted spec %+v", lv.Spec)
+	}
+	ls := &v1.LocalSnapshot{}
+	f.waitReadopted(t, ls, sid, func() bool { return ls.Status.ReadyToUse })
+	mustHave(t, marker, "data of pvc-crd")
+
+	// The volume works again through CSI, and the snapshot restores.
+	if _, err := f.ctrl.Controller.ControllerGetVolume(f.ctx, &csi.ControllerGetVolumeRequest{VolumeId: id}); err != nil {
+		t.Errorf("ControllerGetVolume after re-adoption: %v", err)
+	}
+	again, err := f.ctrl.Controller.CreateVolume(f.ctx, &csi.CreateVolumeRequest{
+		Name: "pvc-crd", VolumeCapabilities: mnt, CapacityRange: &csi.CapacityRange{RequiredBytes: 8 << 20},
+	})
+	if err != nil || again.GetVolume().GetVolumeId() != id {
+		t.Errorf("repeated CreateVolume after re-adoption: %v %v", again, err)
+	}
+	restored, err := f.ctrl.Controller.CreateVolume(f.ctx, &csi.CreateVolumeRequest{
+		Name: "pvc-restored", VolumeCapabilities: mnt, CapacityRange: &csi.CapacityRange{RequiredBytes: 8 << 20},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: sid}}},
+	})
+	if err != nil {
+		t.Fatalf("restore from the re-adopted snapshot: %v", err)
+	}
+	mustHave(t, filepath.Join(f.node.Opts.DataRoot, "volumes", restored.GetVolume().GetVolumeId(), "marker"), "data of pvc-crd")
+
+	// A real DeleteVolume still removes the data.
+	if _, err := f.ctrl.Controller.DeleteVolume(f.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, filepath.Dir(marker))
+}
+
+func waitGone(t *testing.T, p string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(p); os.IsNotExist(err) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s still exists after DeleteVolume", p)
+}
+
+func TestLocalVolumeDeletedByHandIsReadopted(t *testing.T) {
+	f := start(t)
+	id, marker := f.volume(t, "pvc-hand")
+	lv := &v1.LocalVolume{}
+	lv.Name = id
+	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	lv = &v1.LocalVolume{}
+	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
+	mustHave(t, marker, "data of pvc-hand")
+}
+
+func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
+	f := start(t)
+	id, marker := f.volume(t, "pvc-stuck")
+	f.node.Stop(t) // the node plugin is gone: nobody releases the finalizer
+	lv := &v1.LocalVolume{}
+	lv.Name = id
+	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil || lv.DeletionTimestamp == nil {
+		t.Fatalf("object should be stuck terminating on its finalizer: %v", err)
+	}
+	// The documented command: remove the finalizer.
+	patch := client.RawPatch("application/json-patch+json", []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`))
+	if err := f.env.Client.Patch(f.ctx, lv, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); !apierrors.IsNotFound(err) {
+		t.Fatalf("object still there after clearing its finalizer: %v", err)
+	}
+	mustHave(t, marker, "data of pvc-stuck")
+	// When the node plugin comes back it re-adopts the data.
+	f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
+	lv = &v1.LocalVolume{}
+	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
+	mustHave(t, marker, "data of pvc-stuck")
+
+	// Removing an orphan for good, the documented way: record the delete
+	// intent, then delete the object.
+	p2 := client.MergeFrom(lv.DeepCopy())
+	lv.Spec.DeleteData = true
+	if err := f.env.Client.Patch(f.ctx, lv, p2); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, filepath.Dir(marker))
+}
