@@ -1,10 +1,9 @@
 // Package state keeps localdir's durable node-local records in a bbolt file
 // under the data root: CSI name → volume_id, the volumes themselves and (later)
-// snapshots. Every change is durable before the caller acknowledges the CSI
-// call that caused it: it is written to a write-ahead log next to the bbolt
-// file with one fdatasync, and carried into the bbolt file later, many changes
-// per bbolt commit (see wal.go). Concurrent changes share log records (group
-// commit), so N parallel CreateVolume calls cost about one fsync instead of N.
+// snapshots. Every change is one fsync'd bbolt transaction, committed before
+// the caller acknowledges the CSI call that caused it. Concurrent changes share
+// commits (group commit), so N parallel CreateVolume calls cost about one
+// fsync round instead of N.
 //
 // The store never repairs or rewrites a file it cannot read: Open fails with
 // an error naming the file and what to do (a damaged state file must be
@@ -13,13 +12,10 @@
 package state
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"sort"
-	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -100,19 +96,6 @@ type Store struct {
 	db   *bolt.DB
 	ops  chan *op
 	done chan struct{}
-
-	// The write-ahead log (wal.go). wal, walID, seq and broken belong to
-	// the commit loop (to Open and Close while it is not running).
-	wal    *wal
-	walID  []byte // ties the log to this bbolt file
-	seq    uint64 // last log record written (or carried into the bbolt file)
-	broken error  // set when a write failed: every later Update fails
-
-	// pending holds the durable changes not yet carried into the bbolt
-	// file; reads see them over it. The commit loop changes pending (and
-	// replaces it) under mu held for writing; View holds mu for reading.
-	mu      sync.RWMutex
-	pending *layer
 }
 
 type op struct {
@@ -146,12 +129,8 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, openError(path, err)
 	}
-	s := &Store{path: path, db: db, ops: make(chan *op, 4096), done: make(chan struct{}), pending: newLayer()}
+	s := &Store{path: path, db: db, ops: make(chan *op, 4096), done: make(chan struct{})}
 	if err := s.initBuckets(fresh); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
-	if err := s.openWAL(fresh); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
@@ -213,51 +192,31 @@ func (s *Store) initBuckets(fresh bool) error {
 				return err
 			}
 		}
-		m := tx.Bucket(bucketMeta)
-		if len(m.Get(keyWALID)) != 16 {
-			id := make([]byte, 16)
-			if _, err := rand.Read(id); err != nil {
-				return err
-			}
-			if err := m.Put(keyWALID, id); err != nil {
-				return err
-			}
-		}
-		return m.Put(keyVersion, []byte(formatVersion))
+		return tx.Bucket(bucketMeta).Put(keyVersion, []byte(formatVersion))
 	})
 }
 
 // Path is the file the store reads and writes.
 func (s *Store) Path() string { return s.path }
 
-// Close waits for queued updates, carries every change into the bbolt file
-// and closes the files. After a clean Close the state file alone holds the
-// whole state (the log is empty).
+// Close waits for queued updates and closes the file.
 func (s *Store) Close() error {
 	close(s.ops)
 	<-s.done
-	err := s.checkpoint()
-	if err == nil {
-		err = s.wal.clear()
-	}
-	return errors.Join(err, s.wal.f.Close(), s.db.Close())
+	return s.db.Close()
 }
 
 // View runs fn in a read-only transaction (no fsync, never blocked by a
-// commit in flight; it sees every acknowledged change). fn must not call View
-// or Update.
+// commit in flight).
 func (s *Store) View(fn func(*Tx) error) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx, pending: s.pending}) })
+	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
 }
 
 // Update runs fn in a read-write transaction and returns once that
-// transaction is durably committed (its log record fdatasync'd). Calls that
-// arrive while a commit is in flight are grouped into the next one. fn may
-// run more than once (when another fn in its group fails, the group is
-// retried without the failing one), so it must only depend on what it reads
-// through tx.
+// transaction is durably committed (fsync'd). Calls that arrive while a
+// commit is in flight are grouped into the next one. fn may run more than
+// once (when another fn in its group fails, the group is retried without the
+// failing one), so it must only depend on what it reads through tx.
 func (s *Store) Update(fn func(*Tx) error) error {
 	o := &op{fn: fn, err: make(chan error, 1)}
 	s.ops <- o
@@ -265,8 +224,7 @@ func (s *Store) Update(fn func(*Tx) error) error {
 }
 
 // commitLoop is the group committer: it takes every queued op, runs them in
-// one transaction, writes their changes as one log record and reports the
-// one result to all of them.
+// one bbolt transaction and reports the one commit result to all of them.
 // Unlike bolt.DB.Batch it never waits for a timer, so a lone caller commits
 // at once and only callers that queued during a commit share the next one.
 func (s *Store) commitLoop() {
@@ -291,105 +249,43 @@ func (s *Store) commitLoop() {
 }
 
 func (s *Store) commit(group []*op) {
-	if s.broken != nil {
-		for _, o := range group {
-			o.err <- s.broken
-		}
-		return
-	}
 	for len(group) > 0 {
-		changes, failed, err := s.run(group)
+		failed := -1
+		var ferr error
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			t := &Tx{tx: tx}
+			for i, o := range group {
+				if err := o.fn(t); err != nil {
+					failed, ferr = i, err
+					return err
+				}
+			}
+			return nil
+		})
 		if failed >= 0 {
-			group[failed].err <- err
+			group[failed].err <- ferr
 			group = append(group[:failed], group[failed+1:]...)
 			continue
-		}
-		if err == nil {
-			err = s.persist(changes)
 		}
 		for _, o := range group {
 			o.err <- err
 		}
-		break
+		return
 	}
-	s.maybeCheckpoint()
 }
 
-// run runs the group's fns in order on one transaction and returns their
-// changes, or the index of the first fn that failed and its error.
-func (s *Store) run(group []*op) (*layer, int, error) {
-	tx, err := s.db.Begin(false)
-	if err != nil {
-		return nil, -1, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	t := &Tx{tx: tx, pending: s.pending, w: newLayer()}
-	for i, o := range group {
-		if err := o.fn(t); err != nil {
-			return nil, i, err
-		}
-	}
-	return t.w, -1, nil
-}
-
-// Tx is one transaction over the records: the bbolt file, the pending
-// changes over it and, in Update, the transaction's own changes (w).
-type Tx struct {
-	tx      *bolt.Tx
-	pending *layer
-	w       *layer // nil in View
-}
-
-// raw returns the value of key in bucket, or nil.
-func (t *Tx) raw(bucket []byte, key string) []byte {
-	for _, l := range []*layer{t.w, t.pending} {
-		if l == nil {
-			continue
-		}
-		if e, ok := l.get(bucket, key); ok {
-			if e.del {
-				return nil
-			}
-			return e.val
-		}
-	}
-	return t.tx.Bucket(bucket).Get([]byte(key))
-}
-
-func (t *Tx) setRaw(bucket []byte, key string, val []byte) error {
-	switch {
-	case t.w == nil:
-		return bolt.ErrTxNotWritable
-	case key == "":
-		return bolt.ErrKeyRequired
-	case len(key) > bolt.MaxKeySize:
-		return bolt.ErrKeyTooLarge
-	case len(val) > bolt.MaxValueSize:
-		return bolt.ErrValueTooLarge
-	}
-	t.w.set(string(bucket), key, entry{val: val})
-	return nil
-}
-
-func (t *Tx) deleteRaw(bucket []byte, key string) error {
-	if t.w == nil {
-		return bolt.ErrTxNotWritable
-	}
-	if t.raw(bucket, key) != nil {
-		t.w.set(string(bucket), key, entry{del: true})
-	}
-	return nil
-}
+// Tx is one transaction over the records.
+type Tx struct{ tx *bolt.Tx }
 
 // VolumeIDByName returns the volume_id recorded for a CSI name, or "".
 func (t *Tx) VolumeIDByName(name string) string {
-	return string(t.raw(bucketNames, name))
+	return string(t.tx.Bucket(bucketNames).Get([]byte(name)))
 }
 
 // Volume returns the record for id, or nil when there is none.
 func (t *Tx) Volume(id string) (*Volume, error) {
 	v := &Volume{}
-	ok, err := t.get(bucketVolumes, id, v)
+	ok, err := get(t.tx.Bucket(bucketVolumes), id, v)
 	if !ok {
 		return nil, err
 	}
@@ -399,11 +295,11 @@ func (t *Tx) Volume(id string) (*Volume, error) {
 // PutVolume stores v and, when v.Name is set, its name mapping.
 func (t *Tx) PutVolume(v *Volume) error {
 	if v.Name != "" {
-		if err := t.setRaw(bucketNames, v.Name, []byte(v.ID)); err != nil {
+		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
 			return err
 		}
 	}
-	return t.put(bucketVolumes, v.ID, v)
+	return put(t.tx.Bucket(bucketVolumes), v.ID, v)
 }
 
 // DeleteVolume removes the record for id and its name mapping.
@@ -413,28 +309,28 @@ func (t *Tx) DeleteVolume(id string) error {
 		return err
 	}
 	if v.Name != "" && t.VolumeIDByName(v.Name) == id {
-		if err := t.deleteRaw(bucketNames, v.Name); err != nil {
+		if err := t.tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
 			return err
 		}
 	}
-	return t.deleteRaw(bucketVolumes, id)
+	return t.tx.Bucket(bucketVolumes).Delete([]byte(id))
 }
 
 // ForEachVolume calls fn for the volumes whose id sorts after `after`
 // (all when empty), in id order, until fn returns false.
 func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
-	return t.forEach(bucketVolumes, after, func() any { return &Volume{} }, func(x any) bool { return fn(x.(*Volume)) })
+	return forEach(t.tx.Bucket(bucketVolumes), after, func() any { return &Volume{} }, func(x any) bool { return fn(x.(*Volume)) })
 }
 
 // SnapshotIDByName returns the snapshot_id recorded for a CSI name, or "".
 func (t *Tx) SnapshotIDByName(name string) string {
-	return string(t.raw(bucketSnapNames, name))
+	return string(t.tx.Bucket(bucketSnapNames).Get([]byte(name)))
 }
 
 // Snapshot returns the record for id, or nil when there is none.
 func (t *Tx) Snapshot(id string) (*Snapshot, error) {
 	s := &Snapshot{}
-	ok, err := t.get(bucketSnapshots, id, s)
+	ok, err := get(t.tx.Bucket(bucketSnapshots), id, s)
 	if !ok {
 		return nil, err
 	}
@@ -443,10 +339,10 @@ func (t *Tx) Snapshot(id string) (*Snapshot, error) {
 
 // PutSnapshot stores s and its name mapping.
 func (t *Tx) PutSnapshot(s *Snapshot) error {
-	if err := t.setRaw(bucketSnapNames, s.Name, []byte(s.ID)); err != nil {
+	if err := t.tx.Bucket(bucketSnapNames).Put([]byte(s.Name), []byte(s.ID)); err != nil {
 		return err
 	}
-	return t.put(bucketSnapshots, s.ID, s)
+	return put(t.tx.Bucket(bucketSnapshots), s.ID, s)
 }
 
 // DeleteSnapshot removes the record for id and its name mapping.
@@ -456,21 +352,21 @@ func (t *Tx) DeleteSnapshot(id string) error {
 		return err
 	}
 	if t.SnapshotIDByName(s.Name) == id {
-		if err := t.deleteRaw(bucketSnapNames, s.Name); err != nil {
+		if err := t.tx.Bucket(bucketSnapNames).Delete([]byte(s.Name)); err != nil {
 			return err
 		}
 	}
-	return t.deleteRaw(bucketSnapshots, id)
+	return t.tx.Bucket(bucketSnapshots).Delete([]byte(id))
 }
 
 // ForEachSnapshot calls fn for the snapshots whose id sorts after `after`,
 // in id order, until fn returns false.
 func (t *Tx) ForEachSnapshot(after string, fn func(*Snapshot) bool) error {
-	return t.forEach(bucketSnapshots, after, func() any { return &Snapshot{} }, func(x any) bool { return fn(x.(*Snapshot)) })
+	return forEach(t.tx.Bucket(bucketSnapshots), after, func() any { return &Snapshot{} }, func(x any) bool { return fn(x.(*Snapshot)) })
 }
 
-func (t *Tx) get(bucket []byte, id string, into any) (bool, error) {
-	raw := t.raw(bucket, id)
+func get(b *bolt.Bucket, id string, into any) (bool, error) {
+	raw := b.Get([]byte(id))
 	if raw == nil {
 		return false, nil
 	}
@@ -480,33 +376,16 @@ func (t *Tx) get(bucket []byte, id string, into any) (bool, error) {
 	return true, nil
 }
 
-func (t *Tx) put(bucket []byte, id string, v any) error {
+func put(b *bolt.Bucket, id string, v any) error {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return t.setRaw(bucket, id, raw)
+	return b.Put([]byte(id), raw)
 }
 
-// forEach walks the records of bucket whose keys sort after `after`, in key
-// order: those of the bbolt file merged with the pending and the
-// transaction's own changes.
-func (t *Tx) forEach(bucket []byte, after string, alloc func() any, fn func(any) bool) error {
-	var changed []string
-	seen := map[string]bool{}
-	for _, l := range []*layer{t.w, t.pending} {
-		if l == nil {
-			continue
-		}
-		for k := range l.b[string(bucket)] {
-			if k > after && !seen[k] {
-				seen[k] = true
-				changed = append(changed, k)
-			}
-		}
-	}
-	sort.Strings(changed)
-	c := t.tx.Bucket(bucket).Cursor()
+func forEach(b *bolt.Bucket, after string, alloc func() any, fn func(any) bool) error {
+	c := b.Cursor()
 	var k, v []byte
 	if after == "" {
 		k, v = c.First()
@@ -516,30 +395,14 @@ func (t *Tx) forEach(bucket []byte, after string, alloc func() any, fn func(any)
 			k, v = c.Next()
 		}
 	}
-	for {
-		var key string
-		var val []byte
-		switch {
-		case len(changed) > 0 && (k == nil || changed[0] <= string(k)):
-			key, changed = changed[0], changed[1:]
-			if k != nil && key == string(k) {
-				k, v = c.Next()
-			}
-			if val = t.raw(bucket, key); val == nil {
-				continue // deleted
-			}
-		case k != nil:
-			key, val = string(k), v
-			k, v = c.Next()
-		default:
-			return nil
-		}
+	for ; k != nil; k, v = c.Next() {
 		x := alloc()
-		if err := json.Unmarshal(val, x); err != nil {
-			return fmt.Errorf("%w: record %q: %v", ErrCorrupt, key, err)
+		if err := json.Unmarshal(v, x); err != nil {
+			return fmt.Errorf("%w: record %q: %v", ErrCorrupt, k, err)
 		}
 		if !fn(x) {
 			return nil
 		}
 	}
+	return nil
 }
