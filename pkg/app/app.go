@@ -13,6 +13,8 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/cluster"
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/metrics"
+	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // RestConfig loads the kubeconfig file, or the in-cluster configuration
@@ -28,18 +30,63 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
 }
 
+// NodeMetrics reports the localdir_* gauges of one node's data root.
+// orphans may be nil (all mode has no objects to claim data).
+func NodeMetrics(vm *volume.Manager, node string, orphans func() int64) metrics.StateFunc {
+	return func() []metrics.Sample {
+		var out []metrics.Sample
+		l := []string{node}
+		if ci, err := vm.Capacity(); err == nil {
+			out = append(out,
+				metrics.Sample{Desc: metrics.CapacityDesc, Value: float64(ci.Total), Labels: l},
+				metrics.Sample{Desc: metrics.AllocatableDesc, Value: float64(ci.Available), Labels: l},
+				metrics.Sample{Desc: metrics.AllocatedDesc, Value: float64(ci.Allocated), Labels: l},
+				metrics.Sample{Desc: metrics.FreeDesc, Value: float64(ci.Free), Labels: l})
+		}
+		if vols, _, err := vm.List("", 0); err == nil {
+			out = append(out, metrics.Sample{Desc: metrics.VolumesDesc, Value: float64(len(vols)), Labels: []string{node, "Ready"}})
+		}
+		if snaps, _, err := vm.ListSnapshots("", 0, ""); err == nil {
+			out = append(out, metrics.Sample{Desc: metrics.SnapshotsDesc, Value: float64(len(snaps)), Labels: []string{node, "Ready"}})
+		}
+		out = append(out, metrics.Sample{Desc: metrics.LoopDevicesDesc, Value: float64(vm.AttachedLoopDevices()), Labels: l})
+		if orphans != nil {
+			out = append(out, metrics.Sample{Desc: metrics.OrphansDesc, Value: float64(orphans()), Labels: l})
+		}
+		return out
+	}
+}
+
+// serveMetrics starts the /metrics server (when opts.MetricsAddress is set)
+// in g.
+func serveMetrics(ctx context.Context, g *errgroup.Group, opts driver.Options, state metrics.StateFunc) error {
+	if opts.MetricsAddress == "" {
+		return nil
+	}
+	if err := metrics.RegisterState(state); err != nil {
+		return err
+	}
+	g.Go(func() error { return metrics.Serve(ctx, opts.MetricsAddress) })
+	return nil
+}
+
 // Run runs the process for opts.Mode until ctx is done.
 func Run(ctx context.Context, opts driver.Options) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
+	g, gctx := errgroup.WithContext(ctx)
 	switch opts.Mode {
 	case driver.ModeAll:
 		d, err := driver.New(opts)
 		if err != nil {
 			return err
 		}
-		return d.Run(ctx)
+		if err := serveMetrics(gctx, g, opts, NodeMetrics(d.VolumeManager(), opts.NodeID, nil)); err != nil {
+			return err
+		}
+		g.Go(func() error { return d.Run(gctx) })
+		return g.Wait()
 	case driver.ModeController:
 		cfg, err := RestConfig(opts.Kubeconfig)
 		if err != nil {
@@ -54,7 +101,11 @@ func Run(ctx context.Context, opts driver.Options) error {
 		if err != nil {
 			return err
 		}
-		return d.Run(ctx)
+		if err := serveMetrics(gctx, g, opts, func() []metrics.Sample { return b.MetricSamples(gctx) }); err != nil {
+			return err
+		}
+		g.Go(func() error { return d.Run(gctx) })
+		return g.Wait()
 	}
 	cfg, err := RestConfig(opts.Kubeconfig)
 	if err != nil {
@@ -65,7 +116,9 @@ func Run(ctx context.Context, opts driver.Options) error {
 		return err
 	}
 	agent := &cluster.NodeAgent{NodeID: opts.NodeID, VM: d.VolumeManager(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes}
-	g, gctx := errgroup.WithContext(ctx)
+	if err := serveMetrics(gctx, g, opts, NodeMetrics(d.VolumeManager(), opts.NodeID, agent.Orphans)); err != nil {
+		return err
+	}
 	g.Go(func() error { return agent.Start(gctx, cfg) })
 	// The gRPC server stops when the agent fails, and the other way round.
 	g.Go(func() error { return d.Run(gctx) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/status"
@@ -25,6 +26,7 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/metrics"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -43,7 +45,24 @@ type NodeAgent struct {
 	// Heartbeat is how often LocalNode status is refreshed.
 	Heartbeat time.Duration
 
-	c client.Client
+	c           client.Client
+	orphanCount atomic.Int64 // unclaimed data left after the last heartbeat
+}
+
+// Orphans is the number of volumes and snapshots on this node that no
+// object claims and that could not be re-adopted, as of the last heartbeat.
+func (a *NodeAgent) Orphans() int64 { return a.orphanCount.Load() }
+
+// counted wraps a reconciler to count its failures in
+// localdir_node_reconcile_errors_total.
+func counted(kind string, f reconcile.Func) reconcile.Func {
+	return func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		res, err := f(ctx, req)
+		if err != nil {
+			metrics.ReconcileErrors.WithLabelValues(kind).Inc()
+		}
+		return res, err
+	}
 }
 
 // Start runs the agent until ctx is done.
@@ -71,11 +90,11 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		a.Heartbeat = 30 * time.Second
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("localvolume").For(&v1.LocalVolume{}).
-		Complete(reconcile.Func(a.reconcileVolume)); err != nil {
+		Complete(counted("LocalVolume", a.reconcileVolume)); err != nil {
 		return err
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("localsnapshot").For(&v1.LocalSnapshot{}).
-		Complete(reconcile.Func(a.reconcileSnapshot)); err != nil {
+		Complete(counted("LocalSnapshot", a.reconcileSnapshot)); err != nil {
 		return err
 	}
 	if err := mgr.Add(ctrlRunnable(a.heartbeatLoop)); err != nil {
@@ -261,6 +280,7 @@ func (a *NodeAgent) heartbeatLoop(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if err := a.writeLocalNode(ctx); err != nil && ctx.Err() == nil {
+			metrics.ReconcileErrors.WithLabelValues("LocalNode").Inc()
 			klog.ErrorS(err, "Cannot update LocalNode", "node", a.NodeID)
 		}
 		select {
@@ -281,6 +301,7 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 		return err
 	}
 	orphans = a.readopt(ctx, orphans)
+	a.orphanCount.Store(int64(len(orphans)))
 	ln := &v1.LocalNode{}
 	err = a.c.Get(ctx, client.ObjectKey{Name: a.NodeID}, ln)
 	if apierrors.IsNotFound(err) {

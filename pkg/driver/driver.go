@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/metrics"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -197,8 +198,9 @@ var quietRPCs = map[string]bool{
 	"/csi.v1.Identity/GetPluginCapabilities":       true,
 }
 
-// logRPC traces requests at V(4) (secrets stripped by protosanitizer) and
-// logs every failed call with its gRPC code.
+// logRPC traces requests at V(4) (secrets stripped by protosanitizer),
+// logs every failed call with its gRPC code and records the call in the
+// localdir_rpc_* metrics.
 func logRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	level := klog.Level(4)
 	if quietRPCs[info.FullMethod] {
@@ -209,6 +211,7 @@ func logRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler gr
 		klog.V(level).InfoS("GRPC call", "method", info.FullMethod, "request", protosanitizer.StripSecrets(req))
 	}
 	resp, err := handler(ctx, req)
+	metrics.ObserveRPC(methodName(info.FullMethod), status.Code(err).String(), time.Since(start))
 	if err != nil {
 		st, _ := status.FromError(err)
 		klog.ErrorS(nil, "GRPC failed", "method", info.FullMethod, "code", st.Code().String(), "message", st.Message(),

@@ -131,6 +131,10 @@ func (m *Manager) Root() string { return m.root }
 // Engine is the name of the engine new mount volumes are made with.
 func (m *Manager) Engine() string { return m.eng.Name() }
 
+// AttachedLoopDevices counts the loop devices attached to this data root's
+// block volume images.
+func (m *Manager) AttachedLoopDevices() int { return block.CountUnder(m.blockRoot) }
+
 // Probe checks that the data root is usable and the state file readable.
 func (m *Manager) Probe() error {
 	if err := unix.Access(m.volRoot, unix.W_OK|unix.X_OK); err != nil {

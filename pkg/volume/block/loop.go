@@ -216,3 +216,22 @@ func ioctlPtr(fd int, req uint, p *uint64) error {
 	}
 	return nil
 }
+
+// CountUnder returns how many loop devices are backed by files in dir.
+func CountUnder(dir string) int {
+	ents, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "loop", "backing_file"))
+		if err == nil && strings.HasPrefix(string(b), dir+"/") {
+			n++
+		}
+	}
+	return n
+}
