@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"k8s.io/klog/v2"
@@ -29,10 +30,7 @@ func main() {
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: localdir-csi [flags]\n\nlocaldir CSI driver %s. Flags (the mode each applies to in brackets):\n\n", driver.Version())
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { usage(fs) }
 	_ = fs.Parse(os.Args[1:])
 	if *showVersion {
 		fmt.Println(driver.Version())
@@ -50,4 +48,38 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// usage prints the flags grouped by the modes they apply to; every flag's
+// help starts with its modes in brackets ("[node, all] …").
+func usage(fs *flag.FlagSet) {
+	out := fs.Output()
+	fmt.Fprintf(out, "Usage: localdir-csi [flags]\n\nlocaldir CSI driver %s.\n", driver.Version())
+	groups := []struct{ tag, title string }{
+		{"[all modes]", "All modes"},
+		{"[controller, all]", "Controller service (controller and all mode)"},
+		{"[controller, node]", "Cluster modes (controller and node)"},
+		{"[node, all]", "Node service and data root (node and all mode)"},
+		{"[logging]", "Logging"},
+	}
+	shown := map[string]bool{}
+	groups = append(groups, struct{ tag, title string }{"", "Other"})
+	for _, g := range groups {
+		fmt.Fprintf(out, "\n%s:\n", g.title)
+		fs.VisitAll(func(f *flag.Flag) {
+			help, ok := strings.CutPrefix(f.Usage, g.tag+" ")
+			if g.tag == "" {
+				help, ok = f.Usage, !shown[f.Name]
+			}
+			if !ok || shown[f.Name] {
+				return
+			}
+			shown[f.Name] = true
+			def := ""
+			if !strings.Contains(help, "(default") && f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+				def = fmt.Sprintf(" (default %q)", f.DefValue)
+			}
+			fmt.Fprintf(out, "  --%s\n      %s%s\n", f.Name, help, def)
+		})
+	}
 }

@@ -121,7 +121,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Var(o.capacity, "capacity", "[node, all] bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
 	fs.Var(o.maxVolume, "max-volume-size", "[controller, all] largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
 	fs.Var(o.defaultVolume, "default-volume-size", "[controller, all] size of a volume requested without capacity_range, in bytes or e.g. 1Gi")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "[all modes] host:port to serve Prometheus metrics on at /metrics, e.g. :9808 (default: off)")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "[all modes] host:port to serve Prometheus metrics on at /metrics, e.g. :9810 (default: off)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "[controller, node] kubeconfig file for the API server (default: in-cluster configuration)")
 	fs.StringVar(&o.Engine, "engine", "auto", "[node, all] storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "[node, all] NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
