@@ -65,7 +65,7 @@ func usage(fs *flag.FlagSet) {
 	shown := map[string]bool{}
 	groups = append(groups, struct{ tag, title string }{"", "Other"})
 	for _, g := range groups {
-		fmt.Fprintf(out, "\n%s:\n", g.title)
+		var lines []string
 		fs.VisitAll(func(f *flag.Flag) {
 			help, ok := strings.CutPrefix(f.Usage, g.tag+" ")
 			if g.tag == "" {
@@ -79,7 +79,10 @@ func usage(fs *flag.FlagSet) {
 			if !strings.Contains(help, "(default") && f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
 				def = fmt.Sprintf(" (default %q)", f.DefValue)
 			}
-			fmt.Fprintf(out, "  --%s\n      %s%s\n", f.Name, help, def)
+			lines = append(lines, fmt.Sprintf("  --%s\n      %s%s\n", f.Name, help, def))
 		})
+		if len(lines) > 0 {
+			fmt.Fprintf(out, "\n%s:\n%s", g.title, strings.Join(lines, ""))
+		}
 	}
 }
