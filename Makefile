@@ -12,7 +12,7 @@ CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
-.PHONY: help build test unit sanity test-cluster tools generate bench demo verify clean
+.PHONY: help build test unit sanity test-cluster tools generate bench demo verify clean static image
 
 help: ## show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -71,6 +71,18 @@ demo: build $(CSI_SANITY) ## the main job: run the driver in all mode and csi-sa
 verify: ## gofmt and go vet
 	@test -z "$$(gofmt -l cmd pkg tests)" || { echo "gofmt needed:"; gofmt -l cmd pkg tests; exit 1; }
 	$(GO) vet ./...
+
+# The image's version comes from one place: the driver image tag in
+# deploy/kubernetes/kustomization.yaml (which deploy/helm/localdir/values.yaml
+# mirrors, checked by tests/cluster/deploy).
+IMAGE ?= localdir/localdir-csi
+IMAGE_TAG ?= $(shell awk '/name: localdir\/localdir-csi/{getline; print $$2}' deploy/kubernetes/kustomization.yaml)
+
+static: ## the image's static binary (same build command as the Dockerfile) into _output/static/
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "-s -w -X github.com/localdir-csi/localdir/pkg/driver.version=$(IMAGE_TAG)" -o $(OUT)/static/localdir-csi ./cmd/localdir-csi
+
+image: ## build the container image (needs a Docker engine; none runs on the CI machine)
+	docker build --build-arg VERSION=$(IMAGE_TAG) -t $(IMAGE):$(IMAGE_TAG) .
 
 clean: ## remove build output
 	rm -rf $(OUT)
