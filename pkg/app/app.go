@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"golang.org/x/sync/errgroup"
@@ -120,7 +121,8 @@ func Run(ctx context.Context, opts driver.Options) error {
 		return err
 	}
 	g.Go(func() error { return agent.Start(gctx, cfg) })
-	// The gRPC server stops when the agent fails, and the other way round.
-	g.Go(func() error { return d.Run(gctx) })
-	return g.Wait()
+	// The gRPC server stops when the agent fails, and the other way round;
+	// the state file is closed once both stopped using it.
+	g.Go(func() error { return d.Serve(gctx) })
+	return errors.Join(g.Wait(), d.Close())
 }

@@ -116,6 +116,13 @@ func (d *Driver) VolumeManager() *volume.Manager { return d.vm }
 // Run serves the CSI services on the endpoint until ctx is done, then stops
 // gracefully and closes the state file.
 func (d *Driver) Run(ctx context.Context) error {
+	return errors.Join(d.Serve(ctx), d.Close())
+}
+
+// Serve is Run without closing the state file, for callers that run more
+// users of the volume manager (the node agent) and close it after all of
+// them stopped.
+func (d *Driver) Serve(ctx context.Context) error {
 	path, err := ParseEndpoint(d.opts.Endpoint)
 	if err != nil {
 		return err
@@ -143,7 +150,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	case err = <-errc:
 	}
 	_ = os.Remove(path)
-	return errors.Join(err, d.Close())
+	return err
 }
 
 // Register adds the services of the driver's mode to s.

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -96,7 +97,16 @@ type Store struct {
 	db   *bolt.DB
 	ops  chan *op
 	done chan struct{}
+
+	// closeMu orders Close after every Update that got in: Update holds it
+	// for reading while it queues, Close for writing while it marks the
+	// store closed, so no Update ever sends on the closed queue.
+	closeMu sync.RWMutex
+	closed  bool
 }
+
+// ErrClosed is returned by Update and View after Close.
+var ErrClosed = errors.New("state store is closed")
 
 type op struct {
 	fn  func(*Tx) error
@@ -149,17 +159,46 @@ func openError(path string, err error) error {
 // interrupted copy or restore. bbolt maps the missing pages, and reading them
 // (which a read-write open does at once, rebuilding the free list) kills the
 // process with SIGBUS. A read-only open reads only the meta pages.
-func checkLength(path string, size int64) error {
+//
+// It then reads every page a read-write open would walk (every key of every
+// bucket) and decodes every volume and snapshot record: a read-write open
+// walks the pages in a goroutine of bbolt's own that panics on a garbled
+// one, beyond any recover, and a garbled record would only fail later,
+// without naming the file. bbolt's page checks panic here too, in this
+// goroutine, where the panic becomes the error.
+func checkLength(path string, size int64) (err error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
 	if err != nil {
 		return openError(path, err)
 	}
 	defer db.Close()
+	defer func() {
+		if r := recover(); r != nil {
+			err = corrupt(path, fmt.Errorf("%v", r))
+		}
+	}()
 	return db.View(func(tx *bolt.Tx) error {
 		if need := tx.Size(); need > size {
 			return corrupt(path, fmt.Errorf("file is %d bytes, its header refers to %d: it was cut short", size, need))
 		}
-		return nil
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			var rec func() any
+			switch string(name) {
+			case string(bucketVolumes):
+				rec = func() any { return &Volume{} }
+			case string(bucketSnapshots):
+				rec = func() any { return &Snapshot{} }
+			}
+			return b.ForEach(func(k, v []byte) error {
+				if rec == nil {
+					return nil
+				}
+				if err := json.Unmarshal(v, rec()); err != nil {
+					return corrupt(path, fmt.Errorf("record %q in %s: %v", k, name, err))
+				}
+				return nil
+			})
+		})
 	})
 }
 
@@ -201,7 +240,14 @@ func (s *Store) Path() string { return s.path }
 
 // Close waits for queued updates and closes the file.
 func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
 	close(s.ops)
+	s.closeMu.Unlock()
 	<-s.done
 	return s.db.Close()
 }
@@ -209,6 +255,11 @@ func (s *Store) Close() error {
 // View runs fn in a read-only transaction (no fsync, never blocked by a
 // commit in flight).
 func (s *Store) View(fn func(*Tx) error) error {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
 	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
 }
 
@@ -219,7 +270,13 @@ func (s *Store) View(fn func(*Tx) error) error {
 // failing one), so it must only depend on what it reads through tx.
 func (s *Store) Update(fn func(*Tx) error) error {
 	o := &op{fn: fn, err: make(chan error, 1)}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return ErrClosed
+	}
 	s.ops <- o
+	s.closeMu.RUnlock()
 	return <-o.err
 }
 

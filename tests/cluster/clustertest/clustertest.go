@@ -160,10 +160,14 @@ func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin 
 		errc := make(chan error, 1)
 		actx, cancel := context.WithCancel(ctx)
 		go func() { errc <- agent.Start(actx, cfg); cancel() }()
-		err := d.Run(actx)
+		err := d.Serve(actx)
 		cancel()
 		if aerr := <-errc; err == nil {
 			err = aerr
+		}
+		// Close the state file only after the agent stopped using it.
+		if cerr := d.Close(); err == nil {
+			err = cerr
 		}
 		return err
 	})
