@@ -440,6 +440,11 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	default:
 		err = m.eng.Create(dst, spec.SizeBytes, spec.DirMode)
 	}
+	if err == nil && (srcPath != "" || spec.AccessType == state.AccessBlock) {
+		// A restore, clone or image holds data: on disk before the record
+		// that acknowledges it.
+		err = syncFS(dst)
+	}
 	m.settle(spec.SizeBytes)
 	if err != nil {
 		return fail(fmt.Errorf("create volume data: %w", err))
@@ -503,6 +508,22 @@ func preallocate(path string, size int64) error {
 	defer unix.Close(fd)
 	if err := unix.Fallocate(fd, 0, 0, size); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 		return fmt.Errorf("allocate %d bytes for %s: %w", size, path, err)
+	}
+	return nil
+}
+
+// syncFS writes the dirty data of the filesystem holding p to disk
+// (syncfs(2)): one call for a whole copied tree, instead of an fsync per
+// file. It runs before the record that acknowledges copied data is
+// committed, so a crash never leaves a record whose files are empty.
+func syncFS(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", p, err)
 	}
 	return nil
 }

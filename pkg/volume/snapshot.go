@@ -113,6 +113,9 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	} else {
 		err = m.eng.Snapshot(m.volDir(v.ID), dst)
 	}
+	if err == nil {
+		err = syncFS(dst) // the copy is on disk before the record acknowledges it
+	}
 	if err != nil {
 		return fail(fmt.Errorf("snapshot volume %s: %w", v.ID, err))
 	}
