@@ -12,16 +12,17 @@ CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
-.PHONY: help build test unit sanity test-cluster tools generate bench demo verify clean static image
+.PHONY: help build test unit sanity test-cluster tools generate bench demo verify clean static image e2e e2e-tools demo-sanity demo-down
 
 help: ## show this help
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 build: ## build the driver binary into _output/
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/localdir-csi
 
 test: verify tools ## everything: unit, case, csi-sanity and cluster tests (as root: real mounts)
 	$(GO) test $(GOTEST_FLAGS) -race ./...
+	$(MAKE) fuzz
 
 unit: ## unit tests only (no root needed)
 	$(GO) test $(GOTEST_FLAGS) ./pkg/...
@@ -39,7 +40,7 @@ tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize
 $(TOOLS)/etcd: tests/tools/etcd/go.mod tests/tools/etcd/main.go
 	cd tests/tools/etcd && $(GO) build -o $@ .
 
-$(TOOLS)/kube-apiserver $(TOOLS)/kubectl: tests/tools/k8s/go.mod
+$(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet: tests/tools/k8s/go.mod
 	cd tests/tools/k8s && $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
 # kustomize and helm render deploy/ in tests/cluster/deploy.
@@ -59,18 +60,87 @@ $(CONTROLLER_GEN):
 generate: $(CONTROLLER_GEN) ## regenerate deepcopy code and the CRDs in deploy/
 	$(CONTROLLER_GEN) object paths=./pkg/cluster/api/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/kubernetes/crds
 
+# Every fuzz target under pkg/ for FUZZTIME each. A failing input is saved
+# by go test in the package's testdata/fuzz/<target>/: commit it, and it runs
+# as a seed in every go test from then on.
+FUZZTIME ?= 3s
+.PHONY: fuzz stress
+fuzz: ## run every fuzz target for FUZZTIME (default 3s) each
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg); do \
+	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "fuzz $$t ($$(dirname $$f), $(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f) >/dev/null || \
+	      { $(GO) test -run "^$$t\$$" ./$$(dirname $$f); exit 1; }; \
+	  done; done
+
+stress: ## long reliability runs (as root): 500 kills, longer concurrency, fuzzing 60s per target
+	LOCALDIR_STRESS=1 $(GO) test $(GOTEST_FLAGS) -race -v -timeout 120m ./tests/reliability/
+	$(MAKE) fuzz FUZZTIME=60s
+
 bench: ## benchmarks: CO-like client over the driver's socket (as root)
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./tests/bench/
 
 $(CSI_SANITY):
 	GOBIN=$(OUT)/bin $(GO) install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$(CSI_TEST_VERSION)
 
-demo: build $(CSI_SANITY) ## the main job: run the driver in all mode and csi-sanity against it
+demo-sanity: build $(CSI_SANITY) ## run the driver in all mode (no Kubernetes) and csi-sanity against it
 	@bash tests/demo/demo.sh "$(BIN)" "$(CSI_SANITY)"
+
+# ---- End-to-end: a whole local cluster (tests/e2e, docs/e2e.md) ----------
+# The rest of Kubernetes, the CSI sidecars and snapshot-controller (built in
+# tests/tools/sidecars), the registrar stand-in, the pause binary for the
+# pause image and the snapshot CRDs; cached in _output/ like `tools`.
+SIDECARS := csi-provisioner@github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
+	csi-attacher@github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher \
+	csi-resizer@github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer \
+	csi-snapshotter@github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter \
+	snapshot-controller@github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller
+SIDECAR_BINS := $(foreach s,$(SIDECARS),$(TOOLS)/$(firstword $(subst @, ,$(s))))
+SNAPSHOT_CRDS := $(OUT)/tools/snapshot-crds
+E2E_CLUSTER := $(OUT)/e2e-cluster
+E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize \
+	$(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet \
+	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/pause $(SNAPSHOT_CRDS)/.done
+
+e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar stand-in, pause)
+
+$(SIDECAR_BINS) &: tests/tools/sidecars/go.mod
+	cd tests/tools/sidecars && for s in $(SIDECARS); do \
+	  bin=$${s%%@*}; pkg=$${s#*@}; v=$$($(GO) list -m -f '{{.Version}}' $$(echo $$pkg | sed 's,/cmd/.*,,')) && \
+	  $(GO) build -ldflags "-X main.version=$$v" -o $(TOOLS)/$$bin $$pkg || exit 1; done
+
+$(SNAPSHOT_CRDS)/.done: tests/tools/sidecars/go.mod
+	mkdir -p $(SNAPSHOT_CRDS)
+	cd tests/tools/sidecars && d=$$($(GO) list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8) && \
+	  install -m 0644 $$d/config/crd/*storage.k8s.io_*.yaml $(SNAPSHOT_CRDS)/
+	touch $@
+
+$(TOOLS)/registrar: tests/e2e/registrar/go.mod tests/e2e/registrar/main.go
+	cd tests/e2e/registrar && $(GO) build -o $@ .
+
+$(TOOLS)/pause: tests/e2e/images/pause/main.go
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./tests/e2e/images/pause
+
+$(E2E_CLUSTER): FORCE
+	$(GO) build -o $@ ./tests/e2e/cmd/e2e-cluster
+
+E2E_TIMEOUT ?= 45m
+e2e: build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster: kubelet, containerd, sidecars (as root)
+	@rc=0; $(GO) test $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
+	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
+
+demo: build e2e-tools $(E2E_CLUSTER) ## the main job: a local Kubernetes cluster, localdir installed, PVCs, pods, snapshots, resize
+	@bash tests/e2e/demo.sh "$(E2E_CLUSTER)"
+
+demo-down: $(E2E_CLUSTER) ## tear down the cluster that make demo left running
+	@$(E2E_CLUSTER) down --check
+
+FORCE:
 
 verify: ## gofmt and go vet
 	@test -z "$$(gofmt -l cmd pkg tests)" || { echo "gofmt needed:"; gofmt -l cmd pkg tests; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./tests/e2e/
 
 # The image's version comes from one place: the driver image tag in
 # deploy/kubernetes/kustomization.yaml (which deploy/helm/localdir/values.yaml

@@ -80,7 +80,9 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		Logger:                 klog.NewKlogr(),
 		// Several node agents may share a process (tests run three nodes);
 		// controller names need not be unique then.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		// Volumes are independent: create them in parallel (one at a time,
+		// 100 PVCs took 40 s on btrfs in the e2e scale test).
+		Controller: config.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8},
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# make demo: a one-node Kubernetes cluster on this machine with localdir
+# installed from deploy/kubernetes, then the examples/ applied one by one
+# with what each shows. The cluster stays up afterwards (make demo-down).
+# Usage: tests/e2e/demo.sh <e2e-cluster binary>
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CLUSTER=${1:?usage: demo.sh <e2e-cluster binary>}
+ROOT=$PWD
+export PATH="$ROOT/_output/tools/bin:$PATH"
+export KUBECONFIG="$ROOT/_output/e2e/kubeconfig"
+[ -n "${E2E_WORK:-}" ] && export KUBECONFIG="$E2E_WORK/kubeconfig"
+
+bold=$'\e[1m' dim=$'\e[2m' off=$'\e[0m'
+[ -t 1 ] || bold='' dim='' off=''
+step() { printf '\n%s== %s%s\n' "$bold" "$*" "$off"; }
+say() { printf '%s\n' "$*"; }
+# run shows a command the way a user would type it, then runs it.
+run() {
+	local shown=() a
+	for a in "$@"; do
+		if [[ $a =~ [[:space:]\"\{\|\;\$\>] ]]; then shown+=("'$a'"); else shown+=("$a"); fi
+	done
+	printf '%s$ %s%s\n' "$dim" "${shown[*]}" "$off"
+	"$@" 2>&1 | sed 's/^/  /'
+}
+quiet() { "$@" >/dev/null; }
+trap 'echo; echo "The demo stopped on an error. Logs: _output/e2e/logs/. Tear down with: make demo-down" >&2' ERR
+
+if [ "$(id -u)" != 0 ]; then
+	echo "make demo runs a kubelet, containerd and mounts: run it as root." >&2
+	exit 1
+fi
+
+say "${bold}localdir demo${off}: local directories as Kubernetes volumes, on a real one-node"
+say "cluster built on this machine (kube-apiserver, controller-manager, scheduler,"
+say "kubelet + containerd, the CSI sidecars), localdir installed from deploy/kubernetes."
+
+step "1. Start the cluster (everything on 127.0.0.1; state in _output/e2e)"
+"$CLUSTER" up | sed 's/^/  /'
+
+step "2. localdir is installed: its CSIDriver, StorageClass, snapshot class, one LocalNode per node"
+run kubectl get csidriver,storageclass,volumesnapshotclass
+run kubectl get localnodes
+say "The node plugin reports the node's capacity (btrfs data root here: capacity is enforced)."
+
+step "3. A PVC (examples/pvc.yaml). The class binds WaitForFirstConsumer: Pending until a pod uses it"
+run kubectl apply -f examples/pvc.yaml
+run kubectl get pvc data
+
+step "4. A pod that writes to the volume and reads it back (examples/pod.yaml)"
+run kubectl apply -f examples/pod.yaml
+quiet kubectl wait --for=condition=Ready pod/writer --timeout=120s
+run kubectl get pvc data
+say "Bound: localdir created the volume on the node the scheduler picked."
+run kubectl logs writer
+run kubectl exec writer -- ls -l /data
+
+step "5. A snapshot of the volume (examples/snapshot.yaml)"
+run kubectl apply -f examples/snapshot.yaml
+quiet kubectl wait --for=jsonpath='{.status.readyToUse}'=true volumesnapshot/data-snap --timeout=120s
+run kubectl get volumesnapshot data-snap
+
+step "6. A new PVC restored from the snapshot, 2Gi from a 1Gi source (examples/restore.yaml)"
+run kubectl apply -f examples/restore.yaml
+quiet kubectl wait --for=condition=Ready pod/reader-restored --timeout=120s
+run kubectl get pvc data-restored
+say "The restored volume holds the snapshot's data:"
+run kubectl logs reader-restored
+
+step "7. A clone of the PVC (examples/clone.yaml)"
+run kubectl apply -f examples/clone.yaml
+quiet kubectl wait --for=condition=Ready pod/reader-clone --timeout=120s
+run kubectl get pvc data-clone
+run kubectl logs reader-clone
+
+step "8. Resize the PVC from 1Gi to 2Gi while the pod uses it (examples/resize.md)"
+say "Before: writing 1100Mi into the 1Gi volume fails (btrfs quota = the volume's size):"
+run kubectl exec writer -- sh -c 'dd if=/dev/zero of=/data/fill bs=1M count=1100 2>&1 | grep -E "quota|records out"; rm -f /data/fill'
+run kubectl patch pvc data -p '{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}'
+quiet kubectl wait --for=jsonpath='{.status.capacity.storage}'=2Gi pvc/data --timeout=120s
+run kubectl get pvc data
+say "After: the same write succeeds, in the same running pod:"
+run kubectl exec writer -- sh -c 'dd if=/dev/zero of=/data/fill bs=1M count=1100 2>&1 | grep -E "quota|records out"; rm -f /data/fill'
+
+step "9. A raw block volume (examples/block.yaml) and an ephemeral inline volume (examples/inline.yaml)"
+run kubectl apply -f examples/block.yaml -f examples/inline.yaml
+quiet kubectl wait --for=condition=Ready pod/block-user pod/scratch --timeout=120s
+run kubectl logs block-user
+run kubectl exec scratch -- cat /scratch/f
+
+step "10. What localdir holds: PVs, and its own LocalVolume / LocalSnapshot objects"
+run kubectl get pvc,pv
+run kubectl get localvolumes,localsnapshots
+
+step "The cluster keeps running. To use it:"
+say "  export PATH=$ROOT/_output/tools/bin:\$PATH"
+say "  export KUBECONFIG=$KUBECONFIG"
+say "  kubectl get pods,pvc            # the demo's objects, in namespace default"
+say "  kubectl delete pod writer && kubectl apply -f examples/pod.yaml && kubectl logs writer"
+say "                                  # a new pod finds the data of the first"
+say ""
+say "Tear it all down (processes, mounts, loop devices; checks that nothing is left):"
+say "  make demo-down"

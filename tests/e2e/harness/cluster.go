@@ -1,0 +1,799 @@
+// Package harness brings up a whole Kubernetes cluster on 127.0.0.1 for
+// localdir's end-to-end tests and `make demo`, from binaries built out of
+// Go modules (`make e2e-tools`) and Debian packages, and tears it down
+// leaving nothing behind.
+//
+// Control plane, on the host: etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler, snapshot-controller, and localdir in controller mode with
+// csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter on one
+// socket (what the localdir-controller Deployment runs).
+//
+// The node, in a private mount namespace (unshare --mount --propagation
+// slave, held open by a `sleep` process: tmpfs on /run, bind mounts of
+// folders of the work folder over /var/lib and /var/log, and the data root
+// /var/lib/localdir on a loop-mounted btrfs image): containerd with runc
+// and the CNI bridge plugin, the kubelet (node "localhost"), localdir in
+// node mode and the registrar stand-in (what the localdir-node DaemonSet
+// runs). Every mount made there goes away with the namespace.
+//
+// localdir itself is installed from deploy/kubernetes as a user would
+// (kubectl apply --server-side of the kustomize output: CRDs, namespace,
+// RBAC, CSIDriver, StorageClass, VolumeSnapshotClass), except the
+// Deployment and the DaemonSet, which need images this machine cannot pull:
+// their processes run directly, with the same arguments, under the
+// localdir-controller and localdir-node ServiceAccounts (token kubeconfigs
+// from the TokenRequest API), so the deploy RBAC is what they get.
+package harness
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Ports on 127.0.0.1. Not the defaults, so that a cluster already on this
+// machine does not collide.
+const (
+	EtcdPort          = 23790
+	etcdPeerPort      = 23800
+	APIServerPort     = 16443
+	kcmPort           = 20257
+	schedulerPort     = 20259
+	kubeletPort       = 20250
+	kubeletHealthPort = 20248
+	snapshotCtlPort   = 20280
+	controllerMetrics = 20281
+
+	// NodeName is the one node's name and localdir node id.
+	NodeName = "localhost"
+	// DriverName is localdir's CSI driver name.
+	DriverName = "localdir.csi.dev"
+	// DataRoot is the node plugin's --data-root inside the node namespace
+	// (the DaemonSet's default).
+	DataRoot = "/var/lib/localdir"
+	// CgroupRoot is the kubelet's cgroupRoot: every pod cgroup lives under
+	// it, in each cgroup v1 hierarchy.
+	CgroupRoot = "localdir-e2e"
+	// Bridge is the CNI bridge for pod networking (no route leaves it).
+	Bridge = "ldir-e2e0"
+	// BusyboxImage and PauseImage are the images built offline and
+	// imported into containerd.
+	BusyboxImage = "docker.io/library/busybox:1.35"
+	PauseImage   = "registry.k8s.io/pause:3.10"
+)
+
+// Options say where things are and how the node is set up.
+type Options struct {
+	// Root is the repository root; Work the work folder (default
+	// <Root>/_output/e2e), wiped by Up and the only place files are written.
+	Root, Work string
+	// DataRootSize is the size of the sparse btrfs image holding the data
+	// root (default 8Gi); "" or "0" keeps the data root a plain folder.
+	DataRootSize string
+	// NodeCapacity is the node plugin's --capacity ("" = filesystem size).
+	NodeCapacity string
+	// Logf reports progress (default: stderr).
+	Logf func(format string, args ...any)
+}
+
+// Cluster is a cluster in a work folder, running or not.
+type Cluster struct {
+	Options
+	// Tools holds the binaries of `make e2e-tools`; Driver is localdir-csi.
+	Tools, Driver string
+	// Kubeconfig is the admin kubeconfig (system:masters).
+	Kubeconfig string
+}
+
+// New returns the cluster of o's work folder without starting anything.
+func New(o Options) *Cluster {
+	if o.Work == "" {
+		o.Work = filepath.Join(o.Root, "_output", "e2e")
+	}
+	if o.DataRootSize == "" {
+		o.DataRootSize = "8Gi"
+	}
+	if o.Logf == nil {
+		o.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
+	}
+	return &Cluster{
+		Options:    o,
+		Tools:      filepath.Join(o.Root, "_output", "tools", "bin"),
+		Driver:     filepath.Join(o.Root, "_output", "localdir-csi"),
+		Kubeconfig: filepath.Join(o.Work, "kubeconfig"),
+	}
+}
+
+func (c *Cluster) path(p ...string) string { return filepath.Join(append([]string{c.Work}, p...)...) }
+func (c *Cluster) tool(name string) string { return filepath.Join(c.Tools, name) }
+
+// Server is the API server's URL.
+func (c *Cluster) Server() string { return fmt.Sprintf("https://127.0.0.1:%d", APIServerPort) }
+
+// ControllerSocket is the socket localdir's controller and its sidecars share.
+func (c *Cluster) ControllerSocket() string { return c.path("controller", "csi.sock") }
+
+// NodeSocket is the node plugin's socket inside the node namespace (where
+// the DaemonSet's hostPath puts it).
+const NodeSocket = "/var/lib/kubelet/plugins/" + DriverName + "/csi.sock"
+
+// Up wipes the work folder (stopping what a previous run left), starts the
+// whole cluster and waits until it is ready: Node Ready, localdir
+// registered on it, LocalNode and CSIStorageCapacity published, the
+// default ServiceAccount there.
+func (c *Cluster) Up(ctx context.Context) (err error) {
+	t0 := time.Now()
+	if err := c.preflight(); err != nil {
+		return err
+	}
+	if _, statErr := os.Stat(c.Work); statErr == nil {
+		c.Logf("· stopping what a previous run left in %s", c.Work)
+		if err := c.Down(ctx, false); err != nil {
+			return fmt.Errorf("clean up the previous run: %w", err)
+		}
+	}
+	if err := c.wipe(); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w (logs in %s)", err, c.path("logs"))
+		}
+	}()
+	if err := c.recordBaseline(); err != nil {
+		return err
+	}
+	step := func(what string, f func(context.Context) error) error {
+		t := time.Now()
+		if err := f(ctx); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		c.Logf("· %-58s %5.1fs", what, time.Since(t).Seconds())
+		return nil
+	}
+	for _, s := range []struct {
+		what string
+		f    func(context.Context) error
+	}{
+		{"certificates and kubeconfigs", c.writeConfig},
+		{"etcd", c.startEtcd},
+		{"kube-apiserver", c.startAPIServer},
+		{"kube-controller-manager, kube-scheduler", c.startControllers},
+		{"snapshot CRDs, localdir from deploy/kubernetes", c.install},
+		{"node namespace: containerd, images, kubelet", c.startNode},
+		{"localdir node plugin and registrar (in the node namespace)", c.startNodePlugin},
+		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
+		{"cluster ready", c.waitReady},
+	} {
+		if err := step(s.what, s.f); err != nil {
+			return err
+		}
+	}
+	c.Logf("· cluster up in %.1fs", time.Since(t0).Seconds())
+	return nil
+}
+
+// preflight checks the binaries and the commands the harness runs.
+func (c *Cluster) preflight() error {
+	if os.Geteuid() != 0 {
+		return errors.New("the end-to-end cluster needs root (mounts, containers, loop devices)")
+	}
+	var missing []string
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
+		"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "registrar", "pause"} {
+		if _, err := os.Stat(c.tool(b)); err != nil {
+			missing = append(missing, c.tool(b))
+		}
+	}
+	if _, err := os.Stat(c.Driver); err != nil {
+		missing = append(missing, c.Driver)
+	}
+	if _, err := os.Stat(filepath.Join(c.Root, "_output", "tools", "snapshot-crds")); err != nil {
+		missing = append(missing, "_output/tools/snapshot-crds")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing (run `make build e2e-tools`): %s", strings.Join(missing, ", "))
+	}
+	for _, p := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "umoci", "unshare", "nsenter", "mkfs.btrfs", "ip"} {
+		if _, err := exec.LookPath(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
+		missing = append(missing, "/usr/lib/cni/bridge")
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		missing = append(missing, "/bin/busybox")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing commands (apt-get install containerd runc containernetworking-plugins umoci busybox-static btrfs-progs iproute2 util-linux): %s", strings.Join(missing, ", "))
+	}
+	for _, p := range []string{"/var/lib", "/var/log", "/run", "/var/run"} {
+		if c.Work == p || strings.HasPrefix(c.Work, p+"/") {
+			return fmt.Errorf("the work folder %s must not be under %s (the node namespace hides it)", c.Work, p)
+		}
+	}
+	// A socket path must fit in sockaddr_un.
+	if len(c.ControllerSocket()) > 100 {
+		return fmt.Errorf("work folder path too long for a unix socket: %s", c.ControllerSocket())
+	}
+	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, kubeletPort, kubeletHealthPort, snapshotCtlPort, controllerMetrics} {
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
+		} else {
+			l.Close()
+		}
+	}
+	return nil
+}
+
+// wipe removes the work folder, refusing if anything is mounted under it.
+func (c *Cluster) wipe() error {
+	if ms := mountsUnder(c.Work); len(ms) > 0 {
+		return fmt.Errorf("still mounted under %s: %s", c.Work, strings.Join(ms, ", "))
+	}
+	if err := os.RemoveAll(c.Work); err != nil {
+		return err
+	}
+	for _, d := range []string{"logs", "pids", "tmp", "etcd", "controller", "images", "cni",
+		"node/var-lib/kubelet/plugins_registry", "node/var-lib/kubelet/plugins/" + DriverName, "node/var-log", "node/var-lib/localdir"} {
+		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeConfig writes certificates, kubeconfigs and component configs.
+func (c *Cluster) writeConfig(context.Context) error {
+	p, err := newPKI(c.path("pki"))
+	if err != nil {
+		return err
+	}
+	lo := []net.IP{net.ParseIP("127.0.0.1")}
+	for _, x := range []struct {
+		name, cn string
+		orgs     []string
+		dns      []string
+		ips      []net.IP
+	}{
+		{"apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}, append(lo, net.ParseIP("10.0.0.1"))},
+		{"admin", "admin", []string{"system:masters"}, nil, nil},
+		{"kubelet", "system:node:" + NodeName, []string{"system:nodes"}, nil, nil},
+		{"kubelet-serving", NodeName, nil, []string{NodeName}, lo},
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil},
+		{"serving", "localdir-e2e", nil, []string{"localhost"}, lo},
+	} {
+		if err := p.issue(x.name, x.cn, x.orgs, x.dns, x.ips); err != nil {
+			return err
+		}
+	}
+	ca := p.path("ca.crt")
+	write := func(name, content string) error { return os.WriteFile(c.path(name), []byte(content), 0o600) }
+	if err := write("kubeconfig", kubeconfig(c.Server(), ca, p.path("admin.crt"), p.path("admin.key"), "")); err != nil {
+		return err
+	}
+	if err := write("kubeconfig-kubelet", kubeconfig(c.Server(), ca, p.path("kubelet.crt"), p.path("kubelet.key"), "")); err != nil {
+		return err
+	}
+	if err := write("scheduler.yaml", fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: %s
+  qps: 200
+  burst: 300
+leaderElection:
+  leaderElect: false
+`, c.Kubeconfig)); err != nil {
+		return err
+	}
+	if err := write("kubelet.yaml", fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+readOnlyPort: 0
+tlsCertFile: %s
+tlsPrivateKeyFile: %s
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: %s}
+authorization: {mode: AlwaysAllow}
+# This host has cgroup v1.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /%s
+failSwapOn: false
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+# Imported images must never be collected, nothing evicted on a busy disk.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFree: "1%%", imagefs.available: "1%%"}
+serializeImagePulls: false
+maxPods: 250
+resolvConf: /etc/resolv.conf
+kubeAPIQPS: 100
+kubeAPIBurst: 200
+`, kubeletPort, kubeletHealthPort, p.path("kubelet-serving.crt"), p.path("kubelet-serving.key"), ca, CgroupRoot)); err != nil {
+		return err
+	}
+	if err := write("cni/10-localdir-e2e.conflist", fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "localdir-e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": %q, "isGateway": false, "ipMasq": false,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}}
+  ]
+}
+`, Bridge)); err != nil {
+		return err
+	}
+	return write("containerd.toml", fmt.Sprintf(`# containerd 1.6 (Debian) inside the node namespace: /var/lib and /run are
+# the work folder's and a tmpfs.
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  # This VM lacks CAP_SYS_RESOURCE: without this runc fails sandbox creation.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+`, PauseImage, c.path("cni")))
+}
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	if _, err := c.start("etcd", false, nil, c.tool("etcd"),
+		"--name=e2e", "--data-dir="+c.path("etcd"),
+		fmt.Sprintf("--listen-client-urls=http://127.0.0.1:%d", EtcdPort),
+		fmt.Sprintf("--advertise-client-urls=http://127.0.0.1:%d", EtcdPort),
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", etcdPeerPort),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", etcdPeerPort),
+		fmt.Sprintf("--initial-cluster=e2e=http://127.0.0.1:%d", etcdPeerPort),
+		"--unsafe-no-fsync", "--log-level=warn"); err != nil {
+		return err
+	}
+	return c.waitHTTP(ctx, "etcd", fmt.Sprintf("http://127.0.0.1:%d/health", EtcdPort), `"health":"true"`)
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	p := c.path("pki")
+	if _, err := c.start("kube-apiserver", false, nil, c.tool("kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", EtcdPort),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", APIServerPort),
+		"--tls-cert-file="+filepath.Join(p, "apiserver.crt"), "--tls-private-key-file="+filepath.Join(p, "apiserver.key"),
+		"--client-ca-file="+filepath.Join(p, "ca.crt"),
+		"--kubelet-client-certificate="+filepath.Join(p, "apiserver-kubelet-client.crt"),
+		"--kubelet-client-key="+filepath.Join(p, "apiserver-kubelet-client.key"),
+		"--kubelet-preferred-address-types=Hostname",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+filepath.Join(p, "sa.pub"),
+		"--service-account-signing-key-file="+filepath.Join(p, "sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--authorization-mode=Node,RBAC",
+		// Loopback endpoints for the kubernetes Service are rejected.
+		"--endpoint-reconciler-type=none",
+		"--allow-privileged=true",
+		"--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
+		"-v=1"); err != nil {
+		return err
+	}
+	return c.waitHTTP(ctx, "kube-apiserver", c.Server()+"/readyz", "ok")
+}
+
+func (c *Cluster) startControllers(ctx context.Context) error {
+	p := c.path("pki")
+	if _, err := c.start("kube-controller-manager", false, nil, c.tool("kube-controller-manager"),
+		"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", kcmPort), "--leader-elect=false",
+		"--service-account-private-key-file="+filepath.Join(p, "sa.key"),
+		"--root-ca-file="+filepath.Join(p, "ca.crt"),
+		"--cluster-signing-cert-file="+filepath.Join(p, "ca.crt"), "--cluster-signing-key-file="+filepath.Join(p, "ca.key"),
+		"--use-service-account-credentials=false",
+		"--controllers=*",
+		// The notes measured binding 100 PVCs: the defaults (20/30) hold it.
+		"--kube-api-qps=200", "--kube-api-burst=300",
+		"-v=1"); err != nil {
+		return err
+	}
+	_, err := c.start("kube-scheduler", false, nil, c.tool("kube-scheduler"),
+		"--config="+c.path("scheduler.yaml"),
+		"--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", schedulerPort), "-v=1")
+	return err
+}
+
+// install applies the snapshot CRDs (the cluster add-on) and localdir from
+// deploy/kubernetes as docs/install.md says, minus the workloads.
+func (c *Cluster) install(ctx context.Context) error {
+	crds := filepath.Join(c.Root, "_output", "tools", "snapshot-crds")
+	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", crds); err != nil {
+		return err
+	}
+	// 1. localdir CRDs, and wait until they are served.
+	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", filepath.Join(c.Root, "deploy", "kubernetes", "crds")); err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "", "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
+		return err
+	}
+	// 2. Everything else from the kustomization, but the Deployment and
+	// the DaemonSet (no images here: their processes run directly).
+	out, err := c.Kubectl(ctx, "", "kustomize", filepath.Join(c.Root, "deploy", "kubernetes"))
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, doc := range strings.Split(out, "\n---\n") {
+		if regexp.MustCompile(`(?m)^kind: (Deployment|DaemonSet)$`).MatchString(doc) {
+			continue
+		}
+		keep = append(keep, doc)
+	}
+	if err := os.WriteFile(c.path("localdir-install.yaml"), []byte(strings.Join(keep, "\n---\n")), 0o644); err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", c.path("localdir-install.yaml")); err != nil {
+		return err
+	}
+	// Token kubeconfigs for the two ServiceAccounts (TokenRequest API).
+	for _, sa := range []string{"localdir-controller", "localdir-node"} {
+		tok, err := c.Kubectl(ctx, "", "create", "token", sa, "-n", "localdir", "--duration=720h")
+		if err != nil {
+			return err
+		}
+		kc := kubeconfig(c.Server(), c.path("pki", "ca.crt"), "", "", strings.TrimSpace(tok))
+		if err := os.WriteFile(c.path("kubeconfig-"+sa), []byte(kc), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startNode sets up the node namespace and runs containerd and the kubelet
+// in it.
+func (c *Cluster) startNode(ctx context.Context) error {
+	img := ""
+	if c.DataRootSize != "0" {
+		img = c.path("node", "localdir-btrfs.img")
+		if err := run(ctx, "truncate", "-s", strings.TrimSuffix(strings.TrimSuffix(c.DataRootSize, "i"), "B"), img); err != nil {
+			return err
+		}
+		if err := run(ctx, "mkfs.btrfs", "-q", "-f", img); err != nil {
+			return err
+		}
+	}
+	if err := mkCgroupRoot(); err != nil {
+		return err
+	}
+	script := `set -e
+mount -t tmpfs -o mode=0755 tmpfs /run
+mount --bind "$W/node/var-lib" /var/lib
+mount --bind "$W/node/var-log" /var/log
+if [ -n "$IMG" ]; then mount -o loop "$IMG" ` + DataRoot + `; fi
+readlink /proc/self/ns/mnt > "$W/node/mntns"
+exec sleep infinity`
+	if _, err := c.start("node-namespace", false, []string{"W=" + c.Work, "IMG=" + img},
+		"unshare", "--mount", "--propagation", "slave", "/bin/sh", "-c", script); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "the node namespace", 20*time.Second, func() (bool, error) {
+		if !c.Running("node-namespace") {
+			return false, errors.New("the namespace holder exited (see logs/node-namespace.log)")
+		}
+		b, err := os.ReadFile(c.path("node", "mntns"))
+		return err == nil && len(b) > 0, nil
+	}); err != nil {
+		return err
+	}
+	if _, err := c.start("containerd", true, nil, "containerd", "--config", c.path("containerd.toml"), "--log-level", "warn"); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "containerd", 30*time.Second, func() (bool, error) {
+		if !c.Running("containerd") {
+			return false, errors.New("containerd exited (see logs/containerd.log)")
+		}
+		_, err := c.NodeOutput(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "version")
+		return err == nil, nil
+	}); err != nil {
+		return err
+	}
+	if err := c.buildImages(ctx); err != nil {
+		return err
+	}
+	if _, err := c.start("kubelet", true, nil, c.tool("kubelet"),
+		"--config="+c.path("kubelet.yaml"), "--kubeconfig="+c.path("kubeconfig-kubelet"),
+		"--hostname-override="+NodeName, "-v=1"); err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "node "+NodeName+" Ready", 90*time.Second, func() (bool, error) {
+		if !c.Running("kubelet") {
+			return false, errors.New("the kubelet exited (see logs/kubelet.log)")
+		}
+		out, err := c.Kubectl(ctx, "", "get", "node", NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		return err == nil && out == "True", nil
+	})
+}
+
+// NodePluginArgs are the node plugin's arguments: the DaemonSet's, with
+// the socket where its hostPath puts it and a kubeconfig for the
+// localdir-node ServiceAccount.
+func (c *Cluster) NodePluginArgs() []string {
+	args := []string{c.Driver, "--mode=node", "--endpoint=unix://" + NodeSocket, "--driver-name=" + DriverName,
+		"--node-id=" + NodeName, "--data-root=" + DataRoot, "--engine=auto",
+		"--kubeconfig=" + c.path("kubeconfig-localdir-node"), "-v=2"}
+	if c.NodeCapacity != "" {
+		args = append(args, "--capacity="+c.NodeCapacity)
+	}
+	return args
+}
+
+// StartNodePlugin starts localdir in node mode in the node namespace and
+// waits until its socket answers (used again after KillNodePlugin).
+func (c *Cluster) StartNodePlugin(ctx context.Context) error {
+	if _, err := c.start("localdir-node", true, nil, c.NodePluginArgs()...); err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "the node plugin's socket", 30*time.Second, func() (bool, error) {
+		if !c.Running("localdir-node") {
+			return false, errors.New("the node plugin exited (see logs/localdir-node.log)")
+		}
+		_, err := os.Stat(c.NodePath(NodeSocket))
+		return err == nil, nil
+	})
+}
+
+// KillNodePlugin kills the node plugin with SIGKILL, as a crash would.
+func (c *Cluster) KillNodePlugin() error { return c.stop("localdir-node", 0) }
+
+func (c *Cluster) startNodePlugin(ctx context.Context) error {
+	if err := c.StartNodePlugin(ctx); err != nil {
+		return err
+	}
+	if _, err := c.start("registrar", true, nil, c.tool("registrar"),
+		"--csi-address="+NodeSocket, "--kubelet-registration-path="+NodeSocket); err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "CSINode lists "+DriverName+" and LocalNode "+NodeName, 60*time.Second, func() (bool, error) {
+		out, err := c.Kubectl(ctx, "", "get", "csinode", NodeName, "-o", "jsonpath={.spec.drivers[*].name}")
+		if err != nil || !strings.Contains(out, DriverName) {
+			return false, nil
+		}
+		_, err = c.Kubectl(ctx, "", "get", "localnode", NodeName)
+		return err == nil, nil
+	})
+}
+
+// startDriverController runs what the localdir-controller Deployment runs,
+// with its arguments, and the snapshot-controller add-on.
+func (c *Cluster) startDriverController(ctx context.Context) error {
+	sock := c.ControllerSocket()
+	kc := "--kubeconfig=" + c.path("kubeconfig-localdir-controller")
+	if _, err := c.start("localdir-controller", false, nil, c.Driver, "--mode=controller", "--endpoint=unix://"+sock,
+		"--driver-name="+DriverName, kc, "-v=2"); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "the controller's socket", 30*time.Second, func() (bool, error) {
+		if !c.Running("localdir-controller") {
+			return false, errors.New("the controller exited (see logs/localdir-controller.log)")
+		}
+		_, err := os.Stat(sock)
+		return err == nil, nil
+	}); err != nil {
+		return err
+	}
+	csiAddr := "--csi-address=" + sock
+	// The Deployment's arguments, but leader election (one replica) and
+	// the capacity owner (no Deployment object here); higher client rate
+	// limits, as the notes measured; a short capacity poll for the tests.
+	sidecars := []struct {
+		name string
+		env  []string
+		args []string
+	}{
+		{"csi-provisioner", []string{"NAMESPACE=localdir", "POD_NAME=localdir-e2e"}, []string{"--timeout=60s", "--extra-create-metadata",
+			"--enable-capacity", "--capacity-ownerref-level=-1", "--capacity-poll-interval=3s",
+			"--kube-api-qps=200", "--kube-api-burst=300", "--worker-threads=100"}},
+		{"csi-attacher", nil, []string{"--kube-api-qps=200", "--kube-api-burst=300"}},
+		{"csi-resizer", nil, []string{"--timeout=60s", "--handle-volume-inuse-error=false", "--kube-api-qps=200", "--kube-api-burst=300"}},
+		{"csi-snapshotter", nil, []string{"--timeout=60s", "--kube-api-qps=200", "--kube-api-burst=300"}},
+	}
+	for _, s := range sidecars {
+		args := append([]string{c.tool(s.name), csiAddr, kc, "--v=2", "--leader-election=false"}, s.args...)
+		if _, err := c.start(s.name, false, s.env, args...); err != nil {
+			return err
+		}
+	}
+	_, err := c.start("snapshot-controller", false, nil, c.tool("snapshot-controller"), "--kubeconfig="+c.Kubeconfig,
+		"--leader-election=false", "--v=2", fmt.Sprintf("--http-endpoint=127.0.0.1:%d", snapshotCtlPort),
+		"--kube-api-qps=200", "--kube-api-burst=300")
+	return err
+}
+
+// waitReady waits for what a first PVC and pod need.
+func (c *Cluster) waitReady(ctx context.Context) error {
+	checks := []struct {
+		what string
+		f    func() (bool, error)
+	}{
+		{"kube-controller-manager healthz", func() (bool, error) { return c.httpOK(fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort), "ok"), nil }},
+		{"kube-scheduler healthz", func() (bool, error) {
+			return c.httpOK(fmt.Sprintf("https://127.0.0.1:%d/healthz", schedulerPort), "ok"), nil
+		}},
+		{"snapshot-controller", func() (bool, error) {
+			return c.httpOK(fmt.Sprintf("http://127.0.0.1:%d/metrics", snapshotCtlPort), ""), nil
+		}},
+		{"the default ServiceAccount", func() (bool, error) {
+			_, err := c.Kubectl(ctx, "", "get", "serviceaccount", "default", "-n", "default")
+			return err == nil, nil
+		}},
+		{"CSIStorageCapacity for StorageClass localdir", func() (bool, error) {
+			out, err := c.Kubectl(ctx, "", "get", "csistoragecapacities", "-n", "localdir", "-o", "jsonpath={.items[*].storageClassName}")
+			return err == nil && strings.Contains(out, "localdir"), nil
+		}},
+	}
+	for _, ch := range checks {
+		f := ch.f
+		if err := c.waitFor(ctx, ch.what, 90*time.Second, func() (bool, error) {
+			for _, n := range []string{"localdir-controller", "csi-provisioner", "csi-resizer", "csi-snapshotter", "csi-attacher", "snapshot-controller", "kube-controller-manager", "kube-scheduler"} {
+				if !c.Running(n) {
+					return false, fmt.Errorf("%s exited (see logs/%s.log)", n, n)
+				}
+			}
+			return f()
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Kubectl runs kubectl with the admin kubeconfig; stdin may be "".
+func (c *Cluster) Kubectl(ctx context.Context, stdin string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, c.tool("kubectl"), append([]string{"--kubeconfig=" + c.Kubeconfig}, args...)...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// holderPID is the process that holds the node namespace open.
+func (c *Cluster) holderPID() (int, error) {
+	if pid := c.pidOf("node-namespace"); pid != 0 {
+		return pid, nil
+	}
+	return 0, errors.New("the node namespace is not running")
+}
+
+// NodeOutput runs a command inside the node's mount namespace.
+func (c *Cluster) NodeOutput(ctx context.Context, argv ...string) (string, error) {
+	holder, err := c.holderPID()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder), "--"}, argv...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s (in the node namespace): %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// NodePath is where a path of the node namespace can be read from the host
+// (through the holder's /proc/<pid>/root).
+func (c *Cluster) NodePath(p string) string {
+	holder, err := c.holderPID()
+	if err != nil {
+		return "/nonexistent" + p
+	}
+	return fmt.Sprintf("/proc/%d/root%s", holder, p)
+}
+
+func execOutput(ctx context.Context, argv ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", strings.Join(argv, " "), err)
+	}
+	return string(out), nil
+}
+
+func run(ctx context.Context, argv ...string) error {
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// waitFor polls cond every 100ms until it is true, fails, or timeout.
+func (c *Cluster) waitFor(ctx context.Context, what string, timeout time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) httpClient() *http.Client {
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // #nosec: readiness probes only
+	if cert, err := tls.LoadX509KeyPair(c.path("pki", "admin.crt"), c.path("pki", "admin.key")); err == nil {
+		tr.TLSClientConfig.Certificates = []tls.Certificate{cert}
+	}
+	return &http.Client{Transport: tr, Timeout: 2 * time.Second}
+}
+
+func (c *Cluster) httpOK(url, want string) bool {
+	resp, err := c.httpClient().Get(url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	b := make([]byte, 4096)
+	n, _ := resp.Body.Read(b)
+	return resp.StatusCode == 200 && strings.Contains(string(b[:n]), want)
+}
+
+func (c *Cluster) waitHTTP(ctx context.Context, name, url, want string) error {
+	return c.waitFor(ctx, name, 60*time.Second, func() (bool, error) {
+		if !c.Running(name) {
+			return false, fmt.Errorf("%s exited (see logs/%s.log)", name, name)
+		}
+		return c.httpOK(url, want), nil
+	})
+}
+
+// state is what Down needs to know about the host before Up.
+type state struct {
+	Loops     []string `json:"loops"`
+	HostPaths []string `json:"hostPaths"`
+}
+
+func (c *Cluster) recordBaseline() error {
+	s := state{Loops: loopDevices()}
+	for _, p := range hostPaths {
+		if _, err := os.Lstat(p); err == nil {
+			s.HostPaths = append(s.HostPaths, p)
+		}
+	}
+	b, _ := json.Marshal(s)
+	return os.WriteFile(c.path("baseline.json"), b, 0o644)
+}
