@@ -32,6 +32,7 @@ func main() {
 	})
 	fs.Usage = func() { usage(fs) }
 	_ = fs.Parse(os.Args[1:])
+	opts.ApplyModeDefaults(fs)
 	if *showVersion {
 		fmt.Println(driver.Version())
 		return

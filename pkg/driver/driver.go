@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
@@ -175,20 +177,35 @@ func (d *Driver) Close() error {
 // Listen opens a unix socket at path with mode 0660 (owner and group only).
 // A stale socket left by a killed process is replaced; any other file there
 // is an error, never removed.
+//
+// The socket is bound in a private directory (mode 0700) beside path,
+// chmod'ed and only then renamed to path: bind(2) creates it with the
+// process umask applied to 0777, and under umask 0 it would otherwise be
+// connectable by anyone until the chmod.
 func Listen(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, err
-		}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket == 0 {
+		return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
 	}
-	lis, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(filepath.Dir(path), ".sock")
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	defer os.RemoveAll(private)
+	tmp := filepath.Join(private, "s")
+	if len(tmp) >= len(unix.RawSockaddrUnix{}.Path) {
+		tmp = path // too long for a socket address: bind in place, as before
+		_ = os.Remove(path)
+	}
+	lis, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, err
+	}
+	lis.(*net.UnixListener).SetUnlinkOnClose(false) // the socket moves to path; Run removes it there
+	if err := os.Chmod(tmp, 0o660); err != nil {
+		lis.Close()
+		return nil, err
+	}
+	if err := os.Rename(tmp, path); err != nil && tmp != path { // replaces a stale socket
 		lis.Close()
 		return nil, err
 	}

@@ -2,9 +2,12 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -39,15 +42,58 @@ func checkNodeCap(c *csi.VolumeCapability) error {
 // checkNodePath validates a staging_target_path or target_path given by the
 // CO, before any lookup: an unusable path is INVALID_ARGUMENT whether or not
 // the volume exists (spec error scheme; csi-sanity sends unknown ids with
-// bad paths). Required, absolute and clean, as pkg/volume requires too.
+// bad paths). Required, absolute and clean, as pkg/volume requires too, and
+// a path the kernel can take (no NUL byte, within PATH_MAX and NAME_MAX).
 func checkNodePath(field, p string) error {
 	if p == "" {
 		return invalid("%s is required", field)
 	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return invalid("%s %q contains a NUL byte", field, p)
+	}
+	if len(p) >= unix.PathMax {
+		return invalid("%s is %d bytes long; paths are limited to %d", field, len(p), unix.PathMax-1)
+	}
 	if c := filepath.Clean(p); !filepath.IsAbs(p) || (c != p && c+"/" != p) {
 		return invalid("%s %q must be an absolute, clean path", field, p)
 	}
+	for _, name := range strings.Split(p, "/") {
+		if len(name) > 255 {
+			return invalid("%s %q has a component of %d bytes; names are limited to 255", field, p, len(name))
+		}
+	}
 	return nil
+}
+
+// checkPathPlace refuses, before any lookup, a staging or target path the
+// node must not work on: outside --kubelet-root when one is set, and
+// anywhere it could reach the driver's own data (the data root, inside it,
+// above it, or inside a volume's mount). INVALID_ARGUMENT naming the path.
+func (s *node) checkPathPlace(field, p string) error {
+	if err := checkKubeletRoot(field, p, s.d.opts.KubeletRoot); err != nil {
+		return err
+	}
+	return toStatus(s.d.vm.CheckOutside(field, p))
+}
+
+// checkKubeletRoot refuses p unless it lies strictly below root (both with
+// the symlinks of their existing parts resolved, so a symlinked
+// /var/lib/kubelet works and a symlink inside it cannot lead out; p's last
+// component is judged as it is). An empty root disables the check.
+func checkKubeletRoot(field, p, root string) error {
+	if root == "" {
+		return nil
+	}
+	rroot := volume.ResolveExisting(root)
+	rp := filepath.Join(volume.ResolveExisting(filepath.Dir(filepath.Clean(p))), filepath.Base(p))
+	if rp != rroot && strings.HasPrefix(rp, strings.TrimSuffix(rroot, "/")+"/") {
+		return nil
+	}
+	resolved := ""
+	if rp != filepath.Clean(p) {
+		resolved = fmt.Sprintf(" (%q with symlinks resolved)", rp)
+	}
+	return invalid("%s %q%s is not below the kubelet root %q (--kubelet-root); the node plugin works only on paths the kubelet gives it there", field, p, resolved, root)
 }
 
 // NodeStageVolume bind-mounts the volume onto staging_target_path (spec
@@ -60,6 +106,9 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		return nil, invalid("volume_id is required")
 	}
 	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
@@ -82,8 +131,11 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if req.GetStagingTargetPath() == "" {
-		return nil, invalid("staging_target_path is required")
+	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
 	if err != nil {
@@ -105,6 +157,9 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := checkNodePath("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
+	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
 	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
 		return nil, err
 	}
@@ -115,6 +170,9 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, invalid("staging_target_path is required: the driver advertises STAGE_UNSTAGE_VOLUME")
 	}
 	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
@@ -138,8 +196,11 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if req.GetTargetPath() == "" {
-		return nil, invalid("target_path is required")
+	if err := checkNodePath("target_path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
+		return nil, err
 	}
 	// Wait for a concurrent call on the same id instead of answering
 	// ABORTED: unpublish is short and idempotent, and kubelet must be able

@@ -43,37 +43,9 @@ var ephemeralIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`
 // RESOURCE_EXHAUSTED, ALREADY_EXISTS, ABORTED.
 func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	coID := req.GetVolumeId()
-	if !ephemeralIDPattern.MatchString(coID) || strings.Contains(coID, "..") {
-		return nil, invalid("volume_id %q is not a valid ephemeral volume id ([A-Za-z0-9._-], at most 128 characters)", coID)
-	}
-	if req.GetVolumeCapability().GetBlock() != nil {
-		return nil, invalid("ephemeral inline volumes are mount volumes; block is not supported")
-	}
-	size := int64(DefaultEphemeralBytes)
-	attrs := map[string]string{}
-	for k, v := range req.GetVolumeContext() {
-		if strings.HasPrefix(k, reservedPrefix) {
-			continue
-		}
-		switch k {
-		case AttrSize:
-			n, err := ParseBytes(v)
-			if err != nil || n <= 0 {
-				return nil, invalid("volume attribute size=%q: want a positive quantity such as 100Mi", v)
-			}
-			size = roundUp(n)
-		case ParamDirMode:
-			attrs[k] = v
-		default:
-			return nil, invalid("unknown volume attribute %q for an ephemeral volume (known: %s)", k, strings.Join(KnownEphemeralAttributes, ", "))
-		}
-	}
-	params, err := parseParams(attrs)
+	size, attrs, params, err := parseEphemeral(coID, req.GetVolumeCapability().GetBlock() != nil, req.GetVolumeContext(), s.d.opts.MaxVolumeBytes)
 	if err != nil {
 		return nil, err
-	}
-	if m := s.d.opts.MaxVolumeBytes; m > 0 && size > m {
-		return nil, status.Errorf(codes.OutOfRange, "ephemeral volume size %d exceeds the maximum volume size of %d bytes", size, m)
 	}
 	release, err := s.d.ids.acquire("volume", coID)
 	if err != nil {
@@ -109,6 +81,53 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 		return nil, toStatus(err)
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// parseEphemeral validates an ephemeral inline volume's CO-chosen id,
+// access type and volume attributes (volume_context; the csi.storage.k8s.io/
+// ones kubelet adds are ignored) and returns its size in bytes, the
+// attributes to record and their parsed parameters. Errors:
+// INVALID_ARGUMENT (bad id, block, unknown or malformed attribute),
+// OUT_OF_RANGE (above maxBytes, when set).
+func parseEphemeral(coID string, block bool, vc map[string]string, maxBytes int64) (int64, map[string]string, volumeParams, error) {
+	if !ephemeralIDPattern.MatchString(coID) || strings.Contains(coID, "..") {
+		return 0, nil, volumeParams{}, invalid("volume_id %q is not a valid ephemeral volume id ([A-Za-z0-9._-], at most 128 characters)", coID)
+	}
+	if volume.ValidVolumeID(coID) {
+		// NodeUnpublishVolume, stats and health would take it for a
+		// persistent volume and the inline volume would never be deleted.
+		return 0, nil, volumeParams{}, invalid("volume_id %q has the form of a volume id this driver issues; an ephemeral volume needs another id", coID)
+	}
+	if block {
+		return 0, nil, volumeParams{}, invalid("ephemeral inline volumes are mount volumes; block is not supported")
+	}
+	size := int64(DefaultEphemeralBytes)
+	attrs := map[string]string{}
+	for k, v := range vc {
+		if strings.HasPrefix(k, reservedPrefix) {
+			continue
+		}
+		switch k {
+		case AttrSize:
+			n, err := ParseBytes(v)
+			if err != nil || n <= 0 {
+				return 0, nil, volumeParams{}, invalid("volume attribute size=%q: want a positive quantity such as 100Mi", v)
+			}
+			size = roundUp(n)
+		case ParamDirMode:
+			attrs[k] = v
+		default:
+			return 0, nil, volumeParams{}, invalid("unknown volume attribute %q for an ephemeral volume (known: %s)", k, strings.Join(KnownEphemeralAttributes, ", "))
+		}
+	}
+	params, err := parseParams(attrs)
+	if err != nil {
+		return 0, nil, volumeParams{}, err
+	}
+	if maxBytes > 0 && size > maxBytes {
+		return 0, nil, volumeParams{}, status.Errorf(codes.OutOfRange, "ephemeral volume size %d exceeds the maximum volume size of %d bytes", size, maxBytes)
+	}
+	return size, attrs, params, nil
 }
 
 // NodeExpandVolume makes the node see a volume's new size (spec

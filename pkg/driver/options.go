@@ -23,6 +23,10 @@ const (
 // provisioner) unless --driver-name says otherwise.
 const DefaultDriverName = "localdir.csi.dev"
 
+// DefaultKubeletRoot is --kubelet-root in node mode when the flag is not
+// given.
+const DefaultKubeletRoot = "/var/lib/kubelet"
+
 // TopologyKey is the accessible_topology segment key that pins a volume to
 // its node. Its value is the node id.
 const TopologyKey = "topology.localdir.csi.dev/node"
@@ -60,6 +64,12 @@ type Options struct {
 	// Kubeconfig is the kubeconfig file for controller and node mode; empty
 	// means the in-cluster configuration.
 	Kubeconfig string
+	// KubeletRoot is the kubelet's root directory. When set, the Node
+	// service refuses (INVALID_ARGUMENT) staging and target paths that do
+	// not lie below it once symlinks are resolved. Empty: no check. The
+	// binary sets DefaultKubeletRoot in node mode unless --kubelet-root is
+	// given (ApplyModeDefaults).
+	KubeletRoot string
 
 	capacity, maxVolume, defaultVolume quantityFlag
 }
@@ -124,7 +134,19 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "[all modes] host:port to serve Prometheus metrics on at /metrics, e.g. :9810 (default: off)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "[controller, node] kubeconfig file for the API server (default: in-cluster configuration)")
 	fs.StringVar(&o.Engine, "engine", "auto", "[node, all] storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
+	fs.StringVar(&o.KubeletRoot, "kubelet-root", "", "[node, all] the kubelet's root directory: staging and target paths not below it (symlinks resolved) are refused with INVALID_ARGUMENT (default "+DefaultKubeletRoot+" in node mode, no check in all mode; --kubelet-root= turns the check off)")
 	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "[node, all] NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
+}
+
+// ApplyModeDefaults sets the defaults that depend on --mode for the flags
+// fs did not set (call it after fs.Parse): --kubelet-root is
+// DefaultKubeletRoot in node mode.
+func (o *Options) ApplyModeDefaults(fs *flag.FlagSet) {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "kubelet-root" })
+	if !set && o.Mode == ModeNode {
+		o.KubeletRoot = DefaultKubeletRoot
+	}
 }
 
 // nodeIDPattern is a Kubernetes label value: node ids become topology
@@ -150,6 +172,9 @@ func (o *Options) Validate() error {
 		}
 		if !filepath.IsAbs(o.DataRoot) {
 			return fmt.Errorf("--data-root=%q: must be an absolute path", o.DataRoot)
+		}
+		if o.KubeletRoot != "" && !filepath.IsAbs(o.KubeletRoot) {
+			return fmt.Errorf("--kubelet-root=%q: must be an absolute path (or empty for no check)", o.KubeletRoot)
 		}
 	}
 	switch o.Engine {

@@ -7,9 +7,12 @@
 //
 //	<root>/state.db              durable records (pkg/state)
 //	<root>/volumes/<id>/         a mount volume (directory or btrfs subvolume)
-//	<root>/block/<id>.img        a raw block volume (sparse image file)
+//	<root>/block/<id>.img        a raw block volume (image file, allocated to its size)
 //	<root>/snapshots/<sid>/      a snapshot of a mount volume
 //	<root>/snapshots/<sid>.img   a snapshot of a block volume
+//	<dir>/.deleting-<name>       data of a delete in flight, in its own directory
+//	                             (gone once its record is)
+//	<root>/orphaned/             data no record claimed at start: moved aside, never deleted
 //
 // Every path below the root is built from a driver-issued id that was checked
 // against ValidVolumeID / ValidSnapshotID first. Nothing outside the root and
@@ -53,6 +56,7 @@ type Manager struct {
 	volRoot   string
 	blockRoot string
 	snapRoot  string
+	lostRoot  string // unclaimed data moved aside at start, never deleted by the driver
 	cfg       Config
 	eng       engine.Engine
 	st        *state.Store
@@ -90,9 +94,10 @@ func Open(cfg Config) (*Manager, error) {
 		volRoot:   filepath.Join(root, "volumes"),
 		blockRoot: filepath.Join(root, "block"),
 		snapRoot:  filepath.Join(root, "snapshots"),
+		lostRoot:  filepath.Join(root, "orphaned"),
 		cfg:       cfg,
 	}
-	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
+	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
@@ -185,6 +190,9 @@ func (m *Manager) recover() error {
 		return err
 	}
 	m.allocated = total
+	if err := m.recoverTrash(known); err != nil {
+		return err
+	}
 	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
@@ -204,12 +212,17 @@ func (m *Manager) recover() error {
 				klog.InfoS("Unclaimed data is mounted; leaving it", "path", p)
 				continue
 			}
-			klog.InfoS("Removing data without a committed record (interrupted create or delete)", "id", id, "path", p)
+			// No record claims it: an interrupted create — or records lost
+			// to an older state.db restored from a backup. The driver cannot
+			// tell, so it never deletes such data: it moves it aside.
 			if strings.HasSuffix(p, ".img") {
 				_ = block.Detach(p)
 			}
-			if err := engine.Remove(p); err != nil {
-				return fmt.Errorf("roll back %s: %w", p, err)
+			lost := filepath.Join(m.lostRoot, filepath.Base(p))
+			klog.InfoS("Data without a committed record (an interrupted create, or a state file older than the data): moved aside, not deleted; "+
+				"inspect it and remove it by hand when it is not needed", "id", id, "from", p, "to", lost)
+			if err := os.Rename(p, lost); err != nil {
+				return fmt.Errorf("move unclaimed %s aside: %w", p, err)
 			}
 		}
 	}
@@ -223,6 +236,58 @@ func (m *Manager) recover() error {
 		}
 	}
 	return nil
+}
+
+// deletingPrefix marks data whose delete is in flight. It stays in its own
+// directory (a rename within one directory never crosses filesystems).
+const deletingPrefix = ".deleting-"
+
+// recoverTrash finishes deletes a crash interrupted: data marked deleting
+// whose record still exists goes back (the delete was not acknowledged); the
+// rest is removed (its record is gone: the delete was committed).
+func (m *Manager) recoverTrash(known map[string]bool) error {
+	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			name, ok := strings.CutPrefix(e.Name(), deletingPrefix)
+			if !ok {
+				continue
+			}
+			p := filepath.Join(dir, e.Name())
+			id := strings.TrimSuffix(name, ".img")
+			if !ValidVolumeID(id) && !ValidSnapshotID(id) {
+				klog.InfoS("Ignoring unknown entry in data root", "path", p)
+				continue
+			}
+			if !known[id] {
+				klog.InfoS("Finishing an interrupted delete", "id", id, "path", p)
+				if err := engine.Remove(p); err != nil {
+					return fmt.Errorf("finish delete of %s: %w", p, err)
+				}
+				continue
+			}
+			klog.InfoS("Rolling back an interrupted delete", "id", id)
+			if err := os.Rename(p, filepath.Join(dir, name)); err != nil {
+				return fmt.Errorf("roll back delete of %s: %w", p, err)
+			}
+		}
+	}
+	return nil
+}
+
+// trash marks the data at p as being deleted (a rename in its directory)
+// before its record is deleted, so a crash leaves either the record with
+// its data (rolled back at start) or neither (finished at start). It
+// returns the new path.
+func (m *Manager) trash(p string) (string, error) {
+	t := filepath.Join(filepath.Dir(p), deletingPrefix+filepath.Base(p))
+	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("mark %s as deleting: %w", p, err)
+	}
+	return t, nil
 }
 
 // volDir is the data directory of a mount volume. It panics on an id that
@@ -621,12 +686,17 @@ func (m *Manager) Delete(id string) error {
 	if err := m.checkUnused(v); err != nil {
 		return err
 	}
+	t, err := m.trash(m.dataPath(v))
+	if err != nil {
+		return err
+	}
 	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(id) }); err != nil {
+		_ = os.Rename(t, m.dataPath(v))
 		return err
 	}
 	m.release(v.CapacityBytes)
 	// The record is gone, so a crash from here on is finished by recover().
-	if err := engine.Remove(m.dataPath(v)); err != nil {
+	if err := engine.Remove(t); err != nil {
 		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id)
 	}
 	klog.V(2).InfoS("Volume deleted", "volumeID", id)

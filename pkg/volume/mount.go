@@ -196,6 +196,12 @@ func publishDevice(dev, targetPath string, readonly bool) error {
 			return fmt.Errorf("create %s: %w", targetPath, err)
 		}
 		unix.Close(fd)
+	case err != nil && mount.IsCorruptedMnt(err):
+		// A dead mount sits on the device file: remove it and look again.
+		if err := unmountTop(targetPath); err != nil {
+			return err
+		}
+		return publishDevice(dev, targetPath, readonly)
 	case err != nil:
 		return fmt.Errorf("lstat %s: %w", targetPath, err)
 	case fi.Mode()&os.ModeSymlink != 0:
@@ -278,6 +284,18 @@ func cleanupPath(p string) error {
 	return unmountAll(p)
 }
 
+// unmountTop removes the topmost mount at p, a broken one (a FUSE mount
+// whose server died), lazily if a plain unmount is refused.
+func unmountTop(p string) error {
+	if err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW); err != nil {
+		if derr := unix.Unmount(p, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH); derr != nil {
+			return fmt.Errorf("unmount the broken mount at %s: %w", p, err)
+		}
+	}
+	klog.V(2).InfoS("Removed a broken mount", "path", p)
+	return nil
+}
+
 // unmountAll removes every mount stacked on p. UMOUNT_NOFOLLOW keeps a
 // symlink from redirecting the unmount; EINVAL means "not a mount point".
 func unmountAll(p string) error {
@@ -326,8 +344,9 @@ func checkDir(p, field string, create bool) error {
 	}
 	if err != nil {
 		if mount.IsCorruptedMnt(err) {
-			// A dead mount sits there: remove it so a fresh mount can go on.
-			if err := unmountAll(p); err != nil {
+			// A dead mount sits there: remove it (only it: a healthy mount
+			// under it is judged as any other) so a fresh mount can go on.
+			if err := unmountTop(p); err != nil {
 				return err
 			}
 			return checkDir(p, field, create)

@@ -3,6 +3,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -142,10 +143,15 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	if err != nil {
 		return err
 	}
-	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(id) }); err != nil {
+	t, err := m.trash(m.snapPath(s))
+	if err != nil {
 		return err
 	}
-	if err := engine.Remove(m.snapPath(s)); err != nil {
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(id) }); err != nil {
+		_ = os.Rename(t, m.snapPath(s))
+		return err
+	}
+	if err := engine.Remove(t); err != nil {
 		klog.ErrorS(err, "Snapshot record deleted but data removal failed; it will be retried at restart", "snapshotID", id)
 	}
 	klog.V(2).InfoS("Snapshot deleted", "snapshotID", id)

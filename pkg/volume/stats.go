@@ -43,6 +43,10 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 		return Usage{}, fmt.Errorf("%w: volume_path %q is not an absolute path", ErrNotFound, volumePath)
 	}
 	notHere := fmt.Errorf("%w: volume %s is not mounted at %q", ErrNotFound, id, volumePath)
+	if _, err := os.Stat(volumePath); err != nil {
+		// Missing, a NUL byte, too long, a dead mount: not found there.
+		return Usage{}, fmt.Errorf("%w: volume_path %q: %v", ErrNotFound, volumePath, err)
+	}
 	if v.AccessType == state.AccessBlock {
 		return m.blockStats(v, volumePath, notHere)
 	}

@@ -535,13 +535,20 @@ exec sleep infinity`
 	})
 }
 
+// Where the driver processes serve Prometheus metrics (the manifests use
+// :9810 in their pods; here both share the host network).
+const (
+	ControllerMetricsAddress = "127.0.0.1:19810"
+	NodeMetricsAddress       = "127.0.0.1:19811"
+)
+
 // NodePluginArgs are the node plugin's arguments: the DaemonSet's, with
 // the socket where its hostPath puts it and a kubeconfig for the
 // localdir-node ServiceAccount.
 func (c *Cluster) NodePluginArgs() []string {
 	args := []string{c.Driver, "--mode=node", "--endpoint=unix://" + NodeSocket, "--driver-name=" + DriverName,
 		"--node-id=" + NodeName, "--data-root=" + DataRoot, "--engine=auto",
-		"--kubeconfig=" + c.path("kubeconfig-localdir-node"), "-v=2"}
+		"--kubeconfig=" + c.path("kubeconfig-localdir-node"), "--metrics-address=" + NodeMetricsAddress, "-v=2"}
 	if c.NodeCapacity != "" {
 		args = append(args, "--capacity="+c.NodeCapacity)
 	}
@@ -590,7 +597,7 @@ func (c *Cluster) startDriverController(ctx context.Context) error {
 	sock := c.ControllerSocket()
 	kc := "--kubeconfig=" + c.path("kubeconfig-localdir-controller")
 	if _, err := c.start("localdir-controller", false, nil, c.Driver, "--mode=controller", "--endpoint=unix://"+sock,
-		"--driver-name="+DriverName, kc, "-v=2"); err != nil {
+		"--driver-name="+DriverName, kc, "--metrics-address="+ControllerMetricsAddress, "-v=2"); err != nil {
 		return err
 	}
 	if err := c.waitFor(ctx, "the controller's socket", 30*time.Second, func() (bool, error) {

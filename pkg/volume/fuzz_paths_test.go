@@ -1,0 +1,105 @@
+package volume
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// FuzzIDs: whatever passes ValidVolumeID or ValidSnapshotID is a single,
+// plain path component (no separator, no dot, no NUL), so joining it onto
+// the data root can never leave the directory it is joined to; and no
+// string is both.
+func FuzzIDs(f *testing.F) {
+	for _, s := range []string{
+		"", "vol-", NewVolumeID(), NewSnapshotID(), "vol-0123456789abcdef0123456789abcdef", "vol-0123456789ABCDEF0123456789ABCDEF",
+		"vol-0123456789abcdef0123456789abcdef/..", "../vol-0123456789abcdef0123456789abcdef", "vol-0123456789abcdef0123456789abcde\x00",
+		"vol-0123456789abcdef0123456789abcdef\n", "snap-../../../../../../../../../x", EphemeralName("csi-x"),
+	} {
+		f.Add(s)
+	}
+	root := "/var/lib/localdir"
+	f.Fuzz(func(t *testing.T, s string) {
+		v, sn := ValidVolumeID(s), ValidSnapshotID(s)
+		if v && sn {
+			t.Fatalf("%q is both a volume and a snapshot id", s)
+		}
+		if !v && !sn {
+			return
+		}
+		if strings.ContainsAny(s, "/.\x00\n") || filepath.Base(s) != s {
+			t.Fatalf("%q is accepted as an id but is not a plain name", s)
+		}
+		for _, dir := range []string{"volumes", "block", "snapshots"} {
+			p := filepath.Join(root, dir, s+".img")
+			if filepath.Dir(p) != filepath.Join(root, dir) {
+				t.Fatalf("id %q leaves %s: %s", s, dir, p)
+			}
+		}
+		if v {
+			mustVolumeID(s) // must not panic
+		}
+	})
+}
+
+// FuzzCheckOutside: a staging or target path CheckOutside accepts neither
+// lies in the data root nor contains it, whatever its dots, slashes and
+// symlinks (the fuzz tree holds symlinks into and around the data root).
+func FuzzCheckOutside(f *testing.F) {
+	dir, err := filepath.EvalSymlinks(f.TempDir())
+	if err != nil {
+		f.Fatal(err)
+	}
+	m, err := Open(Config{DataRoot: filepath.Join(dir, "data"), Engine: "dir"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = m.Close() })
+	kubelet := filepath.Join(dir, "kubelet")
+	for _, d := range []string{filepath.Join(kubelet, "pods", "p1"), filepath.Join(dir, "data", "volumes", "vol-0123456789abcdef0123456789abcdef")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			f.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{
+		filepath.Join(kubelet, "pods", "to-root"):    filepath.Join(dir, "data"),
+		filepath.Join(kubelet, "pods", "to-volumes"): "../../data/volumes",
+		filepath.Join(kubelet, "pods", "to-parent"):  dir,
+		filepath.Join(kubelet, "pods", "loop"):       "loop",
+	} {
+		if err := os.Symlink(target, link); err != nil {
+			f.Fatal(err)
+		}
+	}
+	for _, s := range []string{
+		kubelet + "/pods/p1/mount", kubelet + "/pods/to-root/x", kubelet + "/pods/to-volumes/vol-0123456789abcdef0123456789abcdef/x",
+		kubelet + "/pods/to-parent", kubelet + "/pods/to-parent/data", kubelet + "/pods/loop/x", dir, dir + "/data", dir + "/data/state.db",
+		dir + "/../" + filepath.Base(dir) + "/data/x", "/", "/proc/self/root" + dir + "/data/x", kubelet + "/pods/to-root",
+	} {
+		f.Add(s)
+	}
+	root := m.Root()
+	f.Fuzz(func(t *testing.T, p string) {
+		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) || len(p) > 4000 {
+			return // refused before (pkg/driver checkNodePath)
+		}
+		err := m.CheckOutside("target_path", p)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("CheckOutside(%q) = %v, want ErrInvalid", p, err)
+			}
+			return
+		}
+		// Accepted: resolve the parent the way the kernel will walk it.
+		parent, perr := filepath.EvalSymlinks(filepath.Dir(filepath.Clean(p)))
+		if perr != nil {
+			return // the parent does not exist: nothing can be made there
+		}
+		rp := filepath.Join(parent, filepath.Base(p))
+		if within(rp, root) || within(root, rp) {
+			t.Fatalf("CheckOutside accepted %q, which resolves to %q, in or above the data root %s", p, rp, root)
+		}
+	})
+}

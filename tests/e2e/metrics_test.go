@@ -1,0 +1,89 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/localdir-csi/localdir/tests/e2e/harness"
+)
+
+// scrapeMetrics reads a /metrics page into "name{labels}" → value.
+func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "localdir_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// TestMetricsAndUnplaceablePVC scrapes the controller's and the node
+// plugin's /metrics while volumes are created and one cannot be placed:
+// the RPC, capacity and error series move, and the PVC that does not fit
+// carries an event saying why.
+func TestMetricsAndUnplaceablePVC(t *testing.T) {
+	needCluster(t)
+	ns := namespace(t, "metrics")
+	ctrlBefore := scrapeMetrics(t, harness.ControllerMetricsAddress)
+	nodeBefore := scrapeMetrics(t, harness.NodeMetricsAddress)
+	okKey := `localdir_rpc_requests_total{code="OK",method="CreateVolume"}`
+	exhaustedKey := `localdir_rpc_requests_total{code="ResourceExhausted",method="CreateVolume"}`
+	allocKey := `localdir_allocatable_bytes{node="` + harness.NodeName + `"}`
+
+	createPVC(t, ns, "fits", scImmediate, "64Mi")
+	waitBound(t, ns, "fits", time.Minute)
+	// Far larger than the node's capacity: no node can take it.
+	createPVC(t, ns, "too-big", scImmediate, "1Ti")
+	var why string
+	waitFor(t, "the ProvisioningFailed event of the PVC that does not fit", 2*time.Minute, func() (bool, error) {
+		for _, e := range events(t, ns, "PersistentVolumeClaim", "too-big") {
+			if strings.Contains(e, "ProvisioningFailed") && strings.Contains(e, "not enough capacity") {
+				why = e
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("event on the PVC that cannot be placed: %s", why)
+	if !strings.Contains(why, harness.NodeName) || !strings.Contains(why, "free space on a node, pick a smaller size, or add nodes") {
+		t.Errorf("the event does not name the node and what to change: %s", why)
+	}
+
+	var ctrlAfter, nodeAfter map[string]float64
+	waitFor(t, "the metrics to show the new volume and the failure", time.Minute, func() (bool, error) {
+		ctrlAfter = scrapeMetrics(t, harness.ControllerMetricsAddress)
+		nodeAfter = scrapeMetrics(t, harness.NodeMetricsAddress)
+		return ctrlAfter[okKey] > ctrlBefore[okKey] && ctrlAfter[exhaustedKey] > ctrlBefore[exhaustedKey] &&
+			nodeAfter[allocKey] <= nodeBefore[allocKey]-64<<20, nil
+	})
+	if ctrlAfter[`localdir_capacity_bytes{node="`+harness.NodeName+`"}`] <= 0 {
+		t.Errorf("controller reports no capacity for node %s", harness.NodeName)
+	}
+	if ctrlAfter[`localdir_volumes{node="`+harness.NodeName+`",phase="Ready"}`] < 1 {
+		t.Errorf("controller reports no Ready volume on %s", harness.NodeName)
+	}
+	t.Logf("CreateVolume OK %v→%v, ResourceExhausted %v→%v; node allocatable %v→%v",
+		ctrlBefore[okKey], ctrlAfter[okKey], ctrlBefore[exhaustedKey], ctrlAfter[exhaustedKey], nodeBefore[allocKey], nodeAfter[allocKey])
+}

@@ -1,0 +1,750 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The crash storm: the real binary (all mode) serves a random mix of
+// CreateVolume (empty and restored from a snapshot, mount and block),
+// DeleteVolume, CreateSnapshot, DeleteSnapshot, ControllerExpandVolume,
+// NodeExpandVolume and stage/publish/unpublish/unstage from several clients,
+// each working on its own volumes, while it is SIGKILLed at random moments
+// (now and then while it is still starting) and started again. The clients
+// write a marker through every publish and keep a model of what each
+// acknowledged call did.
+//
+// After every restart: the driver started; every call whose reply was lost
+// to the kill is sent again and answers as it would have (same volume or
+// snapshot for the same name, OK for deletes, unpublish, unstage); then
+//   - ListVolumes and ListSnapshots (paged) hold exactly the model's ids,
+//     with the acknowledged sizes;
+//   - the data root holds data for exactly those ids (no record without data,
+//     no data without a record), block images of the recorded size, and
+//     every marker, restored volumes the marker of their snapshot;
+//   - the mount table under the CO's paths and the loop devices of the data
+//     root are exactly what the acknowledged stages and publishes made;
+//   - GetCapacity is the configured capacity minus the volumes' sizes;
+//   - a random acknowledged create and snapshot, sent again, give the same
+//     ids.
+// At the end everything is unpublished, unstaged and deleted through the
+// driver, which must leave no volume, snapshot, mount or loop device.
+
+const crashCapacity = 1 << 30 // --capacity of procArgs
+
+type svol struct {
+	name, id         string
+	block            bool
+	size             int64  // acknowledged capacity
+	reqSize          int64  // required_bytes of its create
+	src              string // snapshot restored from
+	marker           []byte // written through the publish, or inherited from src
+	staging, target  string
+	staged, publishd bool
+}
+
+type ssnap struct {
+	name, id, src string
+	block         bool
+	size          int64
+	marker        []byte
+}
+
+// sop is one call of the storm: its RPC and, on success, its effect on the
+// model. A call cut short by a kill is kept and sent again (same
+// arguments) after the restart, where it must answer want.
+type sop struct {
+	what string
+	want codes.Code
+	do   func(cx context.Context, p *proc) error
+	// done applies the acknowledged result to the model.
+	done func()
+}
+
+type stormWorker struct {
+	n       int
+	dir     string // the CO's paths of this worker
+	vols    []*svol
+	snaps   []*ssnap
+	gone    []string // ids whose delete was acknowledged
+	seq     int
+	pending *sop
+	ops     map[string]int
+}
+
+type storm struct {
+	t       *testing.T
+	dir     string
+	root    string
+	r       *rand.Rand
+	workers []*stormWorker
+	killing atomic.Bool
+
+	kills, startupKills, retried, repeats int
+}
+
+func TestCrashStorm(t *testing.T) {
+	kills := setting("LOCALDIR_KILLS", 100, 500)
+	nWorkers := 3
+	dir := tempDir(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d (LOCALDIR_KILLS=%d)", seed, kills)
+	s := &storm{t: t, dir: dir, root: filepath.Join(dir, "data"), r: rand.New(rand.NewPCG(seed, 1))}
+	for i := range nWorkers {
+		s.workers = append(s.workers, &stormWorker{n: i, dir: mkdir(t, filepath.Join(dir, "co", fmt.Sprint(i))), ops: map[string]int{}})
+	}
+
+	var p *proc
+	for s.kills < kills {
+		if s.kills > 0 && s.r.IntN(10) == 0 {
+			// Killed while starting: opening the state, rolling back
+			// interrupted work.
+			q := launch(t, dir)
+			time.Sleep(time.Duration(s.r.IntN(40)) * time.Millisecond)
+			q.kill()
+			q.checkRaces(t)
+			s.kills++
+			s.startupKills++
+			continue
+		}
+		p = startProc(t, dir)
+		s.afterRestart(p)
+		if t.Failed() {
+			p.kill()
+			t.FailNow()
+		}
+		s.runUntilKill(p)
+		p.checkRaces(t)
+		if !p.killed() {
+			t.Fatalf("the driver ended before the kill: %v\n%s", p.err, p.stderr)
+		}
+		s.kills++
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	p = startProc(t, dir)
+	s.afterRestart(p)
+	s.cleanup(p)
+	p.stop(t)
+	p.checkRaces(t)
+	for _, d := range []string{"volumes", "block", "snapshots"} {
+		if n := dirNames(t, filepath.Join(s.root, d)); len(n) != 0 {
+			t.Errorf("%s holds %v after everything was deleted", d, n)
+		}
+	}
+	assertClean(t, dir)
+
+	ops := map[string]int{}
+	total := 0
+	for _, w := range s.workers {
+		for k, n := range w.ops {
+			ops[k] += n
+			total += n
+		}
+	}
+	var list []string
+	for k, n := range ops {
+		list = append(list, fmt.Sprintf("%s=%d", k, n))
+	}
+	slices.Sort(list)
+	t.Logf("survived %d kills (%d during start-up); %d acknowledged calls, %d calls retried after a kill, %d repeated: %s",
+		s.kills, s.startupKills, total, s.retried, s.repeats, strings.Join(list, " "))
+}
+
+// afterRestart sends the calls cut short by the kill again, then checks
+// every invariant.
+func (s *storm) afterRestart(p *proc) {
+	t := s.t
+	for _, w := range s.workers {
+		if op := w.pending; op != nil {
+			w.pending = nil
+			s.retried++
+			err := op.do(ctx(t), p)
+			if status.Code(err) != op.want {
+				t.Errorf("worker %d: %s sent again after the kill: got %s (%v), want %s", w.n, op.what, status.Code(err), err, op.want)
+				continue
+			}
+			op.done()
+		}
+	}
+	s.verify(p)
+}
+
+func (s *storm) allVols() []*svol {
+	var out []*svol
+	for _, w := range s.workers {
+		out = append(out, w.vols...)
+	}
+	return out
+}
+
+func (s *storm) allSnaps() []*ssnap {
+	var out []*ssnap
+	for _, w := range s.workers {
+		out = append(out, w.snaps...)
+	}
+	return out
+}
+
+func (s *storm) verify(p *proc) {
+	t := s.t
+	t.Helper()
+	vols, snaps := s.allVols(), s.allSnaps()
+
+	// Records: exactly the acknowledged volumes, with their sizes.
+	listed := map[string]int64{}
+	tok := ""
+	for {
+		resp, err := p.controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{MaxEntries: 5, StartingToken: tok})
+		mustCode(t, err, codes.OK, "ListVolumes")
+		for _, e := range resp.GetEntries() {
+			if _, dup := listed[e.GetVolume().GetVolumeId()]; dup {
+				t.Errorf("ListVolumes returned %s twice", e.GetVolume().GetVolumeId())
+			}
+			listed[e.GetVolume().GetVolumeId()] = e.GetVolume().GetCapacityBytes()
+		}
+		if tok = resp.GetNextToken(); tok == "" {
+			break
+		}
+	}
+	want := map[string]bool{}
+	var sum int64
+	for _, v := range vols {
+		want[v.id] = true
+		sum += v.size
+		got, ok := listed[v.id]
+		switch {
+		case !ok:
+			t.Errorf("acknowledged volume %s (%s) is not listed after the restart", v.id, v.name)
+		case got != v.size:
+			t.Errorf("volume %s (%s): listed with %d bytes, the acknowledged size is %d", v.id, v.name, got, v.size)
+		}
+	}
+	for id := range listed {
+		if !want[id] {
+			t.Errorf("volume %s is listed but no acknowledged create made it (a duplicate, or an acknowledged delete undone)", id)
+		}
+	}
+	for _, w := range s.workers {
+		for _, id := range w.gone {
+			if _, ok := listed[id]; ok {
+				t.Errorf("volume %s is listed again after its delete was acknowledged", id)
+			}
+		}
+	}
+	snapListed := map[string]int64{}
+	tok = ""
+	for {
+		resp, err := p.controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{MaxEntries: 4, StartingToken: tok})
+		mustCode(t, err, codes.OK, "ListSnapshots")
+		for _, e := range resp.GetEntries() {
+			snapListed[e.GetSnapshot().GetSnapshotId()] = e.GetSnapshot().GetSizeBytes()
+			if !e.GetSnapshot().GetReadyToUse() {
+				t.Errorf("snapshot %s is not ready", e.GetSnapshot().GetSnapshotId())
+			}
+		}
+		if tok = resp.GetNextToken(); tok == "" {
+			break
+		}
+	}
+	wantSnaps := map[string]bool{}
+	for _, sn := range snaps {
+		wantSnaps[sn.id] = true
+		if got, ok := snapListed[sn.id]; !ok || got != sn.size {
+			t.Errorf("acknowledged snapshot %s (%s): listed %v with %d bytes, want %d", sn.id, sn.name, ok, got, sn.size)
+		}
+	}
+	for id := range snapListed {
+		if !wantSnaps[id] {
+			t.Errorf("snapshot %s is listed but no acknowledged call made it", id)
+		}
+	}
+
+	// Data: one-to-one with the records, with the markers.
+	var wantDirs, wantImgs, wantSnapData []string
+	for _, v := range vols {
+		if v.block {
+			wantImgs = append(wantImgs, v.id+".img")
+			img := filepath.Join(s.root, "block", v.id+".img")
+			if fi, err := os.Stat(img); err != nil || fi.Size() != v.size {
+				t.Errorf("block volume %s: image %v (%v), want %d bytes", v.id, fi, err, v.size)
+			}
+			if v.marker != nil {
+				got, err := readAt(img, len(v.marker))
+				if err != nil || !bytes.Equal(got, v.marker) {
+					t.Errorf("block volume %s (%s): the marker written through its device is gone (%v)", v.id, v.name, err)
+				}
+			}
+		} else {
+			wantDirs = append(wantDirs, v.id)
+			m, err := os.ReadFile(filepath.Join(s.root, "volumes", v.id, "marker"))
+			switch {
+			case v.marker == nil && !errors.Is(err, fs.ErrNotExist):
+				t.Errorf("volume %s (%s): a marker that was never written: %v", v.id, v.name, err)
+			case v.marker != nil && !bytes.Equal(m, v.marker):
+				t.Errorf("volume %s (%s): the marker written through its publish is gone or changed (%v)", v.id, v.name, err)
+			}
+		}
+	}
+	for _, sn := range snaps {
+		if sn.block {
+			wantSnapData = append(wantSnapData, sn.id+".img")
+		} else {
+			wantSnapData = append(wantSnapData, sn.id)
+		}
+	}
+	for _, c := range []struct {
+		dir  string
+		want []string
+	}{{"volumes", wantDirs}, {"block", wantImgs}, {"snapshots", wantSnapData}} {
+		slices.Sort(c.want)
+		if got := dirNames(t, filepath.Join(s.root, c.dir)); !slices.Equal(got, c.want) {
+			t.Errorf("%s holds %v, the records say %v", c.dir, got, c.want)
+		}
+	}
+
+	// The mount table and loop devices: what the acknowledged calls made.
+	var wantMounts, wantLoops []string
+	for _, v := range vols {
+		if v.staged && !v.block {
+			wantMounts = append(wantMounts, v.staging)
+		}
+		if v.publishd {
+			wantMounts = append(wantMounts, v.target)
+		}
+		if v.staged && v.block {
+			wantLoops = append(wantLoops, filepath.Join(s.root, "block", v.id+".img"))
+		}
+	}
+	var gotMounts []string
+	for _, m := range mountsUnder(t, filepath.Join(s.dir, "co")) {
+		gotMounts = append(gotMounts, m.Mountpoint)
+	}
+	slices.Sort(wantMounts)
+	slices.Sort(gotMounts)
+	if !slices.Equal(gotMounts, wantMounts) {
+		t.Errorf("mounts under the CO's paths: %v, want %v", gotMounts, wantMounts)
+	}
+	var gotLoops []string
+	for _, l := range loopsUnder(t, s.root) {
+		gotLoops = append(gotLoops, l[strings.Index(l, " <- ")+4:])
+	}
+	slices.Sort(wantLoops)
+	slices.Sort(gotLoops)
+	if !slices.Equal(gotLoops, wantLoops) {
+		t.Errorf("loop devices of the data root: %v, want %v (one per staged block volume)", gotLoops, wantLoops)
+	}
+	for _, v := range vols {
+		if v.publishd && !v.block && !sameInode(v.target, filepath.Join(s.root, "volumes", v.id)) {
+			t.Errorf("volume %s: its publish %s no longer shows it", v.id, v.target)
+		}
+	}
+
+	// Capacity: no reservation leaked or lost by a crash.
+	resp, err := p.controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
+	mustCode(t, err, codes.OK, "GetCapacity")
+	assertAvailable(t, resp.GetAvailableCapacity(), crashCapacity, sum, s.root, "after the restart")
+
+	// A call whose reply was lost is sent again: the same answer.
+	if len(vols) > 0 {
+		v := vols[s.r.IntN(len(vols))]
+		s.repeats++
+		r, err := p.controller.CreateVolume(ctx(t), createReq(v))
+		if codeIs(t, err, codes.OK, "CreateVolume "+v.name+" sent again") && r.GetVolume().GetVolumeId() != v.id {
+			t.Errorf("CreateVolume %s sent again returned %s, the first answer was %s", v.name, r.GetVolume().GetVolumeId(), v.id)
+		}
+	}
+	if len(snaps) > 0 {
+		sn := snaps[s.r.IntN(len(snaps))]
+		s.repeats++
+		r, err := p.controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: sn.name, SourceVolumeId: sn.src})
+		// Even when its source was deleted since: the name finds the
+		// snapshot, which outlives its source.
+		if codeIs(t, err, codes.OK, "CreateSnapshot "+sn.name+" sent again") && err == nil && r.GetSnapshot().GetSnapshotId() != sn.id {
+			t.Errorf("CreateSnapshot %s sent again returned %s, the first answer was %s", sn.name, r.GetSnapshot().GetSnapshotId(), sn.id)
+		}
+	}
+}
+
+func createReq(v *svol) *csi.CreateVolumeRequest {
+	req := &csi.CreateVolumeRequest{Name: v.name, CapacityRange: rng(v.reqSize, 0), VolumeCapabilities: []*csi.VolumeCapability{capOf(v.block)}}
+	if v.src != "" {
+		req.VolumeContentSource = fromSnapshot(v.src)
+	}
+	return req
+}
+
+func sameInode(a, b string) bool {
+	sa, sb := statIno(a), statIno(b)
+	return sa != [2]uint64{} && sa == sb
+}
+
+func statIno(p string) [2]uint64 {
+	var st unix.Stat_t
+	if unix.Stat(p, &st) != nil {
+		return [2]uint64{}
+	}
+	return [2]uint64{st.Dev, st.Ino}
+}
+
+// runUntilKill runs the workers against p and kills p after a random time.
+func (s *storm) runUntilKill(p *proc) {
+	s.killing.Store(false)
+	var wg sync.WaitGroup
+	for _, w := range s.workers {
+		seed := s.r.Uint64()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.work(w, p, rand.New(rand.NewPCG(seed, uint64(w.n))))
+		}()
+	}
+	d := time.Duration(s.r.IntN(120)) * time.Millisecond
+	if s.r.IntN(8) == 0 {
+		d = time.Duration(200+s.r.IntN(400)) * time.Millisecond
+	}
+	time.Sleep(d)
+	s.killing.Store(true)
+	p.kill()
+	wg.Wait()
+}
+
+func (s *storm) work(w *stormWorker, p *proc, r *rand.Rand) {
+	t := s.t
+	for !s.killing.Load() {
+		op := s.next(w, r)
+		if op == nil {
+			continue
+		}
+		err := op.do(context.Background(), p)
+		if err != nil && status.Code(err) != op.want {
+			if s.killing.Load() {
+				w.pending = op // its reply was lost to the kill
+				return
+			}
+			t.Errorf("worker %d: %s: got %s (%v), want %s", w.n, op.what, status.Code(err), err, op.want)
+			return
+		}
+		if err == nil && op.want != codes.OK {
+			t.Errorf("worker %d: %s: got OK, want %s", w.n, op.what, op.want)
+			return
+		}
+		op.done()
+		w.ops[strings.Fields(op.what)[0]]++
+	}
+}
+
+// next picks a call for worker w from what its model allows.
+func (s *storm) next(w *stormWorker, r *rand.Rand) *sop {
+	if len(w.vols) < 2 || (len(w.vols) < 6 && r.IntN(5) == 0) {
+		return s.opCreate(w, r)
+	}
+	if len(w.snaps) > 0 && r.IntN(12) == 0 {
+		return s.opDeleteSnapshot(w, w.snaps[r.IntN(len(w.snaps))])
+	}
+	v := w.vols[r.IntN(len(w.vols))]
+	x := r.IntN(100)
+	switch {
+	case !v.staged:
+		switch {
+		case x < 40:
+			return s.opStage(w, v)
+		case x < 60:
+			return s.opDelete(w, v)
+		case x < 75:
+			return s.opExpand(w, v)
+		case x < 92 && len(w.snaps) < 5:
+			return s.opSnapshot(w, v)
+		default:
+			return s.opRepeatCreate(w, v)
+		}
+	case !v.publishd:
+		switch {
+		case x < 55:
+			return s.opPublish(w, v)
+		case x < 80:
+			return s.opUnstage(w, v)
+		default:
+			return s.opExpand(w, v)
+		}
+	default:
+		switch {
+		case v.marker == nil || x < 15:
+			s.writeMarker(w, v, r)
+			return nil
+		case x < 50:
+			return s.opUnpublish(w, v)
+		case x < 60:
+			return s.opDeleteInUse(w, v)
+		case x < 80 && len(w.snaps) < 5:
+			return s.opSnapshot(w, v)
+		default:
+			return s.opExpand(w, v)
+		}
+	}
+}
+
+// writeMarker writes fresh bytes through v's publish (a file in a mount
+// volume, offset 0 of a block volume's device) and flushes them.
+func (s *storm) writeMarker(w *stormWorker, v *svol, r *rand.Rand) {
+	m := []byte(fmt.Sprintf("marker of %s at %d: %x\n", v.name, time.Now().UnixNano(), r.Uint64()))
+	var err error
+	if v.block {
+		m = append(m, bytes.Repeat([]byte{byte(r.Uint32())}, 512-len(m))...)
+		err = writeDev(v.target, m)
+	} else {
+		err = writeSyncedErr(filepath.Join(v.target, "marker"), m)
+		if err == nil && r.IntN(4) == 0 {
+			// Bulk for the copies of snapshots and restores to chew on, so
+			// that kills land in the middle of them too.
+			err = writeSyncedErr(filepath.Join(v.target, "bulk"), make([]byte, (1+r.IntN(8))<<18))
+		}
+	}
+	if err != nil {
+		s.t.Errorf("worker %d: write the marker of %s through %s: %v", w.n, v.id, v.target, err)
+		return
+	}
+	v.marker = m
+	w.ops["marker"]++
+}
+
+func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
+	w.seq++
+	v := &svol{name: fmt.Sprintf("w%d-v%d", w.n, w.seq), block: r.IntN(10) < 3}
+	base := filepath.Join(w.dir, v.name)
+	v.staging, v.target = filepath.Join(base, "staging"), filepath.Join(base, "target")
+	if err := os.MkdirAll(v.staging, 0o750); err != nil {
+		s.t.Fatal(err)
+	}
+	v.size = 2 * Mi
+	if v.block {
+		v.size = Mi
+	}
+	var from *ssnap
+	if len(w.snaps) > 0 && r.IntN(2) == 0 {
+		if sn := w.snaps[r.IntN(len(w.snaps))]; sn.block == v.block {
+			from = sn
+			v.src, v.marker = sn.id, sn.marker
+			v.size = max(v.size, sn.size)
+		}
+	}
+	// A later expand grows v.size; the repeated create still fits, as
+	// required_bytes stays below it.
+	v.reqSize = v.size
+	what := "CreateVolume " + v.name
+	if from != nil {
+		what = "CreateVolume(restore) " + v.name + " from " + from.id
+	}
+	return &sop{what: what, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			resp, err := p.controller.CreateVolume(cx, createReq(v))
+			if err == nil {
+				v.id = resp.GetVolume().GetVolumeId()
+				if got := resp.GetVolume().GetCapacityBytes(); got != v.size {
+					return status.Errorf(codes.Internal, "test: capacity %d, want %d", got, v.size)
+				}
+			}
+			return err
+		},
+		done: func() { w.vols = append(w.vols, v) },
+	}
+}
+
+func (s *storm) opRepeatCreate(w *stormWorker, v *svol) *sop {
+	return &sop{what: "CreateVolume(repeat) " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			resp, err := p.controller.CreateVolume(cx, createReq(v))
+			if err == nil && resp.GetVolume().GetVolumeId() != v.id {
+				return status.Errorf(codes.Internal, "test: the repeated create returned %s, the first %s", resp.GetVolume().GetVolumeId(), v.id)
+			}
+			return err
+		},
+		done: func() {},
+	}
+}
+
+func (s *storm) opDelete(w *stormWorker, v *svol) *sop {
+	return &sop{what: "DeleteVolume " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.controller.DeleteVolume(cx, &csi.DeleteVolumeRequest{VolumeId: v.id})
+			return err
+		},
+		done: func() {
+			w.vols = slices.DeleteFunc(w.vols, func(x *svol) bool { return x == v })
+			w.gone = append(w.gone, v.id)
+			_ = os.RemoveAll(filepath.Dir(v.staging))
+		},
+	}
+}
+
+// opDeleteInUse: DeleteVolume of a published volume is refused and leaves
+// it as it was.
+func (s *storm) opDeleteInUse(w *stormWorker, v *svol) *sop {
+	return &sop{what: "DeleteVolume(published) " + v.name, want: codes.FailedPrecondition,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.controller.DeleteVolume(cx, &csi.DeleteVolumeRequest{VolumeId: v.id})
+			return err
+		},
+		done: func() {},
+	}
+}
+
+func (s *storm) opExpand(w *stormWorker, v *svol) *sop {
+	newSize := v.size + Mi
+	if newSize > 12*Mi {
+		return s.opRepeatCreate(w, v)
+	}
+	return &sop{what: fmt.Sprintf("ControllerExpandVolume %s to %d", v.name, newSize), want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			resp, err := p.controller.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: rng(newSize, 0)})
+			if err != nil {
+				return err
+			}
+			if resp.GetCapacityBytes() != newSize {
+				return status.Errorf(codes.Internal, "test: expanded to %d, want %d", resp.GetCapacityBytes(), newSize)
+			}
+			if v.block && v.staged {
+				// The loop device learns the new size from NodeExpandVolume.
+				path := v.staging
+				if v.publishd {
+					path = v.target
+				}
+				r, err := p.node.NodeExpandVolume(cx, &csi.NodeExpandVolumeRequest{VolumeId: v.id, VolumePath: path, CapacityRange: rng(newSize, 0)})
+				if err != nil {
+					return err
+				}
+				if r.GetCapacityBytes() != newSize {
+					return status.Errorf(codes.Internal, "test: NodeExpandVolume says %d, want %d", r.GetCapacityBytes(), newSize)
+				}
+			}
+			return nil
+		},
+		done: func() { v.size = newSize },
+	}
+}
+
+func (s *storm) opSnapshot(w *stormWorker, v *svol) *sop {
+	w.seq++
+	sn := &ssnap{name: fmt.Sprintf("w%d-s%d", w.n, w.seq), src: v.id, block: v.block, size: v.size, marker: v.marker}
+	return &sop{what: "CreateSnapshot " + sn.name + " of " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			resp, err := p.controller.CreateSnapshot(cx, &csi.CreateSnapshotRequest{Name: sn.name, SourceVolumeId: v.id})
+			if err == nil {
+				sn.id = resp.GetSnapshot().GetSnapshotId()
+				if resp.GetSnapshot().GetSizeBytes() != sn.size {
+					return status.Errorf(codes.Internal, "test: snapshot size %d, want %d", resp.GetSnapshot().GetSizeBytes(), sn.size)
+				}
+			}
+			return err
+		},
+		done: func() { w.snaps = append(w.snaps, sn) },
+	}
+}
+
+func (s *storm) opDeleteSnapshot(w *stormWorker, sn *ssnap) *sop {
+	return &sop{what: "DeleteSnapshot " + sn.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.controller.DeleteSnapshot(cx, &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
+			return err
+		},
+		done: func() { w.snaps = slices.DeleteFunc(w.snaps, func(x *ssnap) bool { return x == sn }) },
+	}
+}
+
+func (s *storm) opStage(w *stormWorker, v *svol) *sop {
+	return &sop{what: "NodeStageVolume " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.node.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: capOf(v.block)})
+			return err
+		},
+		done: func() { v.staged = true },
+	}
+}
+
+func (s *storm) opUnstage(w *stormWorker, v *svol) *sop {
+	return &sop{what: "NodeUnstageVolume " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.node.NodeUnstageVolume(cx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+			return err
+		},
+		done: func() { v.staged = false },
+	}
+}
+
+func (s *storm) opPublish(w *stormWorker, v *svol) *sop {
+	return &sop{what: "NodePublishVolume " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.node.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: capOf(v.block)})
+			return err
+		},
+		done: func() { v.publishd = true },
+	}
+}
+
+func (s *storm) opUnpublish(w *stormWorker, v *svol) *sop {
+	return &sop{what: "NodeUnpublishVolume " + v.name, want: codes.OK,
+		do: func(cx context.Context, p *proc) error {
+			_, err := p.node.NodeUnpublishVolume(cx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
+			if err == nil && exists(v.target) {
+				return status.Errorf(codes.Internal, "test: %s still exists after NodeUnpublishVolume", v.target)
+			}
+			return err
+		},
+		done: func() { v.publishd = false },
+	}
+}
+
+// cleanup undoes everything through the driver.
+func (s *storm) cleanup(p *proc) {
+	t := s.t
+	for _, w := range s.workers {
+		for _, v := range w.vols {
+			if v.publishd {
+				_, err := p.node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
+				codeIs(t, err, codes.OK, "NodeUnpublishVolume "+v.name)
+			}
+			if v.staged {
+				_, err := p.node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+				codeIs(t, err, codes.OK, "NodeUnstageVolume "+v.name)
+			}
+			_, err := p.controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
+			codeIs(t, err, codes.OK, "DeleteVolume "+v.name)
+		}
+		for _, sn := range w.snaps {
+			_, err := p.controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
+			codeIs(t, err, codes.OK, "DeleteSnapshot "+sn.name)
+		}
+		w.vols, w.snaps = nil, nil
+	}
+	resp, err := p.controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
+	mustCode(t, err, codes.OK, "ListVolumes")
+	if n := len(resp.GetEntries()); n != 0 {
+		t.Errorf("%d volumes listed after everything was deleted", n)
+	}
+	sresp, err := p.controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
+	mustCode(t, err, codes.OK, "ListSnapshots")
+	if n := len(sresp.GetEntries()); n != 0 {
+		t.Errorf("%d snapshots listed after everything was deleted", n)
+	}
+	c, err := p.controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
+	mustCode(t, err, codes.OK, "GetCapacity")
+	assertAvailable(t, c.GetAvailableCapacity(), crashCapacity, 0, s.root, "after everything was deleted")
+}

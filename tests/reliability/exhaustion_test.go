@@ -1,0 +1,403 @@
+package reliability
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+	"github.com/localdir-csi/localdir/tests/testfs"
+)
+
+// fullEnv is a driver whose data root runs out of space.
+type fullEnv struct {
+	t    *testing.T
+	in   *testdriver.Instance
+	dir  string
+	root string
+	seq  int
+}
+
+func (e *fullEnv) create(name string, size int64, block bool, src *csi.VolumeContentSource) (string, error) {
+	req := &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{capOf(block)}, VolumeContentSource: src}
+	if size > 0 {
+		req.CapacityRange = rng(size, 0)
+	}
+	r, err := e.in.Controller.CreateVolume(ctx(e.t), req)
+	return r.GetVolume().GetVolumeId(), err
+}
+
+func (e *fullEnv) mustCreate(name string, size int64, block bool) string {
+	e.t.Helper()
+	id, err := e.create(name, size, block, nil)
+	mustCode(e.t, err, codes.OK, "CreateVolume "+name)
+	return id
+}
+
+// attach stages and publishes a volume; it returns the target.
+func (e *fullEnv) attach(id string, block bool) (string, string) {
+	e.t.Helper()
+	e.seq++
+	s := mkdir(e.t, filepath.Join(e.dir, "s", string(rune('a'+e.seq))))
+	tg := filepath.Join(e.dir, "t", string(rune('a'+e.seq)))
+	mkdir(e.t, filepath.Dir(tg))
+	_, err := e.in.Node.NodeStageVolume(ctx(e.t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s, VolumeCapability: capOf(block)})
+	mustCode(e.t, err, codes.OK, "NodeStageVolume "+id)
+	_, err = e.in.Node.NodePublishVolume(ctx(e.t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: s, TargetPath: tg, VolumeCapability: capOf(block)})
+	mustCode(e.t, err, codes.OK, "NodePublishVolume "+id)
+	return s, tg
+}
+
+func (e *fullEnv) detach(id, s, tg string) {
+	e.t.Helper()
+	_, err := e.in.Node.NodeUnpublishVolume(ctx(e.t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tg})
+	codeIs(e.t, err, codes.OK, "NodeUnpublishVolume "+id)
+	_, err = e.in.Node.NodeUnstageVolume(ctx(e.t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: s})
+	codeIs(e.t, err, codes.OK, "NodeUnstageVolume "+id)
+}
+
+// state is what a failed call must leave as it was: the records, the data
+// root's entries, the loop devices of the data root and the capacity.
+type fullState struct {
+	vols, snaps, disk, loops []string
+	available                int64
+}
+
+func (e *fullEnv) state() fullState {
+	t := e.t
+	t.Helper()
+	var s fullState
+	r, err := e.in.Controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
+	mustCode(t, err, codes.OK, "ListVolumes")
+	for _, v := range r.GetEntries() {
+		s.vols = append(s.vols, v.GetVolume().GetVolumeId()+"="+itoa(v.GetVolume().GetCapacityBytes()))
+	}
+	sr, err := e.in.Controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
+	mustCode(t, err, codes.OK, "ListSnapshots")
+	for _, v := range sr.GetEntries() {
+		s.snaps = append(s.snaps, v.GetSnapshot().GetSnapshotId())
+	}
+	for _, d := range []string{"volumes", "block", "snapshots"} {
+		for _, n := range dirNames(t, filepath.Join(e.root, d)) {
+			fi, err := os.Lstat(filepath.Join(e.root, d, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			size := int64(0)
+			if fi.Mode().IsRegular() {
+				size = fi.Size()
+			}
+			s.disk = append(s.disk, d+"/"+n+"="+itoa(size))
+		}
+	}
+	s.loops = loopsUnder(t, e.root)
+	c, err := e.in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
+	mustCode(t, err, codes.OK, "GetCapacity")
+	s.available = c.GetAvailableCapacity()
+	if s.available < 0 {
+		t.Errorf("GetCapacity: %d is negative", s.available)
+	}
+	return s
+}
+
+func (e *fullEnv) assertUnchanged(what string, before fullState) {
+	e.t.Helper()
+	after := e.state()
+	for _, c := range []struct {
+		name string
+		a, b []string
+	}{{"records", before.vols, after.vols}, {"snapshots", before.snaps, after.snaps}, {"data root", before.disk, after.disk}, {"loop devices", before.loops, after.loops}} {
+		if !slices.Equal(c.a, c.b) {
+			e.t.Errorf("%s: %s changed: %v -> %v", what, c.name, c.a, c.b)
+		}
+	}
+	if after.available != before.available {
+		e.t.Errorf("%s: GetCapacity changed: %d -> %d", what, before.available, after.available)
+	}
+}
+
+func itoa(n int64) string {
+	b := []byte{}
+	if n == 0 {
+		return "0"
+	}
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+// fill writes a file of n bytes (flushed), or as much as fits when n < 0.
+func fill(t *testing.T, p string, n int64) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, Mi)
+	for i := range buf {
+		buf[i] = byte(i*7 + 1)
+	}
+	for written := int64(0); n < 0 || written < n; {
+		chunk := buf
+		if n >= 0 && n-written < int64(len(chunk)) {
+			chunk = chunk[:n-written]
+		}
+		m, err := f.Write(chunk)
+		written += int64(m)
+		if err != nil {
+			if n < 0 && errors.Is(err, unix.ENOSPC) {
+				break
+			}
+			t.Fatalf("write %s: %v", p, err)
+		}
+	}
+	if err := f.Sync(); err != nil && !(n < 0 && errors.Is(err, unix.ENOSPC)) {
+		t.Fatal(err)
+	}
+}
+
+func freeBytes(t *testing.T, p string) int64 {
+	t.Helper()
+	var s unix.Statfs_t
+	if err := unix.Statfs(p, &s); err != nil {
+		t.Fatal(err)
+	}
+	return int64(s.Bavail) * s.Bsize
+}
+
+// TestDataRootFull: the data root (a 64 MiB tmpfs, with --capacity far above
+// it so the disk and not the setting runs out) fills up while a snapshot or
+// a restore copies data, and before a create or an expansion. Each answers
+// RESOURCE_EXHAUSTED and leaves no partial file, no record, no loop device
+// and the capacity as it was; once space is freed the same call works. With
+// the disk completely full, deletes still work (they are how space comes
+// back).
+func TestDataRootFull(t *testing.T) {
+	fsRoot := testfs.New(t, testfs.Tmpfs, 64*Mi)
+	in := testdriver.Start(t, func(o *driver.Options) {
+		o.DataRoot = filepath.Join(fsRoot, "data")
+		o.CapacityBytes = 1 << 30
+		o.Engine = "dir"
+	})
+	e := &fullEnv{t: t, in: in, dir: realPath(in.Dir), root: realPath(in.Opts.DataRoot)}
+	t.Cleanup(func() { assertClean(t, e.dir); assertClean(t, e.root) })
+
+	// A mount volume whose pod writes 24 MiB (the dir engine does not cap
+	// it at its 1 MiB capacity), and a place for the pod's filler.
+	a := e.mustCreate("a", Mi, false)
+	sA, tA := e.attach(a, false)
+	fill(t, filepath.Join(tA, "big"), 24*Mi)
+	filler := filepath.Join(tA, "filler")
+
+	t.Run("snapshot copy fills the disk", func(t *testing.T) {
+		e.t = t
+		fill(t, filler, freeBytes(t, fsRoot)-12*Mi)
+		before := e.state()
+		_, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
+		codeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of 24 MiB with 12 MiB free")
+		e.assertUnchanged("failed CreateSnapshot", before)
+		os.Remove(filler)
+	})
+	var snapA string
+	t.Run("restore copy fills the disk", func(t *testing.T) {
+		e.t = t
+		r, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
+		mustCode(t, err, codes.OK, "CreateSnapshot once there is room")
+		snapA = r.GetSnapshot().GetSnapshotId()
+		fill(t, filler, freeBytes(t, fsRoot)-12*Mi)
+		before := e.state()
+		_, err = e.create("restored", 0, false, fromSnapshot(snapA))
+		codeIs(t, err, codes.ResourceExhausted, "CreateVolume from a 24 MiB snapshot with 12 MiB free")
+		e.assertUnchanged("failed restore", before)
+		_, err = e.create("cloned", 0, false, fromVolume(a))
+		codeIs(t, err, codes.ResourceExhausted, "CreateVolume cloned from a 24 MiB volume with 12 MiB free")
+		e.assertUnchanged("failed clone", before)
+		os.Remove(filler)
+		// The snapshot is the one copy left; the retry fits once A's data
+		// is gone.
+		os.Remove(filepath.Join(tA, "big"))
+		id, err := e.create("restored", 0, false, fromSnapshot(snapA))
+		mustCode(t, err, codes.OK, "restore once there is room")
+		if fi, err := os.Stat(filepath.Join(e.root, "volumes", id, "big")); err != nil || fi.Size() != 24*Mi {
+			t.Errorf("the restored volume's data: %v, %v", fi, err)
+		}
+		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		mustCode(t, err, codes.OK, "DeleteVolume restored")
+	})
+	t.Run("block volumes", func(t *testing.T) {
+		e.t = t
+		b := e.mustCreate("b", 16*Mi, true)
+		sB, tB := e.attach(b, true)
+		// Written end to end: a snapshot copies only what was written.
+		if err := writeDev(tB, append([]byte("block b"), randomBytes(1, int(16*Mi)-7)...)); err != nil {
+			t.Fatal(err)
+		}
+		fill(t, filler, freeBytes(t, fsRoot)-8*Mi)
+		before := e.state()
+		_, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
+		codeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of a 16 MiB block volume with 8 MiB free")
+		e.assertUnchanged("failed block CreateSnapshot", before)
+		_, err = e.create("b2", 16*Mi, true, nil)
+		codeIs(t, err, codes.ResourceExhausted, "CreateVolume of a 16 MiB block volume with 8 MiB free")
+		e.assertUnchanged("failed block CreateVolume", before)
+		_, err = in.Controller.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: rng(32*Mi, 0)})
+		codeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume of a block volume by 16 MiB with 8 MiB free")
+		e.assertUnchanged("failed ControllerExpandVolume", before)
+		got, err := readAt(tB, 7)
+		if err != nil || string(got) != "block b" {
+			t.Errorf("block volume after the failed calls: %q, %v", got, err)
+		}
+		os.Remove(filler)
+		r, err := in.Controller.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: rng(20*Mi, 0)})
+		if codeIs(t, err, codes.OK, "ControllerExpandVolume once there is room") && r.GetCapacityBytes() != 20*Mi {
+			t.Errorf("expanded to %d, want 20 MiB", r.GetCapacityBytes())
+		}
+		e.detach(b, sB, tB)
+		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: b})
+		mustCode(t, err, codes.OK, "DeleteVolume b")
+	})
+	t.Run("completely full: deletes still work", func(t *testing.T) {
+		e.t = t
+		c := e.mustCreate("c", Mi, false)
+		r, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-c", SourceVolumeId: c})
+		mustCode(t, err, codes.OK, "CreateSnapshot snap-c")
+		fill(t, filler, -1)
+		if f := freeBytes(t, fsRoot); f > 64*Ki {
+			t.Fatalf("the disk still has %d bytes free", f)
+		}
+		before := e.state()
+		_, err = e.create("d", Mi, false, nil)
+		codeIs(t, err, codes.ResourceExhausted, "CreateVolume on a full disk")
+		_, err = e.create("d-blk", Mi, true, nil)
+		codeIs(t, err, codes.ResourceExhausted, "CreateVolume block on a full disk")
+		e.assertUnchanged("failed creates on a full disk", before)
+		_, err = in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: r.GetSnapshot().GetSnapshotId()})
+		codeIs(t, err, codes.OK, "DeleteSnapshot on a full disk")
+		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: c})
+		codeIs(t, err, codes.OK, "DeleteVolume on a full disk")
+		os.Remove(filler)
+	})
+	e.t = t
+	e.detach(a, sA, tA)
+	for _, id := range []string{a} {
+		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		codeIs(t, err, codes.OK, "DeleteVolume "+id)
+	}
+	if snapA != "" {
+		_, err := in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapA})
+		codeIs(t, err, codes.OK, "DeleteSnapshot "+snapA)
+	}
+	s := e.state()
+	if len(s.vols)+len(s.snaps)+len(s.disk)+len(s.loops) != 0 {
+		t.Errorf("left after everything was deleted: %+v", s)
+	}
+}
+
+// TestBlockImagesRunOutMidWrite: the block images live on their own small
+// filesystem (an 8 MiB tmpfs mounted at <data root>/block) while the data
+// root's own filesystem, which GetCapacity and the capacity check see, has
+// plenty: so the disk fills inside the write itself, at fallocate(2), for a
+// create, a restore and an expansion. Each answers RESOURCE_EXHAUSTED and
+// leaves no image (or, for the expansion, the image, the record and the
+// attached loop device at the old size), no record and no loop device.
+func TestBlockImagesRunOutMidWrite(t *testing.T) {
+	dir := tempDir(t)
+	root := filepath.Join(dir, "data")
+	mkdir(t, filepath.Join(root, "block"))
+	if err := unix.Mount("blockfs", filepath.Join(root, "block"), "tmpfs", 0, "size=8m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(filepath.Join(root, "block"), 0) })
+	in := testdriver.StartWith(t, func() driver.Options {
+		o := testdriver.DefaultOptions(dir)
+		o.Engine = "dir"
+		o.CapacityBytes = 1 << 30
+		return o
+	}())
+	in.Dir = dir
+	e := &fullEnv{t: t, in: in, dir: realPath(dir), root: realPath(root)}
+	t.Cleanup(func() {
+		ms := mountsUnder(t, e.dir)
+		for _, m := range ms {
+			if m.Mountpoint != filepath.Join(e.root, "block") {
+				t.Errorf("left mounted: %s", m.Mountpoint)
+			}
+		}
+		if l := loopsUnder(t, e.root); len(l) != 0 {
+			t.Errorf("loop devices left: %v", l)
+		}
+	})
+
+	b := e.mustCreate("b", 4*Mi, true)
+	sB, tB := e.attach(b, true)
+	if err := writeDev(tB, []byte("block b")); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
+	mustCode(t, err, codes.OK, "CreateSnapshot of b (on the data root's own filesystem)")
+	before := e.state()
+	loopSize := func() int64 {
+		l := loopsUnder(t, e.root)
+		if len(l) != 1 {
+			t.Fatalf("loop devices: %v, want b's", l)
+		}
+		dev := l[0][:strings.Index(l[0], " <- ")]
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		size, err := unix.IoctlGetInt(fd, unix.BLKGETSIZE64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(size)
+	}
+	if got := loopSize(); got != 4*Mi {
+		t.Fatalf("b's loop device: %d bytes", got)
+	}
+
+	_, err = in.Controller.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: rng(16*Mi, 0)})
+	codeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume to 16 MiB on an 8 MiB image filesystem")
+	e.assertUnchanged("failed ControllerExpandVolume", before)
+	if got := loopSize(); got != 4*Mi {
+		t.Errorf("b's loop device after the failed expansion: %d bytes, want 4 MiB", got)
+	}
+	_, err = e.create("b2", 6*Mi, true, nil)
+	codeIs(t, err, codes.ResourceExhausted, "CreateVolume of 6 MiB with 4 MiB left on the image filesystem")
+	e.assertUnchanged("failed CreateVolume", before)
+	_, err = e.create("b3", 6*Mi, true, fromSnapshot(snap.GetSnapshot().GetSnapshotId()))
+	codeIs(t, err, codes.ResourceExhausted, "CreateVolume of 6 MiB restored from b's snapshot")
+	e.assertUnchanged("failed restore", before)
+	got, err := readAt(tB, 7)
+	if err != nil || string(got) != "block b" {
+		t.Errorf("b after the failed calls: %q, %v", got, err)
+	}
+	// Retries that fit work.
+	id, err := e.create("b3", 0, true, fromSnapshot(snap.GetSnapshot().GetSnapshotId()))
+	mustCode(t, err, codes.OK, "restore of 4 MiB")
+	if img, err := readAt(filepath.Join(e.root, "block", id+".img"), 7); err != nil || string(img) != "block b" {
+		t.Errorf("restored image: %q, %v", img, err)
+	}
+	_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	mustCode(t, err, codes.OK, "DeleteVolume b3")
+
+	e.detach(b, sB, tB)
+	_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: b})
+	mustCode(t, err, codes.OK, "DeleteVolume b")
+	_, err = in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
+	mustCode(t, err, codes.OK, "DeleteSnapshot")
+	if n := dirNames(t, filepath.Join(e.root, "block")); len(n) != 0 {
+		t.Errorf("images left: %v", n)
+	}
+}

@@ -1,0 +1,220 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+)
+
+// TestSocketPermissions: the CSI socket is a socket of mode 0660 or
+// tighter, from the first moment it exists, even when the driver runs
+// under umask 0 (bind(2) would make it 0777): a watcher polls the path
+// while the binary starts and records every mode it sees. It replaces a
+// stale socket of a killed predecessor, and refuses to replace anything
+// else.
+func TestSocketPermissions(t *testing.T) {
+	dir := tempDir(t)
+	sock := filepath.Join(dir, "csi.sock")
+	driverBinary(t) // built before the umask changes
+	for round := range 3 {
+		var seen sync.Map
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				var st unix.Stat_t
+				if unix.Lstat(sock, &st) == nil {
+					seen.Store(st.Mode, true)
+				}
+			}
+		}()
+		old := syscall.Umask(0)
+		p := startProc(t, dir)
+		syscall.Umask(old)
+		stop.Store(true)
+		wg.Wait()
+		n := 0
+		seen.Range(func(k, _ any) bool {
+			mode := k.(uint32)
+			n++
+			if mode&unix.S_IFMT == unix.S_IFSOCK && mode&0o777&^0o660 != 0 {
+				t.Errorf("round %d: the socket was visible with mode %o (more than 0660)", round, mode&0o7777)
+			}
+			return true
+		})
+		var st unix.Stat_t
+		if err := unix.Lstat(sock, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFSOCK || st.Mode&0o777&^0o660 != 0 {
+			t.Errorf("round %d: %s has mode %o, want a socket of 0660 or tighter", round, sock, st.Mode)
+		}
+		if leftovers, _ := filepath.Glob(filepath.Join(dir, ".sock*")); len(leftovers) != 0 {
+			t.Errorf("round %d: bind directories left: %v", round, leftovers)
+		}
+		t.Logf("round %d: %d distinct modes seen while starting", round, n)
+		// Killed: the next round starts over its stale socket.
+		p.kill()
+	}
+	// Anything but a socket at the endpoint is refused, never removed.
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	writeSynced(t, sock, []byte("not a socket"))
+	out, err := exec.Command(driverBinary(t), procArgs(dir)...).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Errorf("the driver started with a regular file at its endpoint: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "not a socket") {
+		t.Errorf("no clear message for a file at the endpoint:\n%s", out)
+	}
+	assertFileBytes(t, sock, []byte("not a socket"))
+}
+
+// TestKubeletRootFlag: --kubelet-root is /var/lib/kubelet in node mode
+// when not given, off in all mode, can be turned off with an empty value,
+// and must be absolute.
+func TestKubeletRootFlag(t *testing.T) {
+	bin := driverBinary(t)
+	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	if !strings.Contains(string(out), "-kubelet-root") || !strings.Contains(string(out), driver.DefaultKubeletRoot) {
+		t.Errorf("--help does not document --kubelet-root:\n%s", out)
+	}
+	dir := tempDir(t)
+	out, err := exec.Command(bin, procArgs(dir, "--kubelet-root=var/lib/kubelet")...).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--kubelet-root") {
+		t.Errorf("a relative --kubelet-root: %v (want exit status 2 naming the flag)\n%s", err, out)
+	}
+}
+
+// TestKubeletRoot: with --kubelet-root set (here a stand-in reached through
+// a symlink, as a symlinked /var/lib/kubelet is), the node service works on
+// paths below it, reached through the symlink or not, and refuses every
+// staging and target path that is not below it once symlinks are resolved
+// (a symlink inside the kubelet root pointing out included) with
+// INVALID_ARGUMENT naming the path and the root, before any lookup, and
+// without creating, mounting, unmounting or removing anything outside.
+func TestKubeletRoot(t *testing.T) {
+	dir := realPath(tempDir(t))
+	real := mkdir(t, filepath.Join(dir, "var-lib-kubelet"))
+	kubelet := filepath.Join(dir, "kubelet")
+	if err := os.Symlink(real, kubelet); err != nil {
+		t.Fatal(err)
+	}
+	outside := mkdir(t, filepath.Join(dir, "outside"))
+	writeSynced(t, filepath.Join(outside, "keep"), []byte("keep"))
+	mkdir(t, filepath.Join(outside, "empty"))
+	in := testdriver.StartWith(t, func() driver.Options {
+		o := testdriver.DefaultOptions(dir)
+		o.Engine = "dir"
+		o.KubeletRoot = kubelet
+		return o
+	}())
+	n := in.Node
+	r, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "k", CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+	mustCode(t, err, codes.OK, "CreateVolume")
+	x := r.GetVolume().GetVolumeId()
+
+	// Inside, through the symlink and through the real path.
+	staging := mkdir(t, filepath.Join(kubelet, "plugins", "kubernetes.io", "csi", "pv", "x", "globalmount"))
+	pod := mkdir(t, filepath.Join(kubelet, "pods", "p1", "volumes"))
+	target := filepath.Join(pod, "mount")
+	_, err = n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: staging, VolumeCapability: mntCap()})
+	mustCode(t, err, codes.OK, "NodeStageVolume below the kubelet root (through its symlink)")
+	_, err = n.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mntCap()})
+	mustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root")
+	realTarget := filepath.Join(real, "pods", "p1", "volumes", "mount2")
+	_, err = n.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: realTarget, VolumeCapability: mntCap()})
+	mustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root's real path")
+	writeSynced(t, filepath.Join(target, "f"), []byte("inside"))
+
+	// A symlink inside the kubelet root that leads out.
+	if err := os.Symlink(outside, filepath.Join(kubelet, "pods", "escape")); err != nil {
+		t.Fatal(err)
+	}
+	w := &watcher{t: t, roots: []string{outside, filepath.Join(dir, "kubelet-evil")}}
+	mkdir(t, filepath.Join(dir, "kubelet-evil"))
+	before := w.snap()
+
+	refused := []struct{ name, p string }{
+		{"outside", filepath.Join(outside, "t")},
+		{"an existing directory outside", filepath.Join(outside, "empty")},
+		{"a file outside", filepath.Join(outside, "keep")},
+		{"through a symlink inside that leads out", filepath.Join(kubelet, "pods", "escape", "t")},
+		{"through a symlink inside that leads out (existing)", filepath.Join(kubelet, "pods", "escape", "empty")},
+		{"the kubelet root itself", kubelet},
+		{"the kubelet root's real path", real},
+		{"a sibling sharing its prefix", filepath.Join(dir, "kubelet-evil", "t")},
+		{"above the kubelet root", dir},
+	}
+	unknown := "vol-0123456789abcdef0123456789abcdef"
+	check := func(what string, err error, p string) {
+		t.Helper()
+		if !codeIs(t, err, codes.InvalidArgument, what) {
+			return
+		}
+		msg := status.Convert(err).Message()
+		if !strings.Contains(msg, p) || !strings.Contains(msg, kubelet) {
+			t.Errorf("%s: the message does not name the path and the kubelet root: %s", what, msg)
+		}
+	}
+	for _, c := range refused {
+		cx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: c.p, VolumeCapability: mntCap()})
+		check("NodeStageVolume "+c.name, err, c.p)
+		_, err = n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: unknown, StagingTargetPath: c.p, VolumeCapability: mntCap()})
+		check("NodeStageVolume of an unknown volume "+c.name+" (the path is checked before the lookup)", err, c.p)
+		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: c.p, VolumeCapability: mntCap()})
+		check("NodePublishVolume "+c.name, err, c.p)
+		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: c.p, TargetPath: filepath.Join(pod, "m3"), VolumeCapability: mntCap()})
+		check("NodePublishVolume with staging "+c.name, err, c.p)
+		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: "csi-inline", TargetPath: c.p, VolumeCapability: mntCap(),
+			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true"}})
+		check("ephemeral NodePublishVolume "+c.name, err, c.p)
+		_, err = n.NodeUnpublishVolume(cx, &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: c.p})
+		check("NodeUnpublishVolume "+c.name, err, c.p)
+		_, err = n.NodeUnstageVolume(cx, &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: c.p})
+		check("NodeUnstageVolume "+c.name, err, c.p)
+		cancel()
+	}
+	for _, d := range before.diff(w.snap()) {
+		t.Errorf("outside the kubelet root: %s", d)
+	}
+	if got := dirNames(t, filepath.Join(in.Opts.DataRoot, "volumes")); len(got) != 1 {
+		t.Errorf("volumes: %v, want only %s (no ephemeral volume made)", got, x)
+	}
+	assertFileBytes(t, filepath.Join(realTarget, "f"), []byte("inside"))
+
+	for _, tg := range []string{target, realTarget} {
+		_, err = n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: tg})
+		mustCode(t, err, codes.OK, "NodeUnpublishVolume "+tg)
+		assertGone(t, tg)
+	}
+	_, err = n.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: staging})
+	mustCode(t, err, codes.OK, "NodeUnstageVolume")
+	_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
+	mustCode(t, err, codes.OK, "DeleteVolume")
+	if fi, err := os.Lstat(kubelet); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the symlinked kubelet root was changed: %v, %v", fi, err)
+	}
+}
