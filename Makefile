@@ -12,7 +12,7 @@ CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
-.PHONY: help build test unit sanity test-cluster tools generate bench demo verify clean static image e2e e2e-tools demo-sanity demo-down
+.PHONY: deps help build test unit sanity test-cluster tools generate bench demo verify clean static image e2e e2e-tools demo-sanity demo-down
 
 help: ## show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -20,7 +20,10 @@ help: ## show this help
 build: ## build the driver binary into _output/
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/localdir-csi
 
-test: verify tools ## everything: unit, case, csi-sanity and cluster tests (as root: real mounts)
+deps: ## install the Debian packages the tests and the demo need (as root; no-op when present)
+	@bash .ci/install-deps
+
+test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests (as root: real mounts)
 	$(GO) test $(GOTEST_FLAGS) -race ./...
 	$(MAKE) fuzz
 
@@ -125,11 +128,11 @@ $(E2E_CLUSTER): FORCE
 	$(GO) build -o $@ ./tests/e2e/cmd/e2e-cluster
 
 E2E_TIMEOUT ?= 45m
-e2e: build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster: kubelet, containerd, sidecars (as root)
+e2e: deps build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster: kubelet, containerd, sidecars (as root)
 	@rc=0; $(GO) test $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
 
-demo: build e2e-tools $(E2E_CLUSTER) ## the main job: a local Kubernetes cluster, localdir installed, PVCs, pods, snapshots, resize
+demo: deps build e2e-tools $(E2E_CLUSTER) ## the main job: a local Kubernetes cluster, localdir installed, PVCs, pods, snapshots, resize
 	@bash tests/e2e/demo.sh "$(E2E_CLUSTER)"
 
 demo-down: $(E2E_CLUSTER) ## tear down the cluster that make demo left running
