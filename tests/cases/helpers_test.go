@@ -2,10 +2,10 @@ package cases
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
@@ -24,42 +23,20 @@ import (
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
+// Shared with the other driver-level test packages (tests/csitest).
+var (
+	ctx        = csitest.Ctx
+	mntCap     = csitest.MntCap
+	blkCap     = csitest.BlkCap
+	rng        = csitest.Range
+	realPath   = csitest.RealPath
+	assertGone = csitest.AssertGone
+)
+
 const (
 	Ki = int64(1) << 10
 	Mi = int64(1) << 20
 )
-
-// rpcTimeout bounds every single call: a hung RPC must fail the test, not
-// the whole go test run.
-const rpcTimeout = 30 * time.Second
-
-func ctx(t testing.TB) context.Context {
-	t.Helper()
-	c, cancel := context.WithTimeout(context.Background(), rpcTimeout)
-	t.Cleanup(cancel)
-	return c
-}
-
-// mntCap is the notation's `mnt`: mount access type, SINGLE_NODE_WRITER,
-// with optional mount flags.
-func mntCap(flags ...string) *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: flags}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-// blkCap is the notation's `blk`.
-func blkCap() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-func rng(req, lim int64) *csi.CapacityRange {
-	return &csi.CapacityRange{RequiredBytes: req, LimitBytes: lim}
-}
 
 // codeIs fails the test unless err carries exactly the gRPC code want.
 func codeIs(t testing.TB, err error, want codes.Code, what string) {
@@ -153,18 +130,6 @@ func available(t testing.TB, in *testdriver.Instance) int64 {
 	return resp.GetAvailableCapacity()
 }
 
-// realPath resolves symlinks in p the way the mount table shows paths; a
-// missing last component is kept as is.
-func realPath(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
-	}
-	if r, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
-		return filepath.Join(r, filepath.Base(p))
-	}
-	return filepath.Clean(p)
-}
-
 // mountsAt returns every mount-table entry whose mount point is p (stacked
 // mounts give several), read from /proc/self/mountinfo.
 func mountsAt(t testing.TB, p string) []*mountinfo.Info {
@@ -225,15 +190,6 @@ func sameInode(t testing.TB, a, b string) bool {
 		return false
 	}
 	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
-}
-
-// assertGone checks that nothing exists at p (os.Lstat: a dangling symlink
-// counts as existing).
-func assertGone(t testing.TB, p string) {
-	t.Helper()
-	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("%s still exists (lstat: %v)", p, err)
-	}
 }
 
 func assertDir(t testing.TB, p string) {

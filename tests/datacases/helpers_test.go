@@ -2,9 +2,9 @@ package datacases
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -28,62 +27,25 @@ import (
 	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
+// Shared with the other driver-level test packages (tests/csitest).
+var (
+	ctx          = csitest.Ctx
+	mntCap       = csitest.MntCap
+	blkCap       = csitest.BlkCap
+	capOf        = csitest.CapOf
+	rng          = csitest.Range
+	fromSnapshot = csitest.FromSnapshot
+	fromVolume   = csitest.FromVolume
+	codeIs       = csitest.CodeIs
+	realPath     = csitest.RealPath
+	loops        = csitest.Loops
+	assertGone   = csitest.AssertGone
+)
+
 const (
 	Ki = int64(1) << 10
 	Mi = int64(1) << 20
 )
-
-const rpcTimeout = 60 * time.Second
-
-func ctx(t testing.TB) context.Context {
-	t.Helper()
-	c, cancel := context.WithTimeout(context.Background(), rpcTimeout)
-	t.Cleanup(cancel)
-	return c
-}
-
-func mntCap() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-func blkCap() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-func capOf(block bool) *csi.VolumeCapability {
-	if block {
-		return blkCap()
-	}
-	return mntCap()
-}
-
-func rng(req, lim int64) *csi.CapacityRange {
-	return &csi.CapacityRange{RequiredBytes: req, LimitBytes: lim}
-}
-
-func fromSnapshot(id string) *csi.VolumeContentSource {
-	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
-}
-
-func fromVolume(id string) *csi.VolumeContentSource {
-	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
-}
-
-// codeIs fails the test unless err carries exactly the gRPC code want.
-func codeIs(t testing.TB, err error, want codes.Code, what string) bool {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Errorf("%s: got code %s (%v), want %s", what, got, err, want)
-		return false
-	}
-	return true
-}
 
 func mustCode(t testing.TB, err error, want codes.Code, what string) {
 	t.Helper()
@@ -356,16 +318,6 @@ func (e *env) detach(id, staging, target string) {
 
 // --- mount table, loop devices, files -----------------------------------
 
-func realPath(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
-	}
-	if r, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
-		return filepath.Join(r, filepath.Base(p))
-	}
-	return filepath.Clean(p)
-}
-
 func mountsAt(t testing.TB, p string) []*mountinfo.Info {
 	t.Helper()
 	rp := realPath(p)
@@ -383,28 +335,6 @@ func mountsUnder(t testing.TB, p string) []*mountinfo.Info {
 		t.Fatalf("read mount table: %v", err)
 	}
 	return ms
-}
-
-// loops returns every attached loop device and its backing file, read from
-// /sys/block/loop*/loop/backing_file.
-func loops(t testing.TB) map[string]string {
-	t.Helper()
-	ents, err := os.ReadDir("/sys/block")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, en := range ents {
-		if !strings.HasPrefix(en.Name(), "loop") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/sys/block", en.Name(), "loop", "backing_file"))
-		if err != nil {
-			continue
-		}
-		out["/dev/"+en.Name()] = strings.TrimSuffix(string(b), "\n")
-	}
-	return out
 }
 
 // loopOf is the loop device backed by image, or "".
@@ -586,13 +516,6 @@ func sameInode(t testing.TB, a, b string) bool {
 		return false
 	}
 	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
-}
-
-func assertGone(t testing.TB, p string) {
-	t.Helper()
-	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("%s still exists (lstat: %v)", p, err)
-	}
 }
 
 func dirNames(t testing.TB, dir string) []string {

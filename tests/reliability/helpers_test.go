@@ -2,10 +2,10 @@ package reliability
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -13,73 +13,31 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+)
+
+// Shared with the other driver-level test packages (tests/csitest).
+var (
+	ctx          = csitest.Ctx
+	mntCap       = csitest.MntCap
+	blkCap       = csitest.BlkCap
+	capOf        = csitest.CapOf
+	rng          = csitest.Range
+	fromSnapshot = csitest.FromSnapshot
+	fromVolume   = csitest.FromVolume
+	codeIs       = csitest.CodeIs
+	realPath     = csitest.RealPath
+	loops        = csitest.Loops
+	assertGone   = csitest.AssertGone
 )
 
 const (
 	Ki = int64(1) << 10
 	Mi = int64(1) << 20
 )
-
-// rpcTimeout bounds every call: a hung RPC fails the test instead of the
-// whole run.
-const rpcTimeout = 60 * time.Second
-
-func ctx(t testing.TB) context.Context {
-	t.Helper()
-	c, cancel := context.WithTimeout(context.Background(), rpcTimeout)
-	t.Cleanup(cancel)
-	return c
-}
-
-func mntCap(flags ...string) *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: flags}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-func blkCap() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-func capOf(block bool) *csi.VolumeCapability {
-	if block {
-		return blkCap()
-	}
-	return mntCap()
-}
-
-func rng(req, lim int64) *csi.CapacityRange {
-	return &csi.CapacityRange{RequiredBytes: req, LimitBytes: lim}
-}
-
-func fromSnapshot(id string) *csi.VolumeContentSource {
-	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
-}
-
-func fromVolume(id string) *csi.VolumeContentSource {
-	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
-}
-
-// codeIs fails the test unless err carries exactly the gRPC code want.
-func codeIs(t testing.TB, err error, want codes.Code, what string) bool {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Errorf("%s: got code %s (%v), want %s", what, got, err, want)
-		return false
-	}
-	return true
-}
 
 func mustCode(t testing.TB, err error, want codes.Code, what string) {
 	t.Helper()
@@ -192,13 +150,6 @@ func exists(p string) bool {
 	return err == nil || !errors.Is(err, fs.ErrNotExist)
 }
 
-func assertGone(t testing.TB, p string) {
-	t.Helper()
-	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("%s still exists (lstat: %v)", p, err)
-	}
-}
-
 // dirNames returns the names in dir, sorted (none when dir is missing).
 func dirNames(t testing.TB, dir string) []string {
 	t.Helper()
@@ -212,17 +163,6 @@ func dirNames(t testing.TB, dir string) []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// realPath is p with symlinks resolved, as the mount table shows it.
-func realPath(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
-	}
-	if r, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
-		return filepath.Join(r, filepath.Base(p))
-	}
-	return filepath.Clean(p)
 }
 
 // mountsAt lists the mounts whose mount point is exactly p.
@@ -257,27 +197,6 @@ func mountPoints(t testing.TB, dirs ...string) []string {
 		}
 	}
 	slices.Sort(out)
-	return out
-}
-
-// loops returns every attached loop device and its backing file.
-func loops(t testing.TB) map[string]string {
-	t.Helper()
-	ents, err := os.ReadDir("/sys/block")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, en := range ents {
-		if !strings.HasPrefix(en.Name(), "loop") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/sys/block", en.Name(), "loop", "backing_file"))
-		if err != nil {
-			continue
-		}
-		out["/dev/"+en.Name()] = strings.TrimSuffix(string(b), "\n")
-	}
 	return out
 }
 

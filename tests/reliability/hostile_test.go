@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -150,7 +151,7 @@ func (e *hostileEnv) run(c hcase) {
 	}
 	ino := inodes()
 	before := w.snap()
-	c2, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+	c2, cancel := context.WithTimeout(context.Background(), csitest.RPCTimeout)
 	err := c.call(c2)
 	cancel()
 	what := c.rpc + " " + c.input
