@@ -519,14 +519,22 @@ func (b *ControllerBackend) waitVolume(ctx context.Context, id string) (*state.V
 
 // remove records the delete intent on a LocalVolume and deletes it.
 func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) error {
-	if !lv.Spec.DeleteData {
-		patch := client.MergeFrom(lv.DeepCopy())
-		lv.Spec.DeleteData = true
-		if err := b.c.Patch(ctx, lv, patch); err != nil {
+	return b.deleteWithIntent(ctx, lv, &lv.Spec.DeleteData)
+}
+
+// deleteWithIntent sets the object's spec.deleteData (*intent, a field of
+// obj) with a patch unless it is set, then deletes obj: the node plugin
+// removes data only for objects carrying that intent.
+func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
+	if !*intent {
+		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+		*intent = true
+		if err := b.c.Patch(ctx, obj, patch); err != nil {
 			return client.IgnoreNotFound(err)
 		}
 	}
-	return client.IgnoreNotFound(b.c.Delete(ctx, lv, client.Preconditions{UID: &lv.UID}))
+	uid := obj.GetUID()
+	return client.IgnoreNotFound(b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}))
 }
 
 // DeleteVolume implements driver.Backend: the delete intent is recorded on
@@ -708,7 +716,7 @@ func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string
 		if err != nil {
 			return nil, err
 		}
-		if len(topology.GetRequisite()) > 0 && !driverReachable(topology, lv.Node) {
+		if !driver.Reachable(topology, lv.Node) {
 			return nil, fmt.Errorf("%w: the source volume lives on node %q, which the accessibility requirements exclude", volume.ErrNoSpace, lv.Node)
 		}
 		ls = &v1.LocalSnapshot{
@@ -742,24 +750,8 @@ func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string
 	return toSnapshot(ls), nil
 }
 
-func driverReachable(req *csi.TopologyRequirement, node string) bool {
-	for _, t := range req.GetRequisite() {
-		if n, ok := nodeOf(t); ok && n == node {
-			return true
-		}
-	}
-	return false
-}
-
 func (b *ControllerBackend) removeSnapshot(ctx context.Context, ls *v1.LocalSnapshot) error {
-	if !ls.Spec.DeleteData {
-		patch := client.MergeFrom(ls.DeepCopy())
-		ls.Spec.DeleteData = true
-		if err := b.c.Patch(ctx, ls, patch); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-	}
-	return client.IgnoreNotFound(b.c.Delete(ctx, ls, client.Preconditions{UID: &ls.UID}))
+	return b.deleteWithIntent(ctx, ls, &ls.Spec.DeleteData)
 }
 
 // DeleteSnapshot implements driver.Backend like DeleteVolume.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -177,18 +178,12 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, err
 	}
 	lv.Status.ObservedGeneration = lv.Generation
-	if !equalStatus(before, &lv.Status) {
+	if !equality.Semantic.DeepEqual(before, &lv.Status) {
 		if err := a.c.Status().Update(ctx, lv); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
 	return reconcile.Result{}, nil
-}
-
-func equalStatus(a, b *v1.LocalVolumeStatus) bool {
-	return a.Phase == b.Phase && a.CapacityBytes == b.CapacityBytes && a.Path == b.Path && a.ErrorCode == b.ErrorCode &&
-		a.ObservedGeneration == b.ObservedGeneration && len(a.Conditions) == len(b.Conditions) &&
-		(len(a.Conditions) == 0 || (a.Conditions[0].Reason == b.Conditions[0].Reason && a.Conditions[0].Status == b.Conditions[0].Status))
 }
 
 func (a *NodeAgent) createSpec(lv *v1.LocalVolume) volume.CreateSpec {

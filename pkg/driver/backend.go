@@ -105,6 +105,9 @@ func admits(t *csi.Topology, node string) bool {
 	return true
 }
 
+// Reachable is reachable for other backends (pkg/cluster).
+func Reachable(req *csi.TopologyRequirement, node string) bool { return reachable(req, node) }
+
 // reachable reports whether a topology requirement admits node. With
 // requisite topologies given, one must name the node; preferred ones alone
 // are only a preference.
