@@ -69,11 +69,16 @@ generate: $(CONTROLLER_GEN) ## regenerate deepcopy code and the CRDs in deploy/
 FUZZTIME ?= 3s
 .PHONY: fuzz stress
 fuzz: ## run every fuzz target for FUZZTIME (default 3s) each
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg); do \
+	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg); do \
 	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
 	    echo "fuzz $$t ($$(dirname $$f), $(FUZZTIME))"; \
-	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f) >/dev/null || \
-	      { $(GO) test -run "^$$t\$$" ./$$(dirname $$f); exit 1; }; \
+	    for try in 1 2; do \
+	      if $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f) >$$log 2>&1; then break; fi; \
+	      tail -20 $$log; \
+	      if grep -q 'Failing input written to' $$log || [ $$try = 2 ]; then exit 1; fi; \
+	      echo "fuzz $$t: the fuzzing engine failed without a failing input (above); once more"; \
+	    done; \
 	  done; done
 
 stress: ## long reliability runs (as root): 500 kills, longer concurrency, fuzzing 60s per target
