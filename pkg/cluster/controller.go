@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -523,12 +524,16 @@ func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) erro
 }
 
 // deleteWithIntent sets the object's spec.deleteData (*intent, a field of
-// obj) with a patch unless it is set, then deletes obj: the node plugin
-// removes data only for objects carrying that intent.
+// obj) and the v1alpha1.Finalizer in one patch unless both are there, then
+// deletes obj: the node plugin removes data only for objects carrying that
+// intent, and the finalizer keeps the object until it has. Objects nobody
+// asked to delete never carry the finalizer (an uninstall deleting the
+// CRDs does not wait on node plugins).
 func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
-	if !*intent {
+	if !*intent || !controllerutil.ContainsFinalizer(obj, v1.Finalizer) {
 		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
 		*intent = true
+		controllerutil.AddFinalizer(obj, v1.Finalizer)
 		if err := b.c.Patch(ctx, obj, patch); err != nil {
 			return client.IgnoreNotFound(err)
 		}
@@ -538,9 +543,9 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 }
 
 // DeleteVolume implements driver.Backend: the delete intent is recorded on
-// the object (spec.deleteData), then the object deleted; the node plugin's
-// finalizer removes the data and lets the object go, now or when the node
-// plugin comes back.
+// the object (spec.deleteData and the finalizer), then the object deleted;
+// the node plugin removes the data and then the finalizer, now or when it
+// comes back.
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 	lv, err := b.getVolume(ctx, id)
 	if errors.Is(err, volume.ErrNotFound) {

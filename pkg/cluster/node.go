@@ -36,8 +36,9 @@ import (
 // localdir.csi.dev/node label) with the same pkg/volume code all mode uses,
 // and keeps its LocalNode current. On start it reconciles every object of
 // its node. It removes data only for objects whose spec.deleteData the
-// controller set; data whose object went away otherwise stays, listed in
-// LocalNode status.orphans.
+// controller set (with the finalizer, which it then removes); data whose
+// object went away otherwise stays and is re-adopted, or listed in
+// LocalNode status.orphans while it cannot be.
 type NodeAgent struct {
 	NodeID         string
 	VM             *volume.Manager
@@ -127,8 +128,10 @@ func setReady(conds *[]metav1.Condition, gen int64, ok bool, reason, msg string)
 
 func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	lv := &v1.LocalVolume{}
-	if err := a.c.Get(ctx, req.NamespacedName, lv); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+	if err := a.c.Get(ctx, req.NamespacedName, lv); apierrors.IsNotFound(err) {
+		return reconcile.Result{}, a.readoptGone(ctx, "Volume", req.Name)
+	} else if err != nil {
+		return reconcile.Result{}, err
 	}
 	if lv.Spec.Node != a.NodeID || !volume.ValidVolumeID(lv.Name) {
 		return reconcile.Result{}, nil
@@ -136,10 +139,8 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 	if lv.DeletionTimestamp != nil {
 		return a.finishVolumeDelete(ctx, lv)
 	}
-	if controllerutil.AddFinalizer(lv, v1.Finalizer) {
-		if err := a.c.Update(ctx, lv); err != nil {
-			return reconcile.Result{}, err
-		}
+	if err := a.dropLegacyFinalizer(ctx, lv, lv.Spec.DeleteData); err != nil {
+		return reconcile.Result{}, err
 	}
 	before := lv.Status.DeepCopy()
 	local, err := a.VM.Get(lv.Name)
@@ -204,10 +205,48 @@ func (a *NodeAgent) createSpec(lv *v1.LocalVolume) volume.CreateSpec {
 	return spec
 }
 
-// finishVolumeDelete acts on a deleted LocalVolume: with deleteData the data
-// is removed (a mounted volume waits, with the reason in its condition);
-// without it the data stays and is reported as orphaned. Then the finalizer
-// goes.
+// dropLegacyFinalizer removes v1alpha1.Finalizer from a live object that
+// carries no delete intent: earlier builds put it on every object, which
+// made deleting the CRDs wait on the node plugins.
+func (a *NodeAgent) dropLegacyFinalizer(ctx context.Context, obj client.Object, deleteData bool) error {
+	if deleteData || !controllerutil.RemoveFinalizer(obj, v1.Finalizer) {
+		return nil
+	}
+	return a.c.Update(ctx, obj)
+}
+
+// readoptGone re-adopts at once the data of an object that was just deleted
+// without a delete intent (by hand, or with its CRD), instead of waiting for
+// the next heartbeat. Data removed for a DeleteVolume/DeleteSnapshot is
+// already gone when its object goes, so nothing is re-adopted then.
+func (a *NodeAgent) readoptGone(ctx context.Context, kind, id string) error {
+	var path string
+	switch {
+	case kind == "Volume" && volume.ValidVolumeID(id):
+		v, err := a.VM.Get(id)
+		if err != nil || v.Ephemeral {
+			return nil
+		}
+		path = a.VM.DataPath(v)
+	case kind == "Snapshot" && volume.ValidSnapshotID(id):
+		s, err := a.VM.GetSnapshot(id)
+		if err != nil {
+			return nil
+		}
+		path = a.VM.SnapshotPath(s)
+	default:
+		return nil
+	}
+	klog.InfoS("Object deleted without a delete request; keeping its data", "kind", kind, "id", id, "path", path)
+	a.readopt(ctx, []v1.OrphanedData{{ID: id, Kind: kind, Path: path}})
+	return nil
+}
+
+// finishVolumeDelete acts on a deleted LocalVolume that holds the
+// finalizer: with deleteData the data is removed (a mounted volume waits,
+// with the reason in its condition); without it (objects from earlier builds)
+// the data stays, to be re-adopted. Then the finalizer goes. An object
+// without the finalizer is gone already, or about to be.
 func (a *NodeAgent) finishVolumeDelete(ctx context.Context, lv *v1.LocalVolume) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(lv, v1.Finalizer) {
 		return reconcile.Result{}, nil
@@ -231,8 +270,10 @@ func (a *NodeAgent) finishVolumeDelete(ctx context.Context, lv *v1.LocalVolume) 
 
 func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	ls := &v1.LocalSnapshot{}
-	if err := a.c.Get(ctx, req.NamespacedName, ls); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+	if err := a.c.Get(ctx, req.NamespacedName, ls); apierrors.IsNotFound(err) {
+		return reconcile.Result{}, a.readoptGone(ctx, "Snapshot", req.Name)
+	} else if err != nil {
+		return reconcile.Result{}, err
 	}
 	if ls.Spec.Node != a.NodeID || !volume.ValidSnapshotID(ls.Name) {
 		return reconcile.Result{}, nil
@@ -251,10 +292,8 @@ func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request
 		controllerutil.RemoveFinalizer(ls, v1.Finalizer)
 		return reconcile.Result{}, client.IgnoreNotFound(a.c.Update(ctx, ls))
 	}
-	if controllerutil.AddFinalizer(ls, v1.Finalizer) {
-		if err := a.c.Update(ctx, ls); err != nil {
-			return reconcile.Result{}, err
-		}
+	if err := a.dropLegacyFinalizer(ctx, ls, ls.Spec.DeleteData); err != nil {
+		return reconcile.Result{}, err
 	}
 	if ls.Status.ReadyToUse || ls.Status.Phase == v1.PhaseFailed {
 		return reconcile.Result{}, nil
@@ -293,12 +332,6 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	orphans, err := a.orphans(ctx)
-	if err != nil {
-		return err
-	}
-	orphans = a.readopt(ctx, orphans)
-	a.orphanCount.Store(int64(len(orphans)))
 	ln := &v1.LocalNode{}
 	err = a.c.Get(ctx, client.ObjectKey{Name: a.NodeID}, ln)
 	if apierrors.IsNotFound(err) {
@@ -309,6 +342,12 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 	} else if err != nil {
 		return err
 	}
+	orphans, err := a.orphans(ctx)
+	if err != nil {
+		return err
+	}
+	orphans = a.readopt(ctx, orphans)
+	a.orphanCount.Store(int64(len(orphans)))
 	patch := client.MergeFrom(ln.DeepCopy())
 	ln.Status = v1.LocalNodeStatus{
 		Engine:           a.VM.Engine(),
@@ -328,7 +367,7 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 // node holds but no object claims. Such data lost its object without a
 // DeleteVolume/DeleteSnapshot (those remove the local record before the
 // finalizer goes): its CRD was deleted, or the object was deleted by hand
-// or its finalizer cleared. Re-creating the object lets existing PVs work
+// or a pending delete's finalizer cleared. Re-creating the object lets existing PVs work
 // again with no manual step. The objects carry ReadoptedLabel. It returns
 // the orphans it could not re-adopt (e.g. while the CRDs are missing).
 func (a *NodeAgent) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.OrphanedData {

@@ -1,8 +1,10 @@
 // Package datasafety shows that users' data is destroyed only by a
-// DeleteVolume or DeleteSnapshot for it: deleting the CRDs, deleting a
-// LocalVolume by hand or clearing a stuck finalizer keeps the data, and the
-// node plugin re-adopts it (re-creates the objects) so existing volumes work
-// again with no manual step.
+// DeleteVolume or DeleteSnapshot for it: deleting the CRDs (with the node
+// plugin running or gone), deleting a LocalVolume by hand or clearing a
+// stuck finalizer keeps the data, and the node plugin re-adopts it
+// (re-creates the objects) so existing volumes work again with no manual
+// step. Live objects carry no finalizer, so none of this waits on a node
+// plugin.
 package datasafety
 
 import (
@@ -85,7 +87,25 @@ func (f *fixture) waitReadopted(t *testing.T, obj client.Object, id string, read
 	t.Fatalf("%s was not re-adopted", id)
 }
 
+// noFinalizers fails unless the object named id carries no finalizer.
+func (f *fixture) noFinalizers(t *testing.T, obj client.Object, id string) {
+	t.Helper()
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, obj); err != nil {
+		t.Fatal(err)
+	}
+	if fin := obj.GetFinalizers(); len(fin) != 0 {
+		t.Fatalf("%s carries finalizers %v although nobody asked to delete it", id, fin)
+	}
+}
+
 func TestCRDsDeletedAndReinstalledKeepsAndReadoptsData(t *testing.T) {
+	// An uninstall deletes the DaemonSet and the CRDs together: the node
+	// plugins may still run while the objects go, or be gone already.
+	t.Run("node plugin running", func(t *testing.T) { crdsDeletedAndReinstalled(t, false) })
+	t.Run("node plugin gone", func(t *testing.T) { crdsDeletedAndReinstalled(t, true) })
+}
+
+func crdsDeletedAndReinstalled(t *testing.T, nodeGone bool) {
 	f := start(t)
 	id, marker := f.volume(t, "pvc-crd")
 	snap, err := f.ctrl.Controller.CreateSnapshot(f.ctx, &csi.CreateSnapshotRequest{Name: "snap-crd", SourceVolumeId: id})
@@ -93,6 +113,11 @@ func TestCRDsDeletedAndReinstalledKeepsAndReadoptsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	sid := snap.GetSnapshot().GetSnapshotId()
+	f.noFinalizers(t, &v1.LocalVolume{}, id)
+	f.noFinalizers(t, &v1.LocalSnapshot{}, sid)
+	if nodeGone {
+		f.node.Stop(t)
+	}
 
 	// Uninstall the CRDs, as `kubectl delete -k deploy/kubernetes` does.
 	scheme := runtime.NewScheme()
@@ -122,7 +147,7 @@ func TestCRDsDeletedAndReinstalledKeepsAndReadoptsData(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d CRDs still there after 60s (finalizers not released?)", left)
+			t.Fatalf("%d CRDs still there after 60s (objects held by finalizers?)", left)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -135,6 +160,9 @@ func TestCRDsDeletedAndReinstalledKeepsAndReadoptsData(t *testing.T) {
 	// Install again: the node plugin re-creates the objects.
 	if _, err := envtest.InstallCRDs(f.env.Config, envtest.CRDInstallOptions{Paths: []string{crdDir}}); err != nil {
 		t.Fatal(err)
+	}
+	if nodeGone {
+		f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
 	}
 	lv := &v1.LocalVolume{}
 	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
@@ -187,26 +215,67 @@ func TestLocalVolumeDeletedByHandIsReadopted(t *testing.T) {
 	f := start(t)
 	id, marker := f.volume(t, "pvc-hand")
 	lv := &v1.LocalVolume{}
-	lv.Name = id
+	f.noFinalizers(t, lv, id)
+	uid := lv.UID
 	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
 		t.Fatal(err)
 	}
 	lv = &v1.LocalVolume{}
 	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
+	if lv.UID == uid {
+		t.Fatal("the object was never deleted")
+	}
 	mustHave(t, marker, "data of pvc-hand")
+	if _, err := f.ctrl.Controller.ControllerGetVolume(f.ctx, &csi.ControllerGetVolumeRequest{VolumeId: id}); err != nil {
+		t.Errorf("ControllerGetVolume after re-adoption: %v", err)
+	}
 }
 
+// Objects written by earlier builds carry the finalizer while alive;
+// the node plugin removes it, so a later CRD deletion does not wait.
+func TestLegacyFinalizerIsDropped(t *testing.T) {
+	f := start(t)
+	id, marker := f.volume(t, "pvc-legacy")
+	lv := &v1.LocalVolume{}
+	f.noFinalizers(t, lv, id)
+	f.node.Stop(t)
+	p := client.MergeFrom(lv.DeepCopy())
+	lv.Finalizers = []string{v1.Finalizer}
+	if err := f.env.Client.Patch(f.ctx, lv, p); err != nil {
+		t.Fatal(err)
+	}
+	f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil {
+			t.Fatal(err)
+		}
+		if len(lv.Finalizers) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("legacy finalizer still there: %v", lv.Finalizers)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	mustHave(t, marker, "data of pvc-legacy")
+}
+
+// A DeleteVolume while the node plugin is gone for good leaves the object
+// Terminating on the finalizer; the documented command clears it, and
+// that deletes nothing. If the node comes back its data is re-adopted, and
+// the documented removal deletes it for good.
 func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
 	f := start(t)
 	id, marker := f.volume(t, "pvc-stuck")
 	f.node.Stop(t) // the node plugin is gone: nobody releases the finalizer
-	lv := &v1.LocalVolume{}
-	lv.Name = id
-	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
-		t.Fatal(err)
+	if _, err := f.ctrl.Controller.DeleteVolume(f.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatalf("DeleteVolume: %v", err)
 	}
-	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil || lv.DeletionTimestamp == nil {
-		t.Fatalf("object should be stuck terminating on its finalizer: %v", err)
+	lv := &v1.LocalVolume{}
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil || lv.DeletionTimestamp == nil ||
+		!lv.Spec.DeleteData || len(lv.Finalizers) != 1 || lv.Finalizers[0] != v1.Finalizer {
+		t.Fatalf("object should be terminating with deleteData, held by %s: %v %+v", v1.Finalizer, err, lv.ObjectMeta)
 	}
 	// The documented command: remove the finalizer.
 	patch := client.RawPatch("application/json-patch+json", []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`))
@@ -218,15 +287,15 @@ func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
 	}
 	mustHave(t, marker, "data of pvc-stuck")
 	// When the node plugin comes back it re-adopts the data.
-	f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
+	f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
 	lv = &v1.LocalVolume{}
 	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
 	mustHave(t, marker, "data of pvc-stuck")
 
 	// Removing an orphan for good, the documented way: record the delete
-	// intent, then delete the object.
-	p2 := client.MergeFrom(lv.DeepCopy())
-	lv.Spec.DeleteData = true
+	// intent and the finalizer, then delete the object.
+	p2 := client.RawPatch("application/merge-patch+json",
+		[]byte(`{"metadata":{"finalizers":["`+v1.Finalizer+`"]},"spec":{"deleteData":true}}`))
 	if err := f.env.Client.Patch(f.ctx, lv, p2); err != nil {
 		t.Fatal(err)
 	}
@@ -234,4 +303,11 @@ func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, filepath.Dir(marker))
+	deadline := time.Now().Add(30 * time.Second)
+	for f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("object still there after its data was removed: %+v", lv.ObjectMeta)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

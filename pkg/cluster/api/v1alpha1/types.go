@@ -31,8 +31,13 @@ const (
 	// NodeLabel on LocalVolume and LocalSnapshot objects names the node that
 	// holds the data, so each node plugin watches only its own objects.
 	NodeLabel = "localdir.csi.dev/node"
-	// Finalizer is held by the node plugin until it has acted on a deleted
-	// object (removed the data when deleteData is set, else kept it).
+	// Finalizer is put on an object only together with spec.deleteData,
+	// by the controller's DeleteVolume/DeleteSnapshot just before it deletes
+	// the object; the node plugin removes it once the data is gone. Objects
+	// nobody asked to delete carry no finalizer, so deleting the CRDs (an
+	// uninstall) or an object by hand never waits on a node plugin. Earlier
+	// builds put it on every object; the node plugin removes it from live
+	// objects without deleteData.
 	Finalizer = "localdir.csi.dev/node-data"
 	// ReadoptedLabel marks objects a node plugin re-created for data it
 	// still held after their object went away without a delete request
@@ -100,11 +105,12 @@ type LocalVolumeSpec struct {
 	// CSIName is the CreateVolumeRequest name (the PV name under
 	// Kubernetes) the volume was created for.
 	CSIName string `json:"csiName"`
-	// DeleteData is set by the controller's DeleteVolume just before it
-	// deletes this object. Only then does the node plugin remove the data:
-	// an object deleted any other way (by hand, with its CRD, by a
-	// namespace or etcd restore) leaves the data on the node, reported as
-	// orphaned and re-adopted when the object comes back.
+	// DeleteData is set, with the localdir.csi.dev/node-data finalizer, by
+	// the controller's DeleteVolume just before it deletes this object. Only
+	// then does the node plugin remove the data: an object deleted any other
+	// way (by hand, with its CRD, by a namespace or etcd restore) leaves the
+	// data on the node, which the node plugin re-adopts (re-creates the
+	// object) or, while it cannot, reports as orphaned.
 	// +optional
 	DeleteData bool `json:"deleteData,omitempty"`
 }
@@ -180,8 +186,9 @@ type LocalSnapshotSpec struct {
 	Node string `json:"node"`
 	// CSIName is the CreateSnapshotRequest name.
 	CSIName string `json:"csiName"`
-	// DeleteData is set by the controller's DeleteSnapshot just before it
-	// deletes this object; see LocalVolumeSpec.DeleteData.
+	// DeleteData is set, with the finalizer, by the controller's
+	// DeleteSnapshot just before it deletes this object; see
+	// LocalVolumeSpec.DeleteData.
 	// +optional
 	DeleteData bool `json:"deleteData,omitempty"`
 }
