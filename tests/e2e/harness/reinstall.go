@@ -1,0 +1,75 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// controllerProcs run in the localdir-controller Deployment's pod and
+// nodeProcs in the localdir-node DaemonSet's pod; the harness runs them as
+// processes because there are no images here.
+var (
+	controllerProcs = []string{"localdir-controller", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"}
+	nodeProcs       = []string{"localdir-node", "registrar"}
+)
+
+// Uninstall runs `kubectl delete -k deploy/kubernetes` as a user would
+// (CRDs, RBAC, namespace, CSIDriver, classes — everything of the
+// kustomization) and, at the same time, stops the processes that stand in
+// for the Deployment's and the DaemonSet's pods with SIGTERM and a 5 s
+// grace, as the kubelet does when their workloads are deleted. It returns
+// when kubectl has waited for every object to be gone. The snapshot
+// controller (a cluster add-on) is stopped too, so Reinstall can start it
+// with the rest. Pods using localdir volumes keep running.
+func (c *Cluster) Uninstall(ctx context.Context) error {
+	var wg sync.WaitGroup
+	var stopErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var errs []error
+		for _, p := range append(append(append([]string{}, nodeProcs...), controllerProcs...), "snapshot-controller") {
+			errs = append(errs, c.stop(p, 5*time.Second))
+		}
+		stopErr = errors.Join(errs...)
+	}()
+	out, err := c.Kubectl(ctx, "", "delete", "-k", filepath.Join(c.Root, "deploy", "kubernetes"),
+		"--ignore-not-found", "--wait=true", "--timeout=180s")
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("kubectl delete -k deploy/kubernetes: %w", err)
+	}
+	c.Logf("· kubectl delete -k deploy/kubernetes:\n%s", indent(out))
+	return stopErr
+}
+
+// Reinstall installs localdir again after Uninstall, as Up does (CRDs,
+// then the rest, fresh ServiceAccount tokens), starts the node plugin,
+// the controller and their sidecars, and waits until the cluster is ready.
+func (c *Cluster) Reinstall(ctx context.Context) error {
+	for _, s := range []struct {
+		what string
+		f    func(context.Context) error
+	}{
+		{"localdir from deploy/kubernetes", c.install},
+		{"localdir node plugin and registrar", c.startNodePlugin},
+		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
+		{"cluster ready", c.waitReady},
+	} {
+		t := time.Now()
+		if err := s.f(ctx); err != nil {
+			return fmt.Errorf("reinstall: %s: %w (logs in %s)", s.what, err, c.path("logs"))
+		}
+		c.Logf("· %-58s %5.1fs", s.what, time.Since(t).Seconds())
+	}
+	return nil
+}
+
+func indent(s string) string {
+	return "    " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n    ")
+}
