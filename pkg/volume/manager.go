@@ -218,7 +218,7 @@ func (m *Manager) recover() error {
 			if strings.HasSuffix(p, ".img") {
 				_ = block.Detach(p)
 			}
-			lost := filepath.Join(m.lostRoot, filepath.Base(p))
+			lost := m.lostPath(filepath.Base(p))
 			klog.InfoS("Data without a committed record (an interrupted create, or a state file older than the data): moved aside, not deleted; "+
 				"inspect it and remove it by hand when it is not needed", "id", id, "from", p, "to", lost)
 			if err := os.Rename(p, lost); err != nil {
@@ -236,6 +236,22 @@ func (m *Manager) recover() error {
 		}
 	}
 	return nil
+}
+
+// lostPath is where unclaimed data named name goes in orphaned/: its own
+// name, or that name with a numeric suffix when an earlier start already
+// moved data of the same name there. Cluster mode derives ids from CSI
+// names, so a create retried after a crash reuses its id: renaming onto
+// the earlier leftover would fail for a non-empty directory (and stop
+// every start) or replace an earlier file.
+func (m *Manager) lostPath(name string) string {
+	p := filepath.Join(m.lostRoot, name)
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(p); err != nil {
+			return p // free (any other error shows in the rename)
+		}
+		p = filepath.Join(m.lostRoot, fmt.Sprintf("%s.%d", name, i))
+	}
 }
 
 // deletingPrefix marks data whose delete is in flight. It stays in its own

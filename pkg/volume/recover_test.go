@@ -56,6 +56,45 @@ func TestUnclaimedDataIsMovedAsideNotDeleted(t *testing.T) {
 	}
 }
 
+// Cluster mode gives a retried create the id of its first attempt: data of
+// the same id left unclaimed by two interrupted creates (a restore or a
+// snapshot copy cut short twice) is moved aside twice, both kept, and the
+// driver still starts.
+func TestUnclaimedDataOfTheSameIDTwice(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
+	const id = "vol-0123456789abcdef0123456789abcdef"
+	for i, content := range []string{"first", "second"} {
+		m := openTest(t, root)
+		if i > 0 {
+			if _, err := os.Stat(filepath.Join(root, "orphaned", id, "f")); err != nil {
+				t.Fatalf("the first attempt's data was not moved aside: %v", err)
+			}
+		}
+		v, err := m.Create(CreateSpec{ID: id, Name: "same", SizeBytes: 1 << 20, AccessType: state.AccessMount, DirMode: 0o755})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(m.volDir(v.ID), "f"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The crash before the commit: no record.
+		if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) }); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	m := openTest(t, root)
+	defer m.Close()
+	for p, want := range map[string]string{id: "first", id + ".1": "second"} {
+		if got, err := os.ReadFile(filepath.Join(root, "orphaned", p, "f")); err != nil || string(got) != want {
+			t.Errorf("orphaned/%s/f: %q %v, want %q", p, got, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "volumes", id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("unclaimed volume still in volumes/: %v", err)
+	}
+}
+
 // A delete interrupted after its data was marked but before the record went
 // is rolled back; one interrupted after the record went is finished.
 func TestInterruptedDeletesAreRolledBackOrFinished(t *testing.T) {
