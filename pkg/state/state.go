@@ -1,9 +1,18 @@
 // Package state keeps localdir's durable node-local records in a bbolt file
-// under the data root: CSI name → volume_id, the volumes themselves and (later)
-// snapshots. Every change is one fsync'd bbolt transaction, committed before
-// the caller acknowledges the CSI call that caused it. Concurrent changes share
-// commits (group commit), so N parallel CreateVolume calls cost about one
-// fsync round instead of N.
+// under the data root: the volumes, the snapshots and their CSI names. Every
+// change is one fsync'd bbolt transaction, committed before the caller
+// acknowledges the CSI call that caused it. Concurrent changes share commits
+// (group commit), so N parallel CreateVolume calls cost about one fsync round
+// instead of N.
+//
+// The CSI name → volume_id index is kept in memory, derived from the volume
+// records (each holds its name) when the file is opened and updated with
+// every commit; it is not a second durable copy of the names. Format 1 files
+// also kept it in a bucket of their own: its pages were rewritten by every
+// create and delete, on top of those of the volume records (two of the six
+// pages a commit wrote with 2,000 volumes), so format 2 dropped it. A format
+// 1 file is migrated when it is opened (one transaction), after checking that
+// its name bucket and its records agree.
 //
 // The store never repairs or rewrites a file it cannot read: Open fails with
 // an error naming the file and what to do (a damaged state file must be
@@ -26,12 +35,18 @@ import (
 const FileName = "state.db"
 
 // formatVersion is stored in the meta bucket; a file written by a newer,
-// incompatible format is refused rather than misread.
-const formatVersion = "1"
+// incompatible format is refused rather than misread. Format 1 had a names
+// bucket (CSI volume name → volume_id) next to the volume records; format 2
+// derives that index from the records. Drivers that read only format 1
+// refuse a format 2 file (they would miss the names).
+const (
+	formatVersion = "2"
+	formatV1      = "1"
+)
 
 var (
 	bucketMeta      = []byte("meta")
-	bucketNames     = []byte("names")     // CSI volume name → volume_id
+	bucketNames     = []byte("names")     // format 1 only: CSI volume name → volume_id
 	bucketVolumes   = []byte("volumes")   // volume_id → JSON Volume
 	bucketSnapNames = []byte("snapnames") // CSI snapshot name → snapshot_id
 	bucketSnapshots = []byte("snapshots") // snapshot_id → JSON Snapshot
@@ -103,6 +118,13 @@ type Store struct {
 	// store closed, so no Update ever sends on the closed queue.
 	closeMu sync.RWMutex
 	closed  bool
+
+	// names is the CSI volume name → volume_id index of the committed
+	// records (Volume.Name), built at Open. Only the commit loop changes
+	// it, right after a commit succeeded and before the callers of that
+	// commit are answered.
+	namesMu sync.RWMutex
+	names   map[string]string
 }
 
 // ErrClosed is returned by Update and View after Close.
@@ -139,7 +161,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, openError(path, err)
 	}
-	s := &Store{path: path, db: db, ops: make(chan *op, 4096), done: make(chan struct{})}
+	s := &Store{path: path, db: db, ops: make(chan *op, 4096), done: make(chan struct{}), names: map[string]string{}}
 	if err := s.initBuckets(fresh); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -209,30 +231,141 @@ func corrupt(path string, cause error) error {
 }
 
 func (s *Store) initBuckets(fresh bool) error {
+	version := formatVersion
+	var taken []string // format 1: records to mark as not holding their name
 	if !fresh {
-		// Read-only check first: a file of another format is never written.
+		// Read-only checks first: a file of another format, or one whose
+		// names cannot be told from its records, is never written.
 		err := s.db.View(func(tx *bolt.Tx) error {
 			m := tx.Bucket(bucketMeta)
 			if m == nil {
 				return errors.New("no meta bucket: not a localdir state file")
 			}
-			if v := string(m.Get(keyVersion)); v != formatVersion {
-				return fmt.Errorf("format version %q, this driver reads %q", v, formatVersion)
+			version = string(m.Get(keyVersion))
+			var err error
+			switch version {
+			case formatVersion:
+				if tx.Bucket(bucketNames) != nil {
+					return fmt.Errorf("format %s file with a format %s names bucket", formatVersion, formatV1)
+				}
+				s.names, err = namesOf(tx.Bucket(bucketVolumes))
+			case formatV1:
+				s.names, taken, err = namesV1(tx.Bucket(bucketNames), tx.Bucket(bucketVolumes))
+			default:
+				err = fmt.Errorf("format version %q, this driver reads %q and %q", version, formatV1, formatVersion)
 			}
-			return nil
+			return err
 		})
 		if err != nil {
 			return corrupt(s.path, err)
 		}
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketNames, bucketVolumes, bucketSnapNames, bucketSnapshots} {
+		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
+		if version == formatV1 {
+			// Migration, in this one transaction: from now on the index
+			// is rebuilt from the records at every open.
+			t := &Tx{tx: tx, s: s}
+			for _, id := range taken {
+				if err := t.markNameTaken(id); err != nil {
+					return err
+				}
+			}
+			if tx.Bucket(bucketNames) != nil {
+				if err := tx.DeleteBucket(bucketNames); err != nil {
+					return err
+				}
+			}
+		}
 		return tx.Bucket(bucketMeta).Put(keyVersion, []byte(formatVersion))
 	})
+}
+
+// recordName is what the index needs of a stored volume record.
+type recordName struct {
+	Name      string `json:"name"`
+	NameTaken bool   `json:"nameTaken"`
+}
+
+func decodeName(k, raw []byte) (recordName, error) {
+	var r recordName
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return r, fmt.Errorf("record %q in %s: %v", k, bucketVolumes, err)
+	}
+	return r, nil
+}
+
+// namesOf builds the name index of a format 2 file from its volume records
+// (vols nil: none). Two records holding one name cannot be told apart: the
+// file is refused.
+func namesOf(vols *bolt.Bucket) (map[string]string, error) {
+	names := map[string]string{}
+	if vols == nil {
+		return names, nil
+	}
+	err := vols.ForEach(func(k, raw []byte) error {
+		r, err := decodeName(k, raw)
+		if err != nil || r.Name == "" || r.NameTaken {
+			return err
+		}
+		if other, ok := names[r.Name]; ok {
+			return fmt.Errorf("volume records %s and %s both hold the name %q", other, k, r.Name)
+		}
+		names[r.Name] = string(k)
+		return nil
+	})
+	return names, err
+}
+
+// namesV1 reads the index of a format 1 file: its names bucket, each entry
+// checked against the record it names (which must exist and carry that
+// name: otherwise the migration would lose or change a name, and the file
+// is refused). It also returns the records whose name maps to another
+// volume (a later PutVolume of the same name took it over), which the
+// migration marks as such.
+func namesV1(names, vols *bolt.Bucket) (map[string]string, []string, error) {
+	index := map[string]string{}
+	if names != nil {
+		err := names.ForEach(func(k, v []byte) error {
+			var raw []byte
+			if vols != nil {
+				raw = vols.Get(v)
+			}
+			if raw == nil {
+				return fmt.Errorf("names bucket maps %q to %q, which has no record", k, v)
+			}
+			r, err := decodeName(v, raw)
+			if err != nil {
+				return err
+			}
+			if r.Name != string(k) {
+				return fmt.Errorf("names bucket maps %q to %q, whose record has the name %q", k, v, r.Name)
+			}
+			index[string(k)] = string(v)
+			return nil
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	var taken []string
+	if vols != nil {
+		err := vols.ForEach(func(k, raw []byte) error {
+			r, err := decodeName(k, raw)
+			if err == nil && r.Name != "" && index[r.Name] != string(k) {
+				taken = append(taken, string(k))
+			}
+			return err
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return index, taken, nil
 }
 
 // Path is the file the store reads and writes.
@@ -260,7 +393,7 @@ func (s *Store) View(fn func(*Tx) error) error {
 	if s.closed {
 		return ErrClosed
 	}
-	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx, s: s}) })
 }
 
 // Update runs fn in a read-write transaction and returns once that
@@ -309,8 +442,9 @@ func (s *Store) commit(group []*op) {
 	for len(group) > 0 {
 		failed := -1
 		var ferr error
+		var t *Tx
 		err := s.db.Update(func(tx *bolt.Tx) error {
-			t := &Tx{tx: tx}
+			t = &Tx{tx: tx, s: s}
 			for i, o := range group {
 				if err := o.fn(t); err != nil {
 					failed, ferr = i, err
@@ -324,6 +458,9 @@ func (s *Store) commit(group []*op) {
 			group = append(group[:failed], group[failed+1:]...)
 			continue
 		}
+		if err == nil {
+			s.applyNames(t.names)
+		}
 		for _, o := range group {
 			o.err <- err
 		}
@@ -331,12 +468,85 @@ func (s *Store) commit(group []*op) {
 	}
 }
 
+// applyNames makes a committed transaction's name changes (name → id, ""
+// for a name that went) part of the index.
+func (s *Store) applyNames(changes map[string]string) {
+	if len(changes) == 0 {
+		return
+	}
+	s.namesMu.Lock()
+	defer s.namesMu.Unlock()
+	for name, id := range changes {
+		if id == "" {
+			delete(s.names, name)
+		} else {
+			s.names[name] = id
+		}
+	}
+}
+
 // Tx is one transaction over the records.
-type Tx struct{ tx *bolt.Tx }
+type Tx struct {
+	tx *bolt.Tx
+	s  *Store
+	// names are the name index changes of this write transaction (name →
+	// id, "" for a name that goes), applied to Store.names once it is
+	// committed and dropped if it is not.
+	names map[string]string
+}
 
 // VolumeIDByName returns the volume_id recorded for a CSI name, or "".
+//
+// The answer is always a record this transaction sees, of that name: the
+// index (the last commit, plus this transaction's own changes) gives the
+// candidate, and the record is checked. A read transaction that began
+// before the latest commits gets "" for a name created by them, as it
+// does not see their records.
 func (t *Tx) VolumeIDByName(name string) string {
-	return string(t.tx.Bucket(bucketNames).Get([]byte(name)))
+	id, ok := t.names[name]
+	if !ok {
+		t.s.namesMu.RLock()
+		id = t.s.names[name]
+		t.s.namesMu.RUnlock()
+	}
+	if id == "" || t.indexedName(id) != name {
+		return ""
+	}
+	return id
+}
+
+// indexedName is the name under which the record of volume id is found
+// ("" when there is no record, it has no name, or another volume took its
+// name over; a damaged record shows in Volume).
+func (t *Tx) indexedName(id string) string {
+	raw := t.tx.Bucket(bucketVolumes).Get([]byte(id))
+	if raw == nil {
+		return ""
+	}
+	r, err := decodeName(nil, raw)
+	if err != nil || r.NameTaken {
+		return ""
+	}
+	return r.Name
+}
+
+// markNameTaken rewrites the record of volume id as no longer found by its
+// name, which another volume's record now holds. The name stays in it.
+func (t *Tx) markNameTaken(id string) error {
+	b := t.tx.Bucket(bucketVolumes)
+	rec := volumeRecord{Volume: &Volume{}}
+	if ok, err := get(b, id, &rec); !ok || err != nil {
+		return err
+	}
+	rec.NameTaken = true
+	return put(b, id, rec)
+}
+
+func (t *Tx) setName(name, id string) {
+	if t.names == nil {
+		t.names = map[string]string{}
+	}
+	t.names[name] = id
 }
 
 // Volume returns the record for id, or nil when there is none.
@@ -349,28 +559,50 @@ func (t *Tx) Volume(id string) (*Volume, error) {
 	return v, err
 }
 
-// PutVolume stores v and, when v.Name is set, its name mapping.
-func (t *Tx) PutVolume(v *Volume) error {
-	if v.Name != "" {
-		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
-			return err
-		}
-	}
-	return put(t.tx.Bucket(bucketVolumes), v.ID, v)
+// volumeRecord is a volume as stored. NameTaken marks a record whose name
+// another volume's record took over (PutVolume of another volume with the
+// same name): VolumeIDByName does not find it under that name any more.
+type volumeRecord struct {
+	*Volume
+	NameTaken bool `json:"nameTaken,omitempty"`
 }
 
-// DeleteVolume removes the record for id and its name mapping.
+// PutVolume stores v and, when v.Name is set, makes VolumeIDByName(v.Name)
+// find it (a volume found by that name until then no longer is).
+func (t *Tx) PutVolume(v *Volume) error {
+	if v.Name != "" {
+		if other := t.VolumeIDByName(v.Name); other != "" && other != v.ID {
+			if err := t.markNameTaken(other); err != nil {
+				return err
+			}
+		}
+	}
+	if old := t.indexedName(v.ID); old != "" && old != v.Name {
+		t.setName(old, "")
+	}
+	if err := put(t.tx.Bucket(bucketVolumes), v.ID, volumeRecord{Volume: v}); err != nil {
+		return err
+	}
+	if v.Name != "" {
+		t.setName(v.Name, v.ID)
+	}
+	return nil
+}
+
+// DeleteVolume removes the record for id (and so its name).
 func (t *Tx) DeleteVolume(id string) error {
 	v, err := t.Volume(id)
 	if err != nil || v == nil {
 		return err
 	}
-	if v.Name != "" && t.VolumeIDByName(v.Name) == id {
-		if err := t.tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
-			return err
-		}
+	found := v.Name != "" && t.VolumeIDByName(v.Name) == id
+	if err := t.tx.Bucket(bucketVolumes).Delete([]byte(id)); err != nil {
+		return err
 	}
-	return t.tx.Bucket(bucketVolumes).Delete([]byte(id))
+	if found {
+		t.setName(v.Name, "")
+	}
+	return nil
 }
 
 // ForEachVolume calls fn for the volumes whose id sorts after `after`

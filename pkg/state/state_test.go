@@ -635,7 +635,7 @@ func TestOpenForeign(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			return b.Put(keyVersion, []byte("2"))
+			return b.Put(keyVersion, []byte("3"))
 		}))
 	})
 	t.Run("no format version", func(t *testing.T) {
