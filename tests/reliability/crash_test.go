@@ -73,17 +73,28 @@ type ssnap struct {
 type sop struct {
 	what string
 	want codes.Code
-	do   func(cx context.Context, p *proc) error
+	do   func(cx context.Context, p csiClients) error
 	// done applies the acknowledged result to the model.
 	done func()
+	// newVol and newSnap name the volume or snapshot a create makes.
+	newVol, newSnap string
 }
+
+// csiClients are the CSI services the storm's calls go to: one all-mode
+// process, or a controller-mode and a node-mode process (nodestorm_test.go).
+type csiClients struct {
+	controller csi.ControllerClient
+	node       csi.NodeClient
+}
+
+func (p *proc) clients() csiClients { return csiClients{controller: p.controller, node: p.node} }
 
 type stormWorker struct {
 	n       int
 	dir     string // the CO's paths of this worker
 	vols    []*svol
 	snaps   []*ssnap
-	gone    []string // ids whose delete was acknowledged
+	gone    []string // volume and snapshot ids whose delete was acknowledged
 	seq     int
 	pending *sop
 	ops     map[string]int
@@ -96,8 +107,22 @@ type storm struct {
 	r       *rand.Rand
 	workers []*stormWorker
 	killing atomic.Bool
+	// cluster: the controller and node services are separate processes
+	// meeting through the API server (nodestorm_test.go); the controller
+	// cannot see mounts, so no DeleteVolume of a published volume.
+	cluster bool
 
 	kills, startupKills, retried, repeats int
+}
+
+// newStorm makes the storm's model for nWorkers clients with their CO paths
+// under dir/co; root is the data root.
+func newStorm(t *testing.T, dir, root string, nWorkers int, seed uint64) *storm {
+	s := &storm{t: t, dir: dir, root: root, r: rand.New(rand.NewPCG(seed, 1))}
+	for i := range nWorkers {
+		s.workers = append(s.workers, &stormWorker{n: i, dir: mkdir(t, filepath.Join(dir, "co", fmt.Sprint(i))), ops: map[string]int{}})
+	}
+	return s
 }
 
 func TestCrashStorm(t *testing.T) {
@@ -106,52 +131,63 @@ func TestCrashStorm(t *testing.T) {
 	dir := tempDir(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d (LOCALDIR_KILLS=%d)", seed, kills)
-	s := &storm{t: t, dir: dir, root: filepath.Join(dir, "data"), r: rand.New(rand.NewPCG(seed, 1))}
-	for i := range nWorkers {
-		s.workers = append(s.workers, &stormWorker{n: i, dir: mkdir(t, filepath.Join(dir, "co", fmt.Sprint(i))), ops: map[string]int{}})
-	}
+	s := newStorm(t, dir, filepath.Join(dir, "data"), nWorkers, seed)
 
 	var p *proc
 	for s.kills < kills {
 		if s.kills > 0 && s.r.IntN(10) == 0 {
 			// Killed while starting: opening the state, rolling back
 			// interrupted work.
-			q := launch(t, dir)
-			time.Sleep(time.Duration(s.r.IntN(40)) * time.Millisecond)
-			q.kill()
-			q.checkRaces(t)
-			s.kills++
-			s.startupKills++
+			s.killWhileStarting(launch(t, dir), 40*time.Millisecond, "the driver")
 			continue
 		}
 		p = startProc(t, dir)
-		s.afterRestart(p)
+		s.afterRestart(p.clients())
 		if t.Failed() {
 			p.kill()
 			t.FailNow()
 		}
 		s.runUntilKill(p)
 		p.checkRaces(t)
-		if !p.killed() {
-			t.Fatalf("the driver ended before the kill: %v\n%s", p.err, p.stderr)
-		}
+		p.assertKilled(t, "the driver")
 		s.kills++
 		if t.Failed() {
 			t.FailNow()
 		}
 	}
 	p = startProc(t, dir)
-	s.afterRestart(p)
-	s.cleanup(p)
+	s.afterRestart(p.clients())
+	s.cleanup(p.clients(), nil)
 	p.stop(t)
 	p.checkRaces(t)
+	s.assertDataGone()
+	assertClean(t, dir)
+	t.Logf("survived %d kills (%d during start-up); %s", s.kills, s.startupKills, s.summary())
+}
+
+// killWhileStarting SIGKILLs the just launched q within maxDelay; q must
+// not have ended by itself.
+func (s *storm) killWhileStarting(q *proc, maxDelay time.Duration, what string) {
+	time.Sleep(time.Duration(s.r.Int64N(int64(maxDelay))))
+	q.kill()
+	q.checkRaces(s.t)
+	q.assertKilled(s.t, what+" (killed while starting)")
+	s.kills++
+	s.startupKills++
+}
+
+// assertDataGone fails when the data root still holds volume or snapshot
+// data.
+func (s *storm) assertDataGone() {
 	for _, d := range []string{"volumes", "block", "snapshots"} {
-		if n := dirNames(t, filepath.Join(s.root, d)); len(n) != 0 {
-			t.Errorf("%s holds %v after everything was deleted", d, n)
+		if n := dirNames(s.t, filepath.Join(s.root, d)); len(n) != 0 {
+			s.t.Errorf("%s holds %v after everything was deleted", d, n)
 		}
 	}
-	assertClean(t, dir)
+}
 
+// summary counts the acknowledged calls by RPC.
+func (s *storm) summary() string {
 	ops := map[string]int{}
 	total := 0
 	for _, w := range s.workers {
@@ -165,19 +201,33 @@ func TestCrashStorm(t *testing.T) {
 		list = append(list, fmt.Sprintf("%s=%d", k, n))
 	}
 	slices.Sort(list)
-	t.Logf("survived %d kills (%d during start-up); %d acknowledged calls, %d calls retried after a kill, %d repeated: %s",
-		s.kills, s.startupKills, total, s.retried, s.repeats, strings.Join(list, " "))
+	return fmt.Sprintf("%d acknowledged calls, %d calls retried after a kill, %d repeated: %s",
+		total, s.retried, s.repeats, strings.Join(list, " "))
 }
 
 // afterRestart sends the calls cut short by the kill again, then checks
 // every invariant.
-func (s *storm) afterRestart(p *proc) {
+func (s *storm) afterRestart(p csiClients) {
+	s.retryPending(p)
+	s.verify(p)
+}
+
+// retryPending sends the calls cut short by a kill again: each must answer
+// as it would have.
+func (s *storm) retryPending(p csiClients) {
 	t := s.t
 	for _, w := range s.workers {
 		if op := w.pending; op != nil {
 			w.pending = nil
 			s.retried++
 			err := op.do(ctx(t), p)
+			// In cluster mode the controller may still be finishing the
+			// first attempt, cut short on the client's side only: ABORTED
+			// (the CO retries).
+			for i := 0; s.cluster && status.Code(err) == codes.Aborted && i < 100; i++ {
+				time.Sleep(100 * time.Millisecond)
+				err = op.do(ctx(t), p)
+			}
 			if status.Code(err) != op.want {
 				t.Errorf("worker %d: %s sent again after the kill: got %s (%v), want %s", w.n, op.what, status.Code(err), err, op.want)
 				continue
@@ -185,7 +235,6 @@ func (s *storm) afterRestart(p *proc) {
 			op.done()
 		}
 	}
-	s.verify(p)
 }
 
 func (s *storm) allVols() []*svol {
@@ -204,7 +253,7 @@ func (s *storm) allSnaps() []*ssnap {
 	return out
 }
 
-func (s *storm) verify(p *proc) {
+func (s *storm) verify(p csiClients) {
 	t := s.t
 	t.Helper()
 	vols, snaps := s.allVols(), s.allSnaps()
@@ -263,6 +312,13 @@ func (s *storm) verify(p *proc) {
 		}
 		if tok = resp.GetNextToken(); tok == "" {
 			break
+		}
+	}
+	for _, w := range s.workers {
+		for _, id := range w.gone {
+			if _, ok := snapListed[id]; ok {
+				t.Errorf("snapshot %s is listed again after its delete was acknowledged", id)
+			}
 		}
 	}
 	wantSnaps := map[string]bool{}
@@ -407,16 +463,7 @@ func statIno(p string) [2]uint64 {
 
 // runUntilKill runs the workers against p and kills p after a random time.
 func (s *storm) runUntilKill(p *proc) {
-	s.killing.Store(false)
-	var wg sync.WaitGroup
-	for _, w := range s.workers {
-		seed := s.r.Uint64()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.work(w, p, rand.New(rand.NewPCG(seed, uint64(w.n))))
-		}()
-	}
+	wait := s.startWorkers(context.Background(), p.clients())
 	d := time.Duration(s.r.IntN(120)) * time.Millisecond
 	if s.r.IntN(8) == 0 {
 		d = time.Duration(200+s.r.IntN(400)) * time.Millisecond
@@ -424,17 +471,33 @@ func (s *storm) runUntilKill(p *proc) {
 	time.Sleep(d)
 	s.killing.Store(true)
 	p.kill()
-	wg.Wait()
+	wait()
 }
 
-func (s *storm) work(w *stormWorker, p *proc, r *rand.Rand) {
+// startWorkers runs every worker against p until s.killing is set; wait
+// waits for them to stop.
+func (s *storm) startWorkers(cx context.Context, p csiClients) (wait func()) {
+	s.killing.Store(false)
+	var wg sync.WaitGroup
+	for _, w := range s.workers {
+		seed := s.r.Uint64()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.work(cx, w, p, rand.New(rand.NewPCG(seed, uint64(w.n))))
+		}()
+	}
+	return wg.Wait
+}
+
+func (s *storm) work(cx context.Context, w *stormWorker, p csiClients, r *rand.Rand) {
 	t := s.t
 	for !s.killing.Load() {
 		op := s.next(w, r)
 		if op == nil {
 			continue
 		}
-		err := op.do(context.Background(), p)
+		err := op.do(cx, p)
 		if err != nil && status.Code(err) != op.want {
 			if s.killing.Load() {
 				w.pending = op // its reply was lost to the kill
@@ -492,7 +555,7 @@ func (s *storm) next(w *stormWorker, r *rand.Rand) *sop {
 			return nil
 		case x < 50:
 			return s.opUnpublish(w, v)
-		case x < 60:
+		case x < 60 && !s.cluster:
 			return s.opDeleteInUse(w, v)
 		case x < 80 && len(w.snaps) < 5:
 			return s.opSnapshot(w, v)
@@ -553,8 +616,8 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 	if from != nil {
 		what = "CreateVolume(restore) " + v.name + " from " + from.id
 	}
-	return &sop{what: what, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+	return &sop{what: what, want: codes.OK, newVol: v.name,
+		do: func(cx context.Context, p csiClients) error {
 			resp, err := p.controller.CreateVolume(cx, createReq(v))
 			if err == nil {
 				v.id = resp.GetVolume().GetVolumeId()
@@ -570,7 +633,7 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 
 func (s *storm) opRepeatCreate(w *stormWorker, v *svol) *sop {
 	return &sop{what: "CreateVolume(repeat) " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			resp, err := p.controller.CreateVolume(cx, createReq(v))
 			if err == nil && resp.GetVolume().GetVolumeId() != v.id {
 				return status.Errorf(codes.Internal, "test: the repeated create returned %s, the first %s", resp.GetVolume().GetVolumeId(), v.id)
@@ -583,7 +646,7 @@ func (s *storm) opRepeatCreate(w *stormWorker, v *svol) *sop {
 
 func (s *storm) opDelete(w *stormWorker, v *svol) *sop {
 	return &sop{what: "DeleteVolume " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.controller.DeleteVolume(cx, &csi.DeleteVolumeRequest{VolumeId: v.id})
 			return err
 		},
@@ -599,7 +662,7 @@ func (s *storm) opDelete(w *stormWorker, v *svol) *sop {
 // it as it was.
 func (s *storm) opDeleteInUse(w *stormWorker, v *svol) *sop {
 	return &sop{what: "DeleteVolume(published) " + v.name, want: codes.FailedPrecondition,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.controller.DeleteVolume(cx, &csi.DeleteVolumeRequest{VolumeId: v.id})
 			return err
 		},
@@ -613,7 +676,7 @@ func (s *storm) opExpand(w *stormWorker, v *svol) *sop {
 		return s.opRepeatCreate(w, v)
 	}
 	return &sop{what: fmt.Sprintf("ControllerExpandVolume %s to %d", v.name, newSize), want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			resp, err := p.controller.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: rng(newSize, 0)})
 			if err != nil {
 				return err
@@ -644,8 +707,8 @@ func (s *storm) opExpand(w *stormWorker, v *svol) *sop {
 func (s *storm) opSnapshot(w *stormWorker, v *svol) *sop {
 	w.seq++
 	sn := &ssnap{name: fmt.Sprintf("w%d-s%d", w.n, w.seq), src: v.id, block: v.block, size: v.size, marker: v.marker}
-	return &sop{what: "CreateSnapshot " + sn.name + " of " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+	return &sop{what: "CreateSnapshot " + sn.name + " of " + v.name, want: codes.OK, newSnap: sn.name,
+		do: func(cx context.Context, p csiClients) error {
 			resp, err := p.controller.CreateSnapshot(cx, &csi.CreateSnapshotRequest{Name: sn.name, SourceVolumeId: v.id})
 			if err == nil {
 				sn.id = resp.GetSnapshot().GetSnapshotId()
@@ -661,17 +724,20 @@ func (s *storm) opSnapshot(w *stormWorker, v *svol) *sop {
 
 func (s *storm) opDeleteSnapshot(w *stormWorker, sn *ssnap) *sop {
 	return &sop{what: "DeleteSnapshot " + sn.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.controller.DeleteSnapshot(cx, &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
 			return err
 		},
-		done: func() { w.snaps = slices.DeleteFunc(w.snaps, func(x *ssnap) bool { return x == sn }) },
+		done: func() {
+			w.snaps = slices.DeleteFunc(w.snaps, func(x *ssnap) bool { return x == sn })
+			w.gone = append(w.gone, sn.id)
+		},
 	}
 }
 
 func (s *storm) opStage(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodeStageVolume " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.node.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: capOf(v.block)})
 			return err
 		},
@@ -681,7 +747,7 @@ func (s *storm) opStage(w *stormWorker, v *svol) *sop {
 
 func (s *storm) opUnstage(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodeUnstageVolume " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.node.NodeUnstageVolume(cx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
 			return err
 		},
@@ -691,7 +757,7 @@ func (s *storm) opUnstage(w *stormWorker, v *svol) *sop {
 
 func (s *storm) opPublish(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodePublishVolume " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.node.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: capOf(v.block)})
 			return err
 		},
@@ -701,7 +767,7 @@ func (s *storm) opPublish(w *stormWorker, v *svol) *sop {
 
 func (s *storm) opUnpublish(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodeUnpublishVolume " + v.name, want: codes.OK,
-		do: func(cx context.Context, p *proc) error {
+		do: func(cx context.Context, p csiClients) error {
 			_, err := p.node.NodeUnpublishVolume(cx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
 			if err == nil && exists(v.target) {
 				return status.Errorf(codes.Internal, "test: %s still exists after NodeUnpublishVolume", v.target)
@@ -712,8 +778,9 @@ func (s *storm) opUnpublish(w *stormWorker, v *svol) *sop {
 	}
 }
 
-// cleanup undoes everything through the driver.
-func (s *storm) cleanup(p *proc) {
+// cleanup undoes everything through the driver. settle, when not nil,
+// runs after the calls and before the checks (a node plugin catching up).
+func (s *storm) cleanup(p csiClients, settle func()) {
 	t := s.t
 	for _, w := range s.workers {
 		for _, v := range w.vols {
@@ -733,6 +800,9 @@ func (s *storm) cleanup(p *proc) {
 			codeIs(t, err, codes.OK, "DeleteSnapshot "+sn.name)
 		}
 		w.vols, w.snaps = nil, nil
+	}
+	if settle != nil {
+		settle()
 	}
 	resp, err := p.controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
 	mustCode(t, err, codes.OK, "ListVolumes")

@@ -3,7 +3,10 @@
 //
 //   - crash storm: the real binary SIGKILLed at random moments under a random
 //     mix of controller and node calls, restarted, and checked against a model
-//     of every acknowledged call (crash_test.go); damaged state files refused
+//     of every acknowledged call (crash_test.go); the same in cluster mode, a
+//     controller-mode and a node-mode process against a real API server
+//     (tests/cluster/clustertest) with the deploy/kubernetes RBAC, the node
+//     plugin SIGKILLed (nodestorm_test.go); damaged state files refused
 //     without being overwritten;
 //   - hostile input: every RPC with path-like, oversized, control-character
 //     and never-issued ids, names, parameters, contexts and node paths, each
@@ -22,6 +25,7 @@
 // run with `make fuzz`.
 //
 // CI runs the short settings (go test ./tests/reliability/, a few minutes as
-// root). LOCALDIR_STRESS=1 (make stress) selects the long ones: 500 kills,
-// more rounds of everything.
+// root; the cluster-mode storm needs `make tools`). LOCALDIR_STRESS=1 (make
+// stress) selects the long ones: 500 kills in each storm, more rounds of
+// everything.
 package reliability

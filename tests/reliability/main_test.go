@@ -151,11 +151,18 @@ func procArgs(dir string, extra ...string) []string {
 	}, extra...)
 }
 
-// launch starts the driver binary without waiting for it.
+// launch starts the driver binary (all mode) without waiting for it.
 func launch(t testing.TB, dir string, extra ...string) *proc {
 	t.Helper()
+	return launchArgs(t, procArgs(dir, extra...))
+}
+
+// launchArgs starts the driver binary with exactly these arguments,
+// without waiting for it.
+func launchArgs(t testing.TB, args []string) *proc {
+	t.Helper()
 	p := &proc{stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(driverBinary(t), procArgs(dir, extra...)...)
+	p.cmd = exec.Command(driverBinary(t), args...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Stdout = p.stderr
 	if err := p.cmd.Start(); err != nil {
@@ -171,8 +178,13 @@ func launch(t testing.TB, dir string, extra ...string) *proc {
 // driver starts every time").
 func startProc(t testing.TB, dir string, extra ...string) *proc {
 	t.Helper()
-	p := launch(t, dir, extra...)
-	ep := "unix://" + filepath.Join(dir, "csi.sock")
+	return waitReady(t, launch(t, dir, extra...), "unix://"+filepath.Join(dir, "csi.sock"))
+}
+
+// waitReady connects to the launched process p on endpoint ep and waits
+// until Probe answers ready, like startProc.
+func waitReady(t testing.TB, p *proc, ep string) *proc {
+	t.Helper()
 	conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond},
@@ -226,6 +238,14 @@ func (p *proc) killed() bool {
 	}
 	ws, ok := st.Sys().(syscall.WaitStatus)
 	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// assertKilled fails the test when p ended by itself before its SIGKILL.
+func (p *proc) assertKilled(t testing.TB, what string) {
+	t.Helper()
+	if !p.killed() {
+		t.Errorf("%s ended before the kill: %v; output:\n%s", what, p.err, p.stderr)
+	}
 }
 
 // stop sends SIGTERM and requires a clean exit.

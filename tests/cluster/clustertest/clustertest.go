@@ -1,22 +1,37 @@
 // Package clustertest starts a real control plane (etcd and kube-apiserver
-// built from their Go modules by `make tools`, run on 127.0.0.1 with TLS and
-// an admin kubeconfig by controller-runtime's envtest) with the localdir
-// CRDs installed, and runs localdir controller and node plugins in-process
-// against it.
+// built from their Go modules by `make tools`, run on 127.0.0.1 with TLS,
+// RBAC authorization and an admin kubeconfig by controller-runtime's
+// envtest) with the localdir CRDs installed, and runs localdir controller
+// and node plugins in-process against it.
+//
+// The plugins do not get the admin identity: they run with the permissions
+// deploy/kubernetes gives them. The ServiceAccounts, (Cluster)Roles and
+// (Cluster)RoleBindings of `kubectl kustomize deploy/kubernetes` are created
+// in the API server, and each plugin authenticates (with a client
+// certificate) as the ServiceAccount its Deployment or DaemonSet names
+// (Identities). The admin client stays for the tests' own checks.
 package clustertest
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -50,11 +65,28 @@ func ToolsDir(t testing.TB) string {
 
 // Env is a running control plane.
 type Env struct {
-	Config     *rest.Config
-	Client     client.Client
-	Kubeconfig string // admin kubeconfig file
+	Config     *rest.Config  // admin (system:masters): for the tests' own checks
+	Client     client.Client // admin client
+	Kubeconfig string        // admin kubeconfig file
 	env        *envtest.Environment
+	dir        string // kubeconfig files, for as long as the control plane runs
+
+	idsMu sync.Mutex
+	ids   *identities // the plugins' identities, made at first use
 }
+
+// Identity is a user of the API server: the ServiceAccount a localdir
+// component runs as in deploy/kubernetes.
+type Identity struct {
+	// User is the user name the API server sees:
+	// system:serviceaccount:<namespace>:<name>, which the RBAC bindings'
+	// ServiceAccount subjects match.
+	User       string
+	Config     *rest.Config
+	Kubeconfig string // a kubeconfig file with its client certificate
+}
+
+type identities struct{ controller, node Identity }
 
 // Start brings up etcd and kube-apiserver with the localdir CRDs from
 // deploy/kubernetes/crds, and stops them when the test ends.
@@ -82,7 +114,8 @@ func Start(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
 	user, err := env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +127,106 @@ func Start(t testing.TB) *Env {
 	if err := os.WriteFile(kc, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return &Env{Config: cfg, Client: c, Kubeconfig: kc, env: env}
+	return &Env{Config: cfg, Client: c, Kubeconfig: kc, env: env, dir: dir}
+}
+
+// rbacKinds are the objects of deploy/kubernetes that make up the
+// components' permissions (the Namespace holds the ServiceAccounts and
+// Roles).
+var rbacKinds = map[string]bool{
+	"Namespace": true, "ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
+	"Role": true, "RoleBinding": true,
+}
+
+// Identities returns the controller's and the node plugin's identities,
+// with exactly the permissions deploy/kubernetes gives them: on first use
+// it renders deploy/kubernetes (kubectl kustomize, kubectl from `make
+// tools`), creates its Namespace, ServiceAccounts, (Cluster)Roles and
+// (Cluster)RoleBindings with the admin client, and issues a client
+// certificate for the ServiceAccount named by the controller Deployment and
+// by the node DaemonSet. The API server authorizes with RBAC only, so any
+// call outside those rules is Forbidden.
+func (e *Env) Identities(t testing.TB) (controller, node Identity) {
+	t.Helper()
+	e.idsMu.Lock()
+	defer e.idsMu.Unlock()
+	if e.ids == nil {
+		ids, err := e.applyRBAC(t)
+		if err != nil {
+			t.Fatalf("deploy/kubernetes RBAC: %v", err)
+		}
+		e.ids = ids
+	}
+	return e.ids.controller, e.ids.node
+}
+
+func (e *Env) applyRBAC(t testing.TB) (*identities, error) {
+	root := Root(t)
+	out, err := exec.Command(filepath.Join(ToolsDir(t), "kubectl"), "kustomize", filepath.Join(root, "deploy", "kubernetes")).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return nil, fmt.Errorf("kubectl kustomize deploy/kubernetes: %w (run `make tools`)", err)
+	}
+	accounts := map[string]string{} // workload kind → system:serviceaccount:ns:name
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return nil, err
+		}
+		switch k := u.GetKind(); {
+		case rbacKinds[k]:
+			objs = append(objs, u)
+		case k == "Deployment" || k == "DaemonSet":
+			sa, _, _ := unstructured.NestedString(u.Object, "spec", "template", "spec", "serviceAccountName")
+			if sa == "" {
+				return nil, fmt.Errorf("%s %s names no serviceAccountName", k, u.GetName())
+			}
+			accounts[k] = "system:serviceaccount:" + u.GetNamespace() + ":" + sa
+		}
+	}
+	if accounts["Deployment"] == "" || accounts["DaemonSet"] == "" {
+		return nil, fmt.Errorf("deploy/kubernetes has no controller Deployment or node DaemonSet (%v)", accounts)
+	}
+	ctx := context.Background()
+	// Namespaces and ServiceAccounts first: the rest refers to them.
+	for _, first := range []bool{true, false} {
+		for _, u := range objs {
+			if k := u.GetKind(); (k == "Namespace" || k == "ServiceAccount") != first {
+				continue
+			}
+			if err := e.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+				return nil, fmt.Errorf("create %s %s: %w", u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	ids := &identities{}
+	for kind, id := range map[string]*Identity{"Deployment": &ids.controller, "DaemonSet": &ids.node} {
+		user := accounts[kind]
+		ns := strings.Split(user, ":")[2]
+		au, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{
+			"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated",
+		}}, nil)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := au.KubeConfig()
+		if err != nil {
+			return nil, err
+		}
+		kc := filepath.Join(e.dir, "kubeconfig-"+strings.ToLower(kind))
+		if err := os.WriteFile(kc, raw, 0o600); err != nil {
+			return nil, err
+		}
+		*id = Identity{User: user, Config: au.Config(), Kubeconfig: kc}
+	}
+	return ids, nil
 }
 
 // Plugin is a running localdir process (in-process) and a client to it.
@@ -110,7 +242,8 @@ type Plugin struct {
 	done       chan error
 }
 
-// StartController runs a controller-mode driver against e.
+// StartController runs a controller-mode driver against e, as the
+// controller's ServiceAccount (Identities).
 func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugin {
 	t.Helper()
 	dir := testdriver.TempDir(t)
@@ -119,7 +252,8 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 	if mutate != nil {
 		mutate(&o)
 	}
-	b, err := cluster.NewControllerBackend(rest.CopyConfig(e.Config), o.MaxVolumeBytes)
+	ctrlID, _ := e.Identities(t)
+	b, err := cluster.NewControllerBackend(rest.CopyConfig(ctrlID.Config), o.MaxVolumeBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,15 +280,17 @@ func (e *Env) StartNode(t testing.TB, nodeID string, mutate func(*driver.Options
 }
 
 // StartNodeWith runs a node plugin with exactly these options (for
-// restarts on the same data root).
+// restarts on the same data root), as the node plugin's ServiceAccount
+// (Identities).
 func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin {
 	t.Helper()
+	_, nodeID := e.Identities(t)
 	d, err := driver.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	agent := &cluster.NodeAgent{NodeID: o.NodeID, VM: d.VolumeManager(), Version: driver.Version(), Heartbeat: 2 * time.Second}
-	cfg := rest.CopyConfig(e.Config)
+	cfg := rest.CopyConfig(nodeID.Config)
 	return run(t, dir, o, func(ctx context.Context) error {
 		// Like app.Run: when either half fails, both stop.
 		errc := make(chan error, 1)
