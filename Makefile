@@ -12,7 +12,7 @@ CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
-.PHONY: deps help build test unit sanity test-cluster tools generate bench demo verify clean static image e2e e2e-tools demo-sanity demo-down
+.PHONY: deps help build test unit sanity test-cluster tools generate bench demo verify clean static image e2e e2e-tools demo-sanity demo-down e2e-k8s
 
 help: ## show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -81,7 +81,7 @@ fuzz: ## run every fuzz target for FUZZTIME (default 3s) each
 	    done; \
 	  done; done
 
-stress: ## long reliability runs (as root): 500 kills, longer concurrency, fuzzing 60s per target
+stress: tools ## long reliability runs (as root): 500 kills in all mode and 500 node-plugin kills in cluster mode, longer concurrency, fuzzing 60s per target
 	LOCALDIR_STRESS=1 $(GO) test $(GOTEST_FLAGS) -race -v -timeout 120m ./tests/reliability/
 	$(MAKE) fuzz FUZZTIME=60s
 
@@ -142,6 +142,26 @@ demo: deps build e2e-tools $(E2E_CLUSTER) ## the main job: a local Kubernetes cl
 
 demo-down: $(E2E_CLUSTER) ## tear down the cluster that make demo left running
 	@$(E2E_CLUSTER) down --check
+
+# ---- The Kubernetes external storage e2e suite (docs/e2e.md) --------------
+# e2e.test is `go test -c` of k8s.io/kubernetes/test/e2e, built in
+# tests/tools/e2etest with the version ldflags; agnhost (CGO off) goes into
+# the suite's agnhost image; the ginkgo CLI runs e2e.test in parallel. On
+# demand only: not part of test, e2e or CI. E2E_K8S_BUILD_FLAGS (e.g. -p 1)
+# lowers the build's parallelism on a busy machine.
+E2E_K8S_BINS := $(TOOLS)/e2e.test $(TOOLS)/agnhost $(TOOLS)/ginkgo
+E2E_K8S_BUILD_FLAGS ?=
+$(TOOLS)/e2e.test: tests/tools/e2etest/go.mod
+	cd tests/tools/e2etest && $(GO) test -c $(E2E_K8S_BUILD_FLAGS) -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/test/e2e
+
+$(TOOLS)/agnhost: tests/tools/e2etest/go.mod
+	cd tests/tools/e2etest && CGO_ENABLED=0 $(GO) build $(E2E_K8S_BUILD_FLAGS) -ldflags "-s -w" -o $@ k8s.io/kubernetes/test/images/agnhost
+
+$(TOOLS)/ginkgo: tests/tools/e2etest/go.mod
+	cd tests/tools/e2etest && $(GO) build -o $@ github.com/onsi/ginkgo/v2/ginkgo
+
+e2e-k8s: deps build e2e-tools $(E2E_CLUSTER) $(E2E_K8S_BINS) ## Kubernetes external storage e2e suite on the local cluster, up and down (as root; ~12 min, on demand)
+	@bash tests/e2e/k8s-suite.sh "$(E2E_CLUSTER)"
 
 FORCE:
 

@@ -82,6 +82,10 @@ type Options struct {
 	DataRootSize string
 	// NodeCapacity is the node plugin's --capacity ("" = filesystem size).
 	NodeCapacity string
+	// SuiteImages also builds the images the Kubernetes e2e suite's
+	// storage tests run (images.go; needs the agnhost binary of
+	// `make e2e-k8s` in the tools folder).
+	SuiteImages bool
 	// Logf reports progress (default: stderr).
 	Logf func(format string, args ...any)
 }
@@ -193,6 +197,16 @@ func (c *Cluster) preflight() error {
 		"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "registrar", "pause"} {
 		if _, err := os.Stat(c.tool(b)); err != nil {
 			missing = append(missing, c.tool(b))
+		}
+	}
+	if c.SuiteImages {
+		if _, err := os.Stat(c.tool("agnhost")); err != nil {
+			missing = append(missing, c.tool("agnhost")+" (make e2e-k8s)")
+		}
+		for _, p := range []string{"/bin/dd", "/bin/dash", "/usr/bin/ldd"} {
+			if _, err := os.Stat(p); err != nil {
+				missing = append(missing, p)
+			}
 		}
 	}
 	if _, err := os.Stat(c.Driver); err != nil {

@@ -2,6 +2,7 @@
 // tests/e2e/harness (used by `make demo`, `make demo-down` and `make e2e`).
 //
 //	e2e-cluster up            wipe the work folder, start the cluster, wait until ready
+//	                          (--suite-images: with the Kubernetes e2e suite's images)
 //	e2e-cluster down [--check] stop it; --check fails if anything is left behind
 //	e2e-cluster env           print KUBECONFIG=… for the running cluster
 //
@@ -28,13 +29,15 @@ func main() {
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	check := fs.Bool("check", false, "down: fail if anything is left behind")
+	suiteImages := fs.Bool("suite-images", false, "up: also build the Kubernetes e2e suite's images (make e2e-k8s)")
 	_ = fs.Parse(os.Args[2:])
 	root, err := repoRoot()
 	if err != nil {
 		fail(err)
 	}
 	c := harness.New(harness.Options{Root: root, Work: os.Getenv("E2E_WORK"), NodeCapacity: os.Getenv("E2E_NODE_CAPACITY"),
-		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+		SuiteImages: *suiteImages,
+		Logf:        func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	switch os.Args[1] {
@@ -68,7 +71,7 @@ func repoRoot() (string, error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: e2e-cluster up | down [--check] | env")
+	fmt.Fprintln(os.Stderr, "usage: e2e-cluster up [--suite-images] | down [--check] | env")
 	os.Exit(2)
 }
 

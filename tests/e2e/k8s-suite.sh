@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# make e2e-k8s: the Kubernetes external storage e2e suite (e2e.test of
+# k8s.io/kubernetes v1.37.2, "External Storage [Driver: localdir.csi.dev]")
+# against the local cluster of tests/e2e/harness, with
+# deploy/kubernetes/test-driver.yaml. Brings the cluster up (with the
+# suite's images), runs the suite, writes the report to _output/e2e-k8s/,
+# prints ran/passed/failed/skipped, and tears the cluster down, checking
+# that nothing is left behind. See docs/e2e.md.
+#
+# Usage: tests/e2e/k8s-suite.sh <e2e-cluster binary>
+# Environment:
+#   E2E_K8S_FOCUS   ginkgo focus (default: External.Storage.*localdir.csi.dev)
+#   E2E_K8S_SKIP    ginkgo skip (default: the [Disruptive] specs, which
+#                   restart the kubelet over SSH, and "any volume data
+#                   source", which needs a volume populator image that
+#                   cannot be built here). [Serial] specs run, alone, at the end.
+#   E2E_K8S_PROCS   parallel ginkgo processes (default 3)
+#   E2E_K8S_TIMEOUT whole-suite timeout (default 90m)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+CLUSTER=${1:?usage: k8s-suite.sh <e2e-cluster binary>}
+ROOT=$PWD
+TOOLS=$ROOT/_output/tools/bin
+REPORT=$ROOT/_output/e2e-k8s
+FOCUS=${E2E_K8S_FOCUS:-External.Storage.*localdir.csi.dev}
+DEFAULT_SKIP='\[Disruptive\]|any volume data source'
+SKIP=${E2E_K8S_SKIP:-$DEFAULT_SKIP}
+PROCS=${E2E_K8S_PROCS:-3}
+TIMEOUT=${E2E_K8S_TIMEOUT:-90m}
+export PATH="$TOOLS:$PATH"
+KUBECONFIG="${E2E_WORK:-$ROOT/_output/e2e}/kubeconfig"
+
+if [ "$(id -u)" != 0 ]; then
+	echo "make e2e-k8s runs a kubelet, containerd and mounts: run it as root." >&2
+	exit 1
+fi
+
+rc=0
+teardown() {
+	echo "== tearing the cluster down"
+	"$CLUSTER" down --check || rc=1
+	exit $rc
+}
+trap teardown EXIT
+trap 'rc=130; exit' INT TERM
+
+t0=$(date +%s)
+echo "== cluster up (with the suite's images)"
+if ! "$CLUSTER" up --suite-images; then
+	rc=1
+	exit
+fi
+
+rm -rf "$REPORT"
+mkdir -p "$REPORT"
+echo "== e2e.test: focus '$FOCUS', skip '$SKIP', $PROCS processes; log in $REPORT/e2e.log"
+t1=$(date +%s)
+ginkgo --procs="$PROCS" --timeout="$TIMEOUT" --focus="$FOCUS" --skip="$SKIP" \
+	--no-color --output-dir="$REPORT" --junit-report=junit.xml --json-report=report.json \
+	"$TOOLS/e2e.test" -- \
+	--kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$TOOLS/kubectl" \
+	--storage.testdriver="$ROOT/deploy/kubernetes/test-driver.yaml" \
+	--report-dir="$REPORT" --node-os-distro=debian >"$REPORT/e2e.log" 2>&1 || rc=$?
+t2=$(date +%s)
+
+# The summary: ginkgo's own line, then the failed specs by name.
+grep -E '^Ran [0-9]+ of [0-9]+ Specs|^(SUCCESS|FAIL)! .*Passed' "$REPORT/e2e.log" | tail -2
+python3 - "$REPORT/report.json" "$FOCUS" "$SKIP" <<'EOF' | tee "$REPORT/summary.txt" || true
+# Counts over the specs the focus and skip select (ginkgo reports every
+# spec of e2e.test; those filtered out are "skipped" too, and not counted).
+import json, re, sys
+focus, skip = re.compile(sys.argv[2]), re.compile(sys.argv[3])
+count = {"passed": 0, "failed": 0, "skipped": 0, "other": 0}
+fails = []
+for suite in json.load(open(sys.argv[1])):
+    for s in suite.get("SpecReports") or []:
+        if s.get("LeafNodeType") != "It":
+            continue
+        text = " ".join((s.get("ContainerHierarchyTexts") or []) + [s.get("LeafNodeText", "")])
+        if not focus.search(text) or skip.search(text):
+            continue
+        state = s.get("State")
+        if state in ("failed", "panicked", "timedout", "interrupted", "aborted"):
+            count["failed"] += 1
+            fails.append(text)
+        elif state in count:
+            count[state] += 1
+        else:
+            count["other"] += 1
+ran = count["passed"] + count["failed"]
+print(f"selected {ran + count['skipped'] + count['other']}: ran {ran}, passed {count['passed']}, "
+      f"failed {count['failed']}, skipped {count['skipped']}" + (f", other {count['other']}" if count["other"] else ""))
+for f in fails:
+    print("  FAILED:", f)
+EOF
+echo "suite $((t2 - t1)) s, with cluster up $((t2 - t0)) s"
