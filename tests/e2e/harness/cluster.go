@@ -157,18 +157,7 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 	if err := c.recordBaseline(); err != nil {
 		return err
 	}
-	step := func(what string, f func(context.Context) error) error {
-		t := time.Now()
-		if err := f(ctx); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		c.Logf("· %-58s %5.1fs", what, time.Since(t).Seconds())
-		return nil
-	}
-	for _, s := range []struct {
-		what string
-		f    func(context.Context) error
-	}{
+	if err := c.runSteps(ctx, []step{
 		{"certificates and kubeconfigs", c.writeConfig},
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
@@ -178,10 +167,8 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 		{"localdir node plugin and registrar (in the node namespace)", c.startNodePlugin},
 		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
 		{"cluster ready", c.waitReady},
-	} {
-		if err := step(s.what, s.f); err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	c.Logf("· cluster up in %.1fs", time.Since(t0).Seconds())
 	return nil

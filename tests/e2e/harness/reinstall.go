@@ -52,18 +52,30 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 // then the rest, fresh ServiceAccount tokens), starts the node plugin,
 // the controller and their sidecars, and waits until the cluster is ready.
 func (c *Cluster) Reinstall(ctx context.Context) error {
-	for _, s := range []struct {
-		what string
-		f    func(context.Context) error
-	}{
+	if err := c.runSteps(ctx, []step{
 		{"localdir from deploy/kubernetes", c.install},
 		{"localdir node plugin and registrar", c.startNodePlugin},
 		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
 		{"cluster ready", c.waitReady},
-	} {
+	}); err != nil {
+		return fmt.Errorf("reinstall: %w (logs in %s)", err, c.path("logs"))
+	}
+	return nil
+}
+
+// step is one timed stage of bringing the cluster (or localdir) up.
+type step struct {
+	what string
+	f    func(context.Context) error
+}
+
+// runSteps runs steps in order, logging each one's duration; the first
+// error, prefixed with its step, ends the run.
+func (c *Cluster) runSteps(ctx context.Context, steps []step) error {
+	for _, s := range steps {
 		t := time.Now()
 		if err := s.f(ctx); err != nil {
-			return fmt.Errorf("reinstall: %s: %w (logs in %s)", s.what, err, c.path("logs"))
+			return fmt.Errorf("%s: %w", s.what, err)
 		}
 		c.Logf("· %-58s %5.1fs", s.what, time.Since(t).Seconds())
 	}
