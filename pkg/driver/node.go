@@ -66,10 +66,14 @@ func checkNodePath(field, p string) error {
 }
 
 // checkPathPlace refuses, before any lookup, a staging or target path the
-// node must not work on: outside --kubelet-root when one is set, and
-// anywhere it could reach the driver's own data (the data root, inside it,
-// above it, or inside a volume's mount). INVALID_ARGUMENT naming the path.
+// node must not work on: malformed (checkNodePath), outside --kubelet-root
+// when one is set, and anywhere it could reach the driver's own data (the
+// data root, inside it, above it, or inside a volume's mount).
+// INVALID_ARGUMENT naming the path.
 func (s *node) checkPathPlace(field, p string) error {
+	if err := checkNodePath(field, p); err != nil {
+		return err
+	}
 	if err := checkKubeletRoot(field, p, s.d.opts.KubeletRoot); err != nil {
 		return err
 	}
@@ -105,9 +109,6 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
-		return nil, err
-	}
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
@@ -131,9 +132,6 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
-		return nil, err
-	}
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
@@ -154,9 +152,6 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if err := checkNodePath("target_path", req.GetTargetPath()); err != nil {
-		return nil, err
-	}
 	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
@@ -168,9 +163,6 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	if req.GetStagingTargetPath() == "" {
 		return nil, invalid("staging_target_path is required: the driver advertises STAGE_UNSTAGE_VOLUME")
-	}
-	if err := checkNodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
-		return nil, err
 	}
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
@@ -195,9 +187,6 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
-	}
-	if err := checkNodePath("target_path", req.GetTargetPath()); err != nil {
-		return nil, err
 	}
 	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
