@@ -1,13 +1,10 @@
 package cases
 
 import (
-	"bytes"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,10 +12,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/moby/sys/mountinfo"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
@@ -31,28 +25,22 @@ var (
 	rng        = csitest.Range
 	realPath   = csitest.RealPath
 	assertGone = csitest.AssertGone
+
+	codeIs          = csitest.CodeIs
+	mustCode        = csitest.MustCode
+	mountsAt        = csitest.MountsAt
+	mountsUnder     = csitest.MountsUnder
+	sameInode       = csitest.SameInode
+	dirEntries      = csitest.DirNames
+	mkdir           = csitest.Mkdir
+	randomBytes     = csitest.RandomBytes
+	assertFileBytes = csitest.AssertFileBytes
 )
 
 const (
 	Ki = int64(1) << 10
 	Mi = int64(1) << 20
 )
-
-// codeIs fails the test unless err carries exactly the gRPC code want.
-func codeIs(t testing.TB, err error, want codes.Code, what string) {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Errorf("%s: got code %s (%v), want %s", what, got, err, want)
-	}
-}
-
-// mustCode is codeIs that stops the test.
-func mustCode(t testing.TB, err error, want codes.Code, what string) {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Fatalf("%s: got code %s (%v), want %s", what, got, err, want)
-	}
-}
 
 // createVolume creates a mount volume of exactly size bytes and checks that
 // its directory exists under the data root.
@@ -95,21 +83,6 @@ func listIDs(t testing.TB, ctl csi.ControllerClient) []string {
 	return ids
 }
 
-// dirEntries returns the names in dir, sorted (none when dir is missing).
-func dirEntries(t testing.TB, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	slices.Sort(names)
-	return names
-}
-
 // assertListMatchesDisk checks that ListVolumes and <root>/volumes hold
 // exactly the ids want, one-to-one.
 func assertListMatchesDisk(t testing.TB, in *testdriver.Instance, want ...string) {
@@ -128,28 +101,6 @@ func available(t testing.TB, in *testdriver.Instance) int64 {
 	resp, err := in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
 	mustCode(t, err, codes.OK, "GetCapacity")
 	return resp.GetAvailableCapacity()
-}
-
-// mountsAt returns every mount-table entry whose mount point is p (stacked
-// mounts give several), read from /proc/self/mountinfo.
-func mountsAt(t testing.TB, p string) []*mountinfo.Info {
-	t.Helper()
-	rp := realPath(p)
-	ms, err := mountinfo.GetMounts(func(i *mountinfo.Info) (bool, bool) { return i.Mountpoint != rp, false })
-	if err != nil {
-		t.Fatalf("read mount table: %v", err)
-	}
-	return ms
-}
-
-// mountsUnder returns the mounts at or below p.
-func mountsUnder(t testing.TB, p string) []*mountinfo.Info {
-	t.Helper()
-	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(realPath(p)))
-	if err != nil {
-		t.Fatalf("read mount table: %v", err)
-	}
-	return ms
 }
 
 // assertMountCount checks how many mounts sit on p.
@@ -178,44 +129,12 @@ func assertShowsVolume(t testing.TB, in *testdriver.Instance, p, id string) {
 	}
 }
 
-func sameInode(t testing.TB, a, b string) bool {
-	t.Helper()
-	var sa, sb unix.Stat_t
-	if err := unix.Stat(a, &sa); err != nil {
-		t.Errorf("stat %s: %v", a, err)
-		return false
-	}
-	if err := unix.Stat(b, &sb); err != nil {
-		t.Errorf("stat %s: %v", b, err)
-		return false
-	}
-	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
-}
-
 func assertDir(t testing.TB, p string) {
 	t.Helper()
 	fi, err := os.Lstat(p)
 	if err != nil || !fi.IsDir() {
 		t.Errorf("%s: want a directory (lstat: %v)", p, err)
 	}
-}
-
-func mkdir(t testing.TB, p string) string {
-	t.Helper()
-	if err := os.MkdirAll(p, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// randomBytes returns n reproducible pseudo-random bytes.
-func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
 }
 
 // writeSynced writes data to p and fsyncs it.
@@ -233,18 +152,6 @@ func writeSynced(t testing.TB, p string, data []byte) {
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func assertFileBytes(t testing.TB, p string, want []byte) {
-	t.Helper()
-	got, err := os.ReadFile(p)
-	if err != nil {
-		t.Errorf("read %s: %v", p, err)
-		return
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s: %d bytes differ from the %d bytes written", p, len(got), len(want))
 	}
 }
 

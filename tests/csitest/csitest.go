@@ -1,20 +1,25 @@
 // Package csitest holds the small helpers the driver-level test packages
 // (tests/cases, tests/datacases, tests/reliability) share: CSI request
-// builders, exact gRPC code assertions, and mount-table and loop-device
-// lookups.
+// builders, exact gRPC code assertions, mount-table and loop-device lookups,
+// and a few file helpers.
 package csitest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -79,6 +84,14 @@ func CodeIs(t testing.TB, err error, want codes.Code, what string) bool {
 	return true
 }
 
+// MustCode is CodeIs that stops the test.
+func MustCode(t testing.TB, err error, want codes.Code, what string) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("%s: got code %s (%v), want %s", what, got, err, want)
+	}
+}
+
 // RealPath is p with symlinks resolved, as the mount table shows it.
 func RealPath(p string) string {
 	if r, err := filepath.EvalSymlinks(p); err == nil {
@@ -117,4 +130,103 @@ func Loops(t testing.TB) map[string]string {
 		out["/dev/"+en.Name()] = strings.TrimSuffix(string(b), "\n")
 	}
 	return out
+}
+
+// LoopsBelow returns the attached loop devices whose backing file is below
+// dir, and their backing files (other tests on the machine attach their
+// own; only these count).
+func LoopsBelow(t testing.TB, dir string) map[string]string {
+	t.Helper()
+	rd := RealPath(dir) + "/"
+	out := map[string]string{}
+	for dev, file := range Loops(t) {
+		if strings.HasPrefix(file, rd) {
+			out[dev] = file
+		}
+	}
+	return out
+}
+
+// MountsAt returns every mount-table entry whose mount point is p (stacked
+// mounts give several), read from /proc/self/mountinfo.
+func MountsAt(t testing.TB, p string) []*mountinfo.Info {
+	t.Helper()
+	rp := RealPath(p)
+	ms, err := mountinfo.GetMounts(func(i *mountinfo.Info) (bool, bool) { return i.Mountpoint != rp, false })
+	if err != nil {
+		t.Fatalf("read mount table: %v", err)
+	}
+	return ms
+}
+
+// MountsUnder returns the mounts at or below p, in mount order.
+func MountsUnder(t testing.TB, p string) []*mountinfo.Info {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(RealPath(p)))
+	if err != nil {
+		t.Fatalf("read mount table: %v", err)
+	}
+	return ms
+}
+
+// SameInode reports whether a and b (symlinks followed) are the same inode
+// on the same device; a failed stat is a test error.
+func SameInode(t testing.TB, a, b string) bool {
+	t.Helper()
+	var sa, sb unix.Stat_t
+	if err := unix.Stat(a, &sa); err != nil {
+		t.Errorf("stat %s: %v", a, err)
+		return false
+	}
+	if err := unix.Stat(b, &sb); err != nil {
+		t.Errorf("stat %s: %v", b, err)
+		return false
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
+}
+
+// DirNames returns the names in dir, sorted (none when dir is missing).
+func DirNames(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Mkdir creates p and its parents (mode 0750) and returns p.
+func Mkdir(t testing.TB, p string) string {
+	t.Helper()
+	if err := os.MkdirAll(p, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// RandomBytes returns n reproducible pseudo-random bytes (PCG seeded by
+// seed).
+func RandomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// AssertFileBytes fails the test unless p holds exactly want.
+func AssertFileBytes(t testing.TB, p string, want []byte) {
+	t.Helper()
+	switch got, err := os.ReadFile(p); {
+	case err != nil:
+		t.Errorf("read %s: %v", p, err)
+	case !bytes.Equal(got, want):
+		t.Errorf("%s: %d bytes differ from the %d bytes written", p, len(got), len(want))
+	}
 }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/localdir-csi/localdir/tests/csitest"
-	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,10 +16,8 @@ import (
 	"unsafe"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -40,19 +38,18 @@ var (
 	realPath     = csitest.RealPath
 	loops        = csitest.Loops
 	assertGone   = csitest.AssertGone
+
+	mustCode    = csitest.MustCode
+	mountsAt    = csitest.MountsAt
+	mountsUnder = csitest.MountsUnder
+	sameInode   = csitest.SameInode
+	dirNames    = csitest.DirNames
 )
 
 const (
 	Ki = int64(1) << 10
 	Mi = int64(1) << 20
 )
-
-func mustCode(t testing.TB, err error, want codes.Code, what string) {
-	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Fatalf("%s: got code %s (%v), want %s", what, got, err, want)
-	}
-}
 
 // env is one running driver and the temp dir holding its sockets and the
 // CO's staging and target paths.
@@ -318,25 +315,6 @@ func (e *env) detach(id, staging, target string) {
 
 // --- mount table, loop devices, files -----------------------------------
 
-func mountsAt(t testing.TB, p string) []*mountinfo.Info {
-	t.Helper()
-	rp := realPath(p)
-	ms, err := mountinfo.GetMounts(func(i *mountinfo.Info) (bool, bool) { return i.Mountpoint != rp, false })
-	if err != nil {
-		t.Fatalf("read mount table: %v", err)
-	}
-	return ms
-}
-
-func mountsUnder(t testing.TB, p string) []*mountinfo.Info {
-	t.Helper()
-	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(realPath(p)))
-	if err != nil {
-		t.Fatalf("read mount table: %v", err)
-	}
-	return ms
-}
-
 // loopOf is the loop device backed by image, or "".
 func loopOf(t testing.TB, image string) string {
 	t.Helper()
@@ -356,18 +334,10 @@ func loopOf(t testing.TB, image string) string {
 	return found[0]
 }
 
-// loopsUnder lists loop devices whose backing file is below dir.
+// loopsUnder lists loop devices whose backing file is below dir, sorted.
 func loopsUnder(t testing.TB, dir string) []string {
 	t.Helper()
-	rd := realPath(dir) + "/"
-	var out []string
-	for dev, file := range loops(t) {
-		if strings.HasPrefix(file, rd) {
-			out = append(out, dev)
-		}
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(csitest.LoopsBelow(t, dir)))
 }
 
 func detachLoop(t testing.TB, dev string) {
@@ -502,34 +472,6 @@ func assertBytes(t testing.TB, what string, got, want []byte) {
 		}
 		t.Errorf("%s: %d bytes differ from the %d expected, first difference at offset %d", what, len(got), len(want), i)
 	}
-}
-
-func sameInode(t testing.TB, a, b string) bool {
-	t.Helper()
-	var sa, sb unix.Stat_t
-	if err := unix.Stat(a, &sa); err != nil {
-		t.Errorf("stat %s: %v", a, err)
-		return false
-	}
-	if err := unix.Stat(b, &sb); err != nil {
-		t.Errorf("stat %s: %v", b, err)
-		return false
-	}
-	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
-}
-
-func dirNames(t testing.TB, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, en := range ents {
-		out = append(out, en.Name())
-	}
-	slices.Sort(out)
-	return out
 }
 
 // writeFile writes data to p and fsyncs it, returning the first error

@@ -1,22 +1,18 @@
 package reliability
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
 )
 
 // Shared with the other driver-level test packages (tests/csitest).
@@ -30,8 +26,15 @@ var (
 	fromVolume   = csitest.FromVolume
 	codeIs       = csitest.CodeIs
 	realPath     = csitest.RealPath
-	loops        = csitest.Loops
 	assertGone   = csitest.AssertGone
+
+	mkdir           = csitest.Mkdir
+	randomBytes     = csitest.RandomBytes
+	assertFileBytes = csitest.AssertFileBytes
+	mustCode        = csitest.MustCode
+	mountsAt        = csitest.MountsAt
+	mountsUnder     = csitest.MountsUnder
+	dirNames        = csitest.DirNames
 )
 
 const (
@@ -39,37 +42,12 @@ const (
 	Mi = int64(1) << 20
 )
 
-func mustCode(t testing.TB, err error, want codes.Code, what string) {
-	t.Helper()
-	if !codeIs(t, err, want, what) {
-		t.FailNow()
-	}
-}
-
 // quote prints s with control bytes escaped, for messages.
 func quote(s string) string {
 	if len(s) > 80 {
 		return fmt.Sprintf("%q…(%d bytes)", s[:60], len(s))
 	}
 	return fmt.Sprintf("%q", s)
-}
-
-func mkdir(t testing.TB, p string) string {
-	t.Helper()
-	if err := os.MkdirAll(p, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// randomBytes returns n reproducible pseudo-random bytes.
-func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
 }
 
 // writeSynced writes data to p and fsyncs it and its directory.
@@ -133,57 +111,9 @@ func readAt(p string, n int) ([]byte, error) {
 	return b[:m], nil
 }
 
-func assertFileBytes(t testing.TB, p string, want []byte) {
-	t.Helper()
-	got, err := os.ReadFile(p)
-	if err != nil {
-		t.Errorf("read %s: %v", p, err)
-		return
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s: %d bytes differ from the %d bytes written", p, len(got), len(want))
-	}
-}
-
 func exists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil || !errors.Is(err, fs.ErrNotExist)
-}
-
-// dirNames returns the names in dir, sorted (none when dir is missing).
-func dirNames(t testing.TB, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	slices.Sort(names)
-	return names
-}
-
-// mountsAt lists the mounts whose mount point is exactly p.
-func mountsAt(t testing.TB, p string) []*mountinfo.Info {
-	t.Helper()
-	rp := realPath(p)
-	ms, err := mountinfo.GetMounts(func(i *mountinfo.Info) (bool, bool) { return i.Mountpoint != rp, false })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ms
-}
-
-// mountsUnder lists the mounts at or below p, in mount order.
-func mountsUnder(t testing.TB, p string) []*mountinfo.Info {
-	t.Helper()
-	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(realPath(p)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ms
 }
 
 // mountPoints returns the mount points at or below each of dirs, with
@@ -200,16 +130,13 @@ func mountPoints(t testing.TB, dirs ...string) []string {
 	return out
 }
 
-// loopsUnder lists the loop devices whose backing file is below dir (other
-// tests on the machine attach their own; only ours count).
+// loopsUnder lists the loop devices whose backing file is below dir, as
+// "device <- file".
 func loopsUnder(t testing.TB, dir string) []string {
 	t.Helper()
-	rd := realPath(dir) + "/"
 	var out []string
-	for dev, file := range loops(t) {
-		if strings.HasPrefix(file, rd) {
-			out = append(out, dev+" <- "+file)
-		}
+	for dev, file := range csitest.LoopsBelow(t, dir) {
+		out = append(out, dev+" <- "+file)
 	}
 	slices.Sort(out)
 	return out
@@ -222,13 +149,10 @@ func cleanupMountsAndLoops(t testing.TB, dir string) {
 	for i := len(ms) - 1; i >= 0; i-- {
 		_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
 	}
-	rd := realPath(dir) + "/"
-	for dev, file := range loops(t) {
-		if strings.HasPrefix(file, rd) {
-			if fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-				_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
-				unix.Close(fd)
-			}
+	for dev := range csitest.LoopsBelow(t, dir) {
+		if fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+			unix.Close(fd)
 		}
 	}
 }

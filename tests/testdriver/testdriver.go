@@ -1,6 +1,7 @@
 // Package testdriver starts a localdir driver in-process for tests, on
 // t.TempDir() sockets and data roots, and checks afterwards that nothing it
-// mounted is left in the mount table.
+// mounted is left in the mount table. It also builds, starts and kills the
+// driver binary as a child process (proc.go).
 package testdriver
 
 import (
