@@ -18,7 +18,8 @@ import (
 // raised" can be checked by writing) with --max-volume-size 64Mi. For an
 // 8Mi volume X: a smaller size is OK and keeps 8Mi and the data, no
 // capacity_range is INVALID_ARGUMENT, an unknown id NOT_FOUND, above the
-// maximum OUT_OF_RANGE. NodeExpandVolume of X at its publish directory
+// maximum OUT_OF_RANGE, an empty capacity_range INVALID_ARGUMENT, only a
+// limit_bytes it fits OK at 8Mi, one below 8Mi OUT_OF_RANGE. NodeExpandVolume of X at its publish directory
 // with 16Mi is OK and raises the quota; an unknown volume is NOT_FOUND.
 func TestC22ExpansionEdgeCases(t *testing.T) {
 	e := startEngine(t, mountEngines[1], func(o *driver.Options) { o.MaxVolumeBytes = 64 * Mi })
@@ -42,6 +43,18 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 	codeIs(t, err, codes.NotFound, "ControllerExpandVolume of an unknown volume")
 	_, err = expand(id, rng(128*Mi, 0))
 	codeIs(t, err, codes.OutOfRange, "ControllerExpandVolume above --max-volume-size")
+	// An empty capacity_range must not fall back to the default size of
+	// a new volume (it grew an 8Mi volume to 1Gi).
+	_, err = expand(id, rng(0, 0))
+	codeIs(t, err, codes.InvalidArgument, "ControllerExpandVolume with neither required_bytes nor limit_bytes")
+	// Only a limit the volume fits: nothing to grow, the current size.
+	resp, err = expand(id, rng(0, 16*Mi))
+	if codeIs(t, err, codes.OK, "ControllerExpandVolume with only limit_bytes 16Mi") && resp.GetCapacityBytes() != 8*Mi {
+		t.Errorf("ControllerExpandVolume with only limit_bytes: capacity %d, want 8Mi", resp.GetCapacityBytes())
+	}
+	// A limit below the size: volumes never shrink.
+	_, err = expand(id, rng(0, 4*Mi))
+	codeIs(t, err, codes.OutOfRange, "ControllerExpandVolume with limit_bytes below the size")
 	if got := e.capacityOf(id); got != 8*Mi {
 		t.Errorf("capacity after the refused expansions: %d, want 8Mi", got)
 	}
