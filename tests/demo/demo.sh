@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# make demo: start localdir in all mode on a throw-away data root and run the
+# make demo-sanity: start localdir in all mode on a throw-away data root and run the
 # csi-sanity command-line tool (kubernetes-csi/csi-test) against it, like a
 # CO would talk to the driver. Needs root (real bind mounts).
 set -euo pipefail
 BIN=${1:?driver binary}
 SANITY=${2:?csi-sanity binary}
 if [[ $EUID -ne 0 ]]; then
-	echo "make demo needs root: the driver makes real bind mounts." >&2
+	echo "make demo-sanity needs root: the driver makes real bind mounts." >&2
 	exit 1
 fi
 work=$(mktemp -d /tmp/localdir-demo.XXXXXX)
@@ -23,7 +23,7 @@ trap cleanup EXIT
 echo "== localdir demo: $("$BIN" --version)"
 echo "   data root $work/data, endpoint unix://$sock"
 "$BIN" --mode=all --endpoint="unix://$sock" --data-root="$work/data" --node-id=demo-node \
-	--capacity=4Gi --max-volume-size=1Gi >"$work/driver.log" 2>&1 &
+	--capacity=4Gi --max-volume-size=2Gi >"$work/driver.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 200); do [[ -S $sock ]] && break; sleep 0.05; done
 [[ -S $sock ]] || { echo "driver did not start:"; cat "$work/driver.log"; exit 1; }
@@ -40,8 +40,8 @@ if ((rc != 0)); then
 	cat "$work/sanity.log"
 	exit $rc
 fi
-echo "   (skipped specs are capabilities this version does not advertise: snapshots, clones,"
-echo "    expansion, raw block, ephemeral volumes, controller publish — see docs/capabilities.md)"
+echo "   (skipped specs need capabilities all mode does not advertise: controller publish,"
+echo "    VolumeAttributesClass, volume mount group, group snapshots — see docs/capabilities.md)"
 echo "== driver log: failed RPCs are logged with their gRPC code; the last few lines:"
 grep -c "GRPC failed" "$work/driver.log" | sed 's/^/   failed RPCs logged (csi-sanity sends bad input on purpose): /'
 left=$(grep -c " $work" /proc/self/mountinfo || true)
