@@ -175,8 +175,8 @@ func (d *Driver) Close() error {
 }
 
 // Listen opens a unix socket at path with mode 0660 (owner and group only).
-// A stale socket left by a killed process is replaced; any other file there
-// is an error, never removed.
+// A stale socket left by a killed process is replaced; a socket a live
+// process answers on, or any other file there, is an error, never removed.
 //
 // The socket is bound in a private directory (mode 0700) beside path,
 // chmod'ed and only then renamed to path: bind(2) creates it with the
@@ -185,6 +185,15 @@ func (d *Driver) Close() error {
 func Listen(path string) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket == 0 {
 		return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
+	} else if err == nil {
+		// A socket someone still answers on belongs to a running process
+		// (another localdir on the same --endpoint): taking it over would
+		// cut that one off. Only a stale socket (connection refused) is
+		// replaced.
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s is in use: another process serves on it (is another localdir-csi running with this --endpoint?)", path)
+		}
 	}
 	private, err := os.MkdirTemp(filepath.Dir(path), ".sock")
 	if err != nil {

@@ -173,6 +173,9 @@ func (o *Options) Validate() error {
 		if !filepath.IsAbs(o.DataRoot) {
 			return fmt.Errorf("--data-root=%q: must be an absolute path", o.DataRoot)
 		}
+		if filepath.Clean(o.DataRoot) == "/" {
+			return fmt.Errorf("--data-root=%q: must be a directory of its own, not the root of the host (localdir creates volumes/, snapshots/, block/, orphaned/ and state.db in it)", o.DataRoot)
+		}
 		if o.KubeletRoot != "" && !filepath.IsAbs(o.KubeletRoot) {
 			return fmt.Errorf("--kubelet-root=%q: must be an absolute path (or empty for no check)", o.KubeletRoot)
 		}

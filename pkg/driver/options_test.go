@@ -55,6 +55,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"relative data root", func(o *Options) { o.DataRoot = "var/lib/localdir" }, "--data-root"},
 		{"dot data root", func(o *Options) { o.DataRoot = "./data" }, "--data-root"},
 		{"empty data root", func(o *Options) { o.DataRoot = "" }, "--data-root"},
+		{"host root as data root", func(o *Options) { o.DataRoot = "/" }, "not the root of the host"},
+		{"host root as data root, unclean", func(o *Options) { o.DataRoot = "//./" }, "not the root of the host"},
 		{"relative data root in node mode", func(o *Options) { o.Mode = ModeNode; o.DataRoot = "data" }, "--data-root"},
 		// Controller mode keeps no data and uses no node id of its own.
 		{"controller ignores data root", func(o *Options) { o.Mode = ModeController; o.DataRoot = "" }, ""},

@@ -27,7 +27,8 @@ import (
 // under umask 0 (bind(2) would make it 0777): a watcher polls the path
 // while the binary starts and records every mode it sees. It replaces a
 // stale socket of a killed predecessor, and refuses to replace anything
-// else.
+// else: a live driver's socket (a second driver on the same endpoint does
+// not start) or a file.
 func TestSocketPermissions(t *testing.T) {
 	dir := tempDir(t)
 	sock := filepath.Join(dir, "csi.sock")
@@ -74,13 +75,36 @@ func TestSocketPermissions(t *testing.T) {
 		// Killed: the next round starts over its stale socket.
 		p.kill()
 	}
+	// A socket a live driver serves on is not taken over: a second driver
+	// on the same endpoint (another data root) refuses to start, and the
+	// first keeps its socket and answers.
+	p := startProc(t, dir)
+	var before unix.Stat_t
+	if err := unix.Lstat(sock, &before); err != nil {
+		t.Fatal(err)
+	}
+	// Bounded: a driver that takes the socket over keeps running.
+	second, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(second, driverBinary(t), procArgs(dir, "--data-root="+filepath.Join(tempDir(t), "other"))...).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || !strings.Contains(string(out), "in use") {
+		t.Errorf("a second driver on a live endpoint: err %v, want a refusal naming the socket in use:\n%s", err, out)
+	}
+	var after unix.Stat_t
+	if err := unix.Lstat(sock, &after); err != nil || after.Ino != before.Ino {
+		t.Errorf("the live driver's socket was replaced or removed (inode %d → %d, %v)", before.Ino, after.Ino, err)
+	}
+	if _, err := p.identity.Probe(ctx(t), &csi.ProbeRequest{}); err != nil {
+		t.Errorf("the first driver stopped answering after a second one tried its endpoint: %v", err)
+	}
+	p.kill()
 	// Anything but a socket at the endpoint is refused, never removed.
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
 	}
 	writeSynced(t, sock, []byte("not a socket"))
-	out, err := exec.Command(driverBinary(t), procArgs(dir)...).CombinedOutput()
-	var ee *exec.ExitError
+	out, err = exec.Command(driverBinary(t), procArgs(dir)...).CombinedOutput()
 	if !errors.As(err, &ee) {
 		t.Errorf("the driver started with a regular file at its endpoint: %v\n%s", err, out)
 	}
