@@ -80,6 +80,14 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		if p := capProblem(c); p != "" {
 			return nil, invalid("%s", p)
 		}
+		// Flags a bind mount cannot apply (a StorageClass's mountOptions)
+		// are refused now, not after the PVC bound and a pod waits on a
+		// failing NodeStageVolume.
+		if m := c.GetMount(); m != nil {
+			if _, err := volume.ParseMountFlags(m.GetMountFlags()); err != nil {
+				return nil, toStatus(err)
+			}
+		}
 	}
 	params, err := parseParams(req.GetParameters())
 	if err != nil {

@@ -65,7 +65,7 @@ func ParseMountFlags(flags []string) (mountFlags, error) {
 			}
 			e, ok := flagTable[f]
 			if !ok {
-				return mountFlags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts accept: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime)", ErrInvalid, f)
+				return mountFlags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts apply: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime; rw, suid, dev, exec, atime, diratime, defaults, bind and rbind are accepted and change nothing)", ErrInvalid, f)
 			}
 			mf.set |= e.set
 			if e.atime != 0 {

@@ -116,6 +116,25 @@ func TestC26CapabilityAndMountFlags(t *testing.T) {
 			_, err = in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s3, VolumeCapability: mntCap(flags...)})
 			codeIs(t, err, codes.InvalidArgument, "NodeStageVolume with flags "+filepath.Join(flags...))
 			assertMountCount(t, s3, 0)
+
+			// Refused already at CreateVolume (a StorageClass's
+			// mountOptions), and nothing is created.
+			name := "c26-flags-" + filepath.Base(filepath.Join(flags...))
+			_, err = in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+				Name: name, CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap(flags...)},
+			})
+			codeIs(t, err, codes.InvalidArgument, "CreateVolume with flags "+filepath.Join(flags...))
+		}
+		list, err := in.Controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
+		if codeIs(t, err, codes.OK, "ListVolumes") && len(list.GetEntries()) != 1 {
+			t.Errorf("CreateVolume with unknown flags created volumes: %d listed, want 1", len(list.GetEntries()))
+		}
+		// Flags a bind mount applies, or accepts without effect, are fine.
+		v, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+			Name: "c26-good-flags", CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap("noatime", "rw,nodev")},
+		})
+		if codeIs(t, err, codes.OK, "CreateVolume with flags noatime, rw,nodev") {
+			deleteVolume(t, in, v.GetVolume().GetVolumeId())
 		}
 	})
 
