@@ -367,8 +367,8 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 // node holds but no object claims. Such data lost its object without a
 // DeleteVolume/DeleteSnapshot (those remove the local record before the
 // finalizer goes): its CRD was deleted, or the object was deleted by hand
-// or a pending delete's finalizer cleared. Re-creating the object lets existing PVs work
-// again with no manual step. The objects carry ReadoptedLabel. It returns
+// or a pending delete's finalizer cleared. Re-creating the object lets
+// existing PVs work again with no manual step. The objects carry ReadoptedLabel. It returns
 // the orphans it could not re-adopt (e.g. while the CRDs are missing).
 func (a *NodeAgent) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.OrphanedData {
 	var left []v1.OrphanedData

@@ -170,8 +170,10 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if cr.GetRequiredBytes() == 0 && cr.GetLimitBytes() == 0 {
 		return nil, invalid("capacity_range needs required_bytes or limit_bytes")
 	}
-	var size int64                                            // 0: no growth asked for (only a limit_bytes)
-	if cr.GetRequiredBytes() != 0 || cr.GetLimitBytes() < 0 { // resolveSize checks signs and the range
+	// size stays 0 when no growth is asked for (only a limit_bytes);
+	// resolveSize checks the signs and the range otherwise.
+	var size int64
+	if cr.GetRequiredBytes() != 0 || cr.GetLimitBytes() < 0 {
 		var err error
 		if size, err = resolveSize(cr, 0, s.d.opts.MaxVolumeBytes); err != nil {
 			return nil, err

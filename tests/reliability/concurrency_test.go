@@ -83,6 +83,25 @@ func TestConcurrentClients(t *testing.T) {
 		t.Errorf("%s: %s (%v), want OK or one of %v", what, c, err, ok)
 	}
 
+	// created records an acknowledged CreateVolume of name: a volume id is
+	// never returned for two names, and its largest size is kept.
+	created := func(t *testing.T, name string, v *csi.Volume) {
+		t.Helper()
+		id := v.GetVolumeId()
+		mu.Lock()
+		n, seen := nameOf[id]
+		if seen && n != name {
+			t.Errorf("CreateVolume %s returned %s, the volume of %s", name, id, n)
+		}
+		if !seen {
+			ids = append(ids, id)
+		}
+		nameOf[id] = name
+		maxSize[id] = max(maxSize[id], v.GetCapacityBytes())
+		mu.Unlock()
+		_ = os.MkdirAll(staging(id), 0o750)
+	}
+
 	deadline := time.Now().Add(time.Duration(setting("LOCALDIR_CONCURRENCY_SECONDS", 60, 600)) * time.Second)
 	runCtx, cancel := context.WithDeadline(context.Background(), deadline.Add(30*time.Second))
 	defer cancel()
@@ -102,19 +121,7 @@ func TestConcurrentClients(t *testing.T) {
 					// snapshot, which this request does not name.
 					allowed(t, "CreateVolume", err, codes.Aborted, codes.AlreadyExists)
 					if err == nil {
-						id := resp.GetVolume().GetVolumeId()
-						mu.Lock()
-						if n, seen := nameOf[id]; seen && n != name {
-							t.Errorf("CreateVolume %s returned %s, the volume of %s", name, id, n)
-						}
-						if _, seen := nameOf[id]; !seen {
-							ids = append(ids, id)
-							maxSize[id] = resp.GetVolume().GetCapacityBytes()
-						}
-						nameOf[id] = name
-						maxSize[id] = max(maxSize[id], resp.GetVolume().GetCapacityBytes())
-						mu.Unlock()
-						_ = os.MkdirAll(staging(id), 0o750)
+						created(t, name, resp.GetVolume())
 					}
 				case x < 30:
 					id := pick(r, &ids)
@@ -180,18 +187,7 @@ func TestConcurrentClients(t *testing.T) {
 					// (ALREADY_EXISTS); the snapshot may be gone (NOT_FOUND).
 					allowed(t, "CreateVolume(restore)", err, codes.Aborted, codes.AlreadyExists, codes.NotFound, codes.OutOfRange)
 					if err == nil {
-						id := resp.GetVolume().GetVolumeId()
-						mu.Lock()
-						if n, seen := nameOf[id]; seen && n != name {
-							t.Errorf("CreateVolume %s returned %s, the volume of %s", name, id, n)
-						}
-						if _, seen := nameOf[id]; !seen {
-							ids = append(ids, id)
-						}
-						nameOf[id] = name
-						maxSize[id] = max(maxSize[id], resp.GetVolume().GetCapacityBytes())
-						mu.Unlock()
-						_ = os.MkdirAll(staging(id), 0o750)
+						created(t, name, resp.GetVolume())
 					}
 				case x < 73:
 					id := pick(r, &ids)
