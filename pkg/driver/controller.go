@@ -44,15 +44,23 @@ func (s *controller) csiVolume(v *state.Volume) *csi.Volume {
 // one ALREADY_EXISTS. Codes: INVALID_ARGUMENT, ALREADY_EXISTS, OUT_OF_RANGE,
 // RESOURCE_EXHAUSTED (no room, or the topology excludes this node), ABORTED
 // (a call for the same name, or on the source volume, is in flight),
-// NOT_FOUND (content source). With a content source and no capacity_range
-// the volume gets the source's size; a smaller size is OUT_OF_RANGE, and a
-// source of the other access type INVALID_ARGUMENT.
+// NOT_FOUND (content source). The size is resolveCreateSize's: with a
+// content source, the source's size (in bytes) unless required_bytes asks
+// for more — a capacity_range without required_bytes, or with both fields
+// 0, is unspecified, not a request for the default size — and OUT_OF_RANGE
+// when limit_bytes (or --max-volume-size) is below the source's size. A
+// source of the other access type is INVALID_ARGUMENT.
 func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err
 	}
-	if err := checkCapsWellFormed(req.GetVolumeCapabilities()); err != nil {
-		return nil, err
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume_capabilities are required")
+	}
+	// Every capability must be one a volume can serve, and one volume all
+	// of them (a mount and a block capability together: none).
+	if i := judgeCaps(req.GetVolumeCapabilities(), ""); i != nil {
+		return nil, i.err()
 	}
 	if cr := req.GetCapacityRange(); cr.GetRequiredBytes() < 0 || cr.GetLimitBytes() < 0 ||
 		(cr.GetLimitBytes() > 0 && cr.GetRequiredBytes() > cr.GetLimitBytes()) {
@@ -76,19 +84,6 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return &csi.CreateVolumeResponse{Volume: s.csiVolume(existing)}, nil
 	}
 
-	for _, c := range req.GetVolumeCapabilities() {
-		if p := capProblem(c); p != "" {
-			return nil, invalid("%s", p)
-		}
-		// Flags a bind mount cannot apply (a StorageClass's mountOptions)
-		// are refused now, not after the PVC bound and a pod waits on a
-		// failing NodeStageVolume.
-		if m := c.GetMount(); m != nil {
-			if _, err := volume.ParseMountFlags(m.GetMountFlags()); err != nil {
-				return nil, toStatus(err)
-			}
-		}
-	}
 	params, err := parseParams(req.GetParameters())
 	if err != nil {
 		return nil, err
@@ -97,11 +92,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	size := srcSize
-	if req.GetCapacityRange() != nil || srcSize == 0 {
-		if size, err = resolveSize(req.GetCapacityRange(), s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes); err != nil {
-			return nil, err
-		}
+	size, err := resolveCreateSize(req.GetCapacityRange(), srcSize, s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
+	if err != nil {
+		return nil, err
 	}
 	if srcVol != "" {
 		// The source must not be deleted while it is copied.
@@ -174,13 +167,18 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 
 // ValidateVolumeCapabilities confirms the capabilities this volume supports
 // (spec §ValidateVolumeCapabilities): confirmed is set only when every
-// capability is supported. Codes: INVALID_ARGUMENT, NOT_FOUND.
+// capability is supported, as judgeCaps decides for CreateVolume and the
+// node calls too; otherwise confirmed stays unset and message says why.
+// Codes: INVALID_ARGUMENT (no id, no or a malformed capability), NOT_FOUND.
 func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if err := checkCapsWellFormed(req.GetVolumeCapabilities()); err != nil {
-		return nil, err
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume_capabilities are required")
+	}
+	if i := judgeCaps(req.GetVolumeCapabilities(), ""); i != nil && i.malformed {
+		return nil, i.err()
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
@@ -189,13 +187,8 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if _, err := parseParams(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
-	for _, c := range req.GetVolumeCapabilities() {
-		if p := capProblem(c); p != "" {
-			return &csi.ValidateVolumeCapabilitiesResponse{Message: p}, nil
-		}
-		if at := accessTypeOf([]*csi.VolumeCapability{c}); at != v.AccessType {
-			return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s is a %s volume, not %s", v.ID, v.AccessType, at)}, nil
-		}
+	if i := judgeCaps(req.GetVolumeCapabilities(), v.AccessType); i != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s: %s", v.ID, i.msg)}, nil
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
 		VolumeContext:      req.GetVolumeContext(),
@@ -246,21 +239,19 @@ func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 // requested topology segment (all mode: this node; controller mode: the
 // node the segment names, from its LocalNode): min(capacity − Σ volume
 // sizes, free space), and the largest volume that may be requested (spec
-// §GetCapacity). Capabilities or a topology that cannot be served get 0. Codes: INVALID_ARGUMENT (malformed capability or
-// unknown parameter).
+// §GetCapacity). Capabilities that cannot be served (judgeCaps, as for
+// CreateVolume) or a topology that cannot be served get 0. Codes:
+// INVALID_ARGUMENT (malformed capability or unknown parameter).
 func (s *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	for _, c := range req.GetVolumeCapabilities() {
-		if err := checkCapWellFormed(c); err != nil {
-			return nil, err
-		}
+	issue := judgeCaps(req.GetVolumeCapabilities(), "")
+	if issue != nil && issue.malformed {
+		return nil, issue.err()
 	}
 	if _, err := parseParams(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	for _, c := range req.GetVolumeCapabilities() {
-		if capProblem(c) != "" {
-			return &csi.GetCapacityResponse{MaximumVolumeSize: wrapperspb.Int64(0)}, nil
-		}
+	if issue != nil {
+		return &csi.GetCapacityResponse{MaximumVolumeSize: wrapperspb.Int64(0)}, nil
 	}
 	avail, largest, err := s.d.backend.Capacity(ctx, req.GetAccessibleTopology())
 	if err != nil {
@@ -309,8 +300,10 @@ type publisher interface {
 // wants to use it on (spec §ControllerPublishVolume); there is nothing to
 // attach. Served in controller mode, where csi-attacher may run
 // (CSIDriver attachRequired is a deploy-time choice). Codes:
-// INVALID_ARGUMENT, NOT_FOUND (volume or node), FAILED_PRECONDITION (the
-// volume lives on another node, or its access type differs).
+// INVALID_ARGUMENT (missing field, malformed capability, a mount flag a bind
+// mount cannot apply), NOT_FOUND (volume or node), FAILED_PRECONDITION (the
+// volume lives on another node; a multi-node access mode or the other
+// access type — judgeCaps, as for the node calls).
 func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	p, ok := s.d.backend.(publisher)
 	if !ok {
@@ -322,8 +315,8 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if req.GetNodeId() == "" {
 		return nil, invalid("node_id is required")
 	}
-	if err := checkCapWellFormed(req.GetVolumeCapability()); err != nil {
-		return nil, err
+	if i := judgeCaps([]*csi.VolumeCapability{req.GetVolumeCapability()}, ""); i != nil && i.malformed {
+		return nil, i.err()
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
@@ -339,11 +332,8 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if v.Node != req.GetNodeId() {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s lives on node %q, not on %q: local volumes cannot move", v.ID, v.Node, req.GetNodeId())
 	}
-	if p := capProblem(req.GetVolumeCapability()); p != "" {
-		return nil, status.Error(codes.FailedPrecondition, p)
-	}
-	if at := accessTypeOf([]*csi.VolumeCapability{req.GetVolumeCapability()}); at != v.AccessType {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is a %s volume, not %s", v.ID, v.AccessType, at)
+	if err := checkNodeCap(req.GetVolumeCapability(), v.AccessType); err != nil {
+		return nil, err
 	}
 	return &csi.ControllerPublishVolumeResponse{}, nil
 }

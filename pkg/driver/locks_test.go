@@ -122,9 +122,9 @@ func TestKeyLocksWait(t *testing.T) {
 	wantCode(t, err, codes.OK)
 
 	// A busy key: wait gives up with ABORTED when its context ends.
+	start := time.Now() // before the deadline is set, so it cannot look early
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	r, err := l.wait(ctx, "volume", "a", "b")
 	wantCode(t, err, codes.Aborted)
 	if r != nil || time.Since(start) < 20*time.Millisecond {

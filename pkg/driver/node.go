@@ -8,8 +8,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
@@ -26,17 +24,15 @@ type node struct {
 // inline volumes.
 const ephemeralKey = "csi.storage.k8s.io/ephemeral"
 
-// checkNodeCap validates a capability for a node call: malformed →
-// INVALID_ARGUMENT; one the volume cannot serve → FAILED_PRECONDITION (spec
-// NodeStageVolume / NodePublishVolume errors, "exceeds capabilities").
-func checkNodeCap(c *csi.VolumeCapability) error {
-	if err := checkCapWellFormed(c); err != nil {
-		return err
+// checkVolumeCap judges capability c against the volume id names
+// (judgeCaps with its access type): NOT_FOUND for an unknown volume,
+// FAILED_PRECONDITION for the other access type.
+func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
+	v, err := s.d.vm.Get(id)
+	if err != nil {
+		return toStatus(err)
 	}
-	if p := capProblem(c); p != "" {
-		return status.Error(codes.FailedPrecondition, p)
-	}
-	return nil
+	return checkNodeCap(c, v.AccessType)
 }
 
 // checkNodePath validates a staging_target_path or target_path given by the
@@ -100,11 +96,16 @@ func checkKubeletRoot(field, p, root string) error {
 	return invalid("%s %q%s is not below the kubelet root %q (--kubelet-root); the node plugin works only on paths the kubelet gives it there", field, p, resolved, root)
 }
 
-// NodeStageVolume bind-mounts the volume onto staging_target_path (spec
-// §NodeStageVolume). Codes: INVALID_ARGUMENT (missing field, bad mount
-// flag, path not a directory or a symlink), NOT_FOUND (unknown volume),
-// FAILED_PRECONDITION (capability), ALREADY_EXISTS (staged with other flags
-// or something else mounted there), ABORTED (call on this id in flight).
+// NodeStageVolume bind-mounts a mount volume onto staging_target_path, or
+// attaches a block volume's loop device and makes a device node of it at
+// <staging_target_path>/<volume_id> (spec §NodeStageVolume). The capability
+// is judged by judgeCaps, as in CreateVolume and
+// ValidateVolumeCapabilities. Codes: INVALID_ARGUMENT (missing field,
+// malformed capability, a mount flag a bind mount cannot apply, path not a
+// directory or a symlink), NOT_FOUND (unknown volume), FAILED_PRECONDITION
+// (a multi-node access mode, or the other access type), ALREADY_EXISTS
+// (staged with other flags or something else mounted there), ABORTED (call
+// on this id in flight).
 func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -112,7 +113,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
+	if err := checkNodeCap(req.GetVolumeCapability(), ""); err != nil {
 		return nil, err
 	}
 	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
@@ -121,13 +122,18 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	}
 	defer release()
 	c := req.GetVolumeCapability()
+	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
+		return nil, err
+	}
 	err = s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
 	return &csi.NodeStageVolumeResponse{}, toStatus(err)
 }
 
-// NodeUnstageVolume unmounts staging_target_path and detaches a block
-// volume's loop device (spec §NodeUnstageVolume); not staged, and unknown
-// volumes, are success. Codes: INVALID_ARGUMENT, ABORTED.
+// NodeUnstageVolume unmounts staging_target_path; for a block volume it
+// removes the device node <staging_target_path>/<volume_id> and detaches
+// the volume's loop devices, read-write and read-only (spec
+// §NodeUnstageVolume). Not staged, and unknown volumes, are success. Codes:
+// INVALID_ARGUMENT, ABORTED.
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -145,9 +151,15 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 
 // NodePublishVolume bind-mounts the staged volume onto target_path,
 // read-only when asked, with the capability's mount flags (spec
-// §NodePublishVolume). Codes: INVALID_ARGUMENT, NOT_FOUND,
-// FAILED_PRECONDITION (not staged, capability), ALREADY_EXISTS (target
-// holds another mount or other flags), ABORTED.
+// §NodePublishVolume). A block volume's device node is bound onto a file at
+// target_path: the read-write loop device, or with readonly a read-only
+// loop device over the same image, which refuses writes (EPERM). A
+// repeated call must ask for what is there: the same volume, readonly and
+// flags, for both access types. Codes: INVALID_ARGUMENT (as for
+// NodeStageVolume), NOT_FOUND, FAILED_PRECONDITION (not staged; a
+// multi-node access mode or the other access type), ALREADY_EXISTS (target
+// holds another mount, or this volume with another readonly or other
+// flags), ABORTED.
 func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -155,7 +167,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	if err := checkNodeCap(req.GetVolumeCapability()); err != nil {
+	if err := checkNodeCap(req.GetVolumeCapability(), ""); err != nil {
 		return nil, err
 	}
 	if req.GetVolumeContext()[ephemeralKey] == "true" {
@@ -173,6 +185,9 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	defer release()
 	c := req.GetVolumeCapability()
+	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
+		return nil, err
+	}
 	singleWriter := c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
 	err = s.d.vm.Publish(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}),
 		req.GetReadonly(), singleWriter, c.GetMount().GetMountFlags())
@@ -183,7 +198,9 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 // §NodeUnpublishVolume). It succeeds for unknown volumes and paths that are
 // missing or not mounted, so kubelet can always finish. Codes:
 // INVALID_ARGUMENT, FAILED_PRECONDITION (a non-empty directory that is not a
-// mount). An ephemeral inline volume is deleted with its publication.
+// mount). An ephemeral inline volume is deleted with its publication; a
+// block volume's read-only loop device is detached with its last read-only
+// publication.
 func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -199,7 +216,7 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		return nil, err
 	}
 	defer release()
-	if err := volume.Unpublish(req.GetTargetPath()); err != nil {
+	if err := s.d.vm.Unpublish(req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
 	if !volume.ValidVolumeID(req.GetVolumeId()) {
@@ -216,7 +233,11 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 }
 
 // NodeGetVolumeStats reports the volume's own usage in bytes and inodes
-// (not its host filesystem's) (spec §NodeGetVolumeStats).
+// (not its host filesystem's) (spec §NodeGetVolumeStats). volume_path must
+// be where the volume is staged or published, as NodeStageVolume and
+// NodePublishVolume made it (for a block volume: the bind-mounted device
+// file at a target_path, or a staging directory holding its staged device
+// node); any other path is NOT_FOUND, even while the volume is attached.
 // Codes: INVALID_ARGUMENT, NOT_FOUND (unknown volume, or volume_path does
 // not show it). Takes no lock: it only reads.
 func (s *node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {

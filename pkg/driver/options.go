@@ -51,8 +51,10 @@ type Options struct {
 	// MaxVolumeBytes is the largest volume a CreateVolume may ask for; 0 = no
 	// limit but the capacity.
 	MaxVolumeBytes int64
-	// DefaultVolumeBytes is the size of a volume whose CreateVolume has no
-	// capacity_range.
+	// DefaultVolumeBytes is the size in bytes of a new empty volume whose
+	// CreateVolume gives no required_bytes (no capacity_range, or one with
+	// required_bytes 0; capped by its limit_bytes). A restore or clone gets
+	// its source's size instead.
 	DefaultVolumeBytes int64
 	// MaxVolumesPerNode is NodeGetInfo.max_volumes_per_node (0 = unlimited).
 	MaxVolumesPerNode int64
@@ -130,7 +132,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "[node, all] absolute directory holding the volumes and the state file")
 	fs.Var(o.capacity, "capacity", "[node, all] bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
 	fs.Var(o.maxVolume, "max-volume-size", "[controller, all] largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
-	fs.Var(o.defaultVolume, "default-volume-size", "[controller, all] size of a volume requested without capacity_range, in bytes or e.g. 1Gi")
+	fs.Var(o.defaultVolume, "default-volume-size", "[controller, all] size of a new empty volume requested without capacity_range.required_bytes (a restore or clone gets its source's size), in bytes or e.g. 1Gi")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "[all modes] host:port to serve Prometheus metrics on at /metrics, e.g. :9810 (default: off)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "[controller, node] kubeconfig file for the API server (default: in-cluster configuration)")
 	fs.StringVar(&o.Engine, "engine", "auto", "[node, all] storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")

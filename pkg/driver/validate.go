@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -16,14 +15,19 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // maxNameBytes is the CSI limit on names and ids the driver accepts ("SP
 // SHOULD support the maximum length of 128 bytes", spec "Size Limits").
 const maxNameBytes = 128
 
-// checkName validates a CSI name or CO-chosen id: non-empty, at most 128
-// bytes of valid UTF-8 with no control characters. Returns INVALID_ARGUMENT.
+// checkName validates a CSI name (CreateVolume, CreateSnapshot): non-empty,
+// at most 128 bytes of valid UTF-8, and none of the characters the CSI spec
+// bans in names (bannedInName). Tab, LF and CR are allowed, as the spec
+// allows them. Returns INVALID_ARGUMENT naming the field and the character
+// (as U+XXXX, never raw). Names are never used in a path; logs and messages
+// quote them (%q, klog values).
 func checkName(field, s string) error {
 	if s == "" {
 		return invalid("%s is required", field)
@@ -35,11 +39,24 @@ func checkName(field, s string) error {
 		return invalid("%s is not valid UTF-8", field)
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) {
-			return invalid("%s must not contain control characters (found %U)", field, r)
+		if bannedInName(r) {
+			return invalid("%s must not contain the control character %U (the CSI spec bans U+0000-U+0008, U+000B, U+000C, U+000E-U+001F and U+007F-U+009F in names)", field, r)
 		}
 	}
 	return nil
+}
+
+// bannedInName reports the characters the CSI spec excludes from names
+// (CreateVolumeRequest.name, CreateSnapshotRequest.name): U+0000–U+0008,
+// U+000B, U+000C, U+000E–U+001F and U+007F–U+009F, that is every control
+// character but the common whitespace tab (U+0009), line feed (U+000A) and
+// carriage return (U+000D).
+func bannedInName(r rune) bool {
+	switch {
+	case r <= 0x08, r == 0x0b, r == 0x0c, r >= 0x0e && r <= 0x1f, r >= 0x7f && r <= 0x9f:
+		return true
+	}
+	return false
 }
 
 // supportedAccessModes are the single-node modes: a local directory lives on
@@ -51,39 +68,112 @@ var supportedAccessModes = map[csi.VolumeCapability_AccessMode_Mode]bool{
 	csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:  true,
 }
 
-// capProblem explains why a capability cannot be served, or returns "".
-// Malformed capabilities (no access mode, no access type) are reported by
-// checkCapsWellFormed instead.
-func capProblem(c *csi.VolumeCapability) string {
-	if !supportedAccessModes[c.GetAccessMode().GetMode()] {
-		return fmt.Sprintf("access mode %s is not supported: localdir volumes live on one node (use a SINGLE_NODE_* mode)", c.GetAccessMode().GetMode())
-	}
-	return ""
+// capIssue is why volume capabilities cannot be served, as judgeCaps
+// decides it. Each RPC turns it into its answer:
+//
+//   - CreateVolume: INVALID_ARGUMENT (any issue);
+//   - ValidateVolumeCapabilities: INVALID_ARGUMENT when malformed, else
+//     `confirmed` unset and msg in `message`;
+//   - GetCapacity: INVALID_ARGUMENT when malformed, else available 0;
+//   - NodeStageVolume, NodePublishVolume, ControllerPublishVolume: nodeErr.
+type capIssue struct {
+	// malformed: a required part is missing (the capability, its access
+	// mode, its access type) — INVALID_ARGUMENT from every RPC.
+	malformed bool
+	// exceeds: well formed, but more than a volume can serve: a
+	// multi-node access mode, or the other access type than the volume's
+	// (CSI NodeStageVolume / NodePublishVolume "Exceeds capabilities",
+	// FAILED_PRECONDITION). Otherwise a value in it is not accepted (a
+	// mount flag a bind mount cannot apply, both access types asked for
+	// at once): INVALID_ARGUMENT.
+	exceeds bool
+	msg     string
 }
 
-// checkCapsWellFormed rejects an empty list and capabilities without an
-// access mode or access type (INVALID_ARGUMENT).
-func checkCapsWellFormed(caps []*csi.VolumeCapability) error {
-	if len(caps) == 0 {
-		return invalid("volume_capabilities are required")
+// nodeErr is the gRPC error of a node call (and ControllerPublishVolume)
+// for this issue: FAILED_PRECONDITION when it exceeds what the volume can
+// serve, INVALID_ARGUMENT otherwise.
+func (i *capIssue) nodeErr() error {
+	if i.exceeds && !i.malformed {
+		return status.Error(codes.FailedPrecondition, i.msg)
+	}
+	return status.Error(codes.InvalidArgument, i.msg)
+}
+
+// err is INVALID_ARGUMENT with the issue's message (CreateVolume, and the
+// malformed case everywhere).
+func (i *capIssue) err() error { return status.Error(codes.InvalidArgument, i.msg) }
+
+// judgeCaps is the one decision on volume capabilities, shared by every
+// RPC that takes them (CreateVolume, ValidateVolumeCapabilities,
+// GetCapacity, ControllerPublishVolume, NodeStageVolume,
+// NodePublishVolume), so that none confirms what another refuses. It
+// returns nil when every capability can be served, else the first issue:
+//
+//  1. malformed, checked over the whole list first: a nil capability, no
+//     access mode (or UNKNOWN), no access type;
+//  2. per capability, in order: an access mode other than the SINGLE_NODE_*
+//     ones (a local directory lives on one node); for a mount capability,
+//     each mount flag (volume.ParseMountFlags: what a bind mount can apply
+//     or accepts without effect) — its fs_type is accepted whatever it is,
+//     as a volume is a directory on the data root's filesystem and never
+//     formatted (kubelet passes the PV's fsType through); and, when
+//     volAccessType is an existing volume's (state.AccessMount or
+//     state.AccessBlock, "" for a new volume), the same access type;
+//  3. a list asking for both a mount and a block volume: no one volume
+//     satisfies both (CSI CreateVolume: the volume MUST satisfy every
+//     capability).
+//
+// An empty list is no issue here; the RPCs that require capabilities say
+// so themselves.
+func judgeCaps(caps []*csi.VolumeCapability, volAccessType string) *capIssue {
+	for _, c := range caps {
+		if msg := malformedCap(c); msg != "" {
+			return &capIssue{malformed: true, msg: msg}
+		}
 	}
 	for _, c := range caps {
-		if err := checkCapWellFormed(c); err != nil {
-			return err
+		if m := c.GetAccessMode().GetMode(); !supportedAccessModes[m] {
+			return &capIssue{exceeds: true, msg: fmt.Sprintf("access mode %s is not supported: localdir volumes live on one node (use a SINGLE_NODE_* mode)", m)}
 		}
+		if mnt := c.GetMount(); mnt != nil {
+			if _, err := volume.ParseMountFlags(mnt.GetMountFlags()); err != nil {
+				return &capIssue{msg: err.Error()}
+			}
+		}
+		if at := accessTypeOf([]*csi.VolumeCapability{c}); volAccessType != "" && at != volAccessType {
+			return &capIssue{exceeds: true, msg: fmt.Sprintf("the volume is a %s volume; a capability asks for %s", volAccessType, at)}
+		}
+	}
+	var mount, blk bool
+	for _, c := range caps {
+		mount, blk = mount || c.GetMount() != nil, blk || c.GetBlock() != nil
+	}
+	if mount && blk {
+		return &capIssue{msg: "volume_capabilities ask for both a mount and a block volume; a volume is one or the other, so none satisfies every capability"}
 	}
 	return nil
 }
 
-func checkCapWellFormed(c *csi.VolumeCapability) error {
-	if c == nil {
-		return invalid("volume_capability is required")
+// malformedCap names the missing part of a capability, or returns "".
+func malformedCap(c *csi.VolumeCapability) string {
+	switch {
+	case c == nil:
+		return "volume_capability is required"
+	case c.GetAccessMode() == nil || c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_UNKNOWN:
+		return "volume_capability.access_mode is required"
+	case c.GetMount() == nil && c.GetBlock() == nil:
+		return "volume_capability.access_type (mount or block) is required"
 	}
-	if c.GetAccessMode() == nil || c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_UNKNOWN {
-		return invalid("volume_capability.access_mode is required")
-	}
-	if c.GetMount() == nil && c.GetBlock() == nil {
-		return invalid("volume_capability.access_type (mount or block) is required")
+	return ""
+}
+
+// checkNodeCap judges the one capability of a node call (or
+// ControllerPublishVolume) with judgeCaps, for a volume of access type
+// volAccessType ("" before the volume is looked up). Codes: see nodeErr.
+func checkNodeCap(c *csi.VolumeCapability, volAccessType string) error {
+	if i := judgeCaps([]*csi.VolumeCapability{c}, volAccessType); i != nil {
+		return i.nodeErr()
 	}
 	return nil
 }
@@ -205,6 +295,33 @@ func resolveSize(cr *csi.CapacityRange, defBytes, maxBytes int64) (int64, error)
 		return 0, status.Errorf(codes.OutOfRange, "no size satisfies capacity_range (required_bytes=%d, limit_bytes=%d)", req, lim)
 	}
 	return size, nil
+}
+
+// resolveCreateSize is the size in bytes of a new volume: resolveSize's
+// without a content source (srcSize 0); with one, the smallest size the
+// range allows that holds the source: max(required_bytes rounded up,
+// srcSize). A zero required_bytes or limit_bytes is unspecified (CSI
+// CapacityRange), so capacity_range{} and a limit_bytes alone give the
+// source's size, never the default size. Errors: INVALID_ARGUMENT for
+// negative or inverted ranges; OUT_OF_RANGE when limit_bytes or maxBytes
+// is below the source's size (CSI CreateVolume errors, "Unsupported
+// capacity_range": smaller than the source) or required_bytes above
+// maxBytes.
+func resolveCreateSize(cr *csi.CapacityRange, srcSize, defBytes, maxBytes int64) (int64, error) {
+	if srcSize <= 0 {
+		return resolveSize(cr, defBytes, maxBytes)
+	}
+	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
+	if req < 0 || lim < 0 || (lim > 0 && req > lim) {
+		return resolveSize(cr, defBytes, maxBytes) // the INVALID_ARGUMENT of a bad range
+	}
+	if lim > 0 && srcSize > lim {
+		return 0, status.Errorf(codes.OutOfRange, "the content source holds %d bytes, more than limit_bytes %d; a volume cannot be smaller than its source", srcSize, lim)
+	}
+	if maxBytes > 0 && srcSize > maxBytes {
+		return 0, status.Errorf(codes.OutOfRange, "the content source holds %d bytes, more than the maximum volume size of %d bytes", srcSize, maxBytes)
+	}
+	return resolveSize(&csi.CapacityRange{RequiredBytes: max(req, srcSize), LimitBytes: lim}, defBytes, maxBytes)
 }
 
 // sizeFits reports whether an existing size satisfies a capacity range.

@@ -74,15 +74,27 @@ func TestCheckName(t *testing.T) {
 		{"explicit RuneError is valid", "\uFFFD", true, ""},
 		{"NUL", "a\x00b", false, "U+0000"},
 		{"only NUL", "\x00", false, "U+0000"},
-		{"tab", "a\tb", false, "U+0009"},
-		{"newline", "name\n", false, "U+000A"},
-		{"carriage return", "\rname", false, "U+000D"},
+		// The spec bans U+0000-U+0008, U+000B, U+000C, U+000E-U+001F and
+		// U+007F-U+009F; tab, LF and CR are allowed (case C49).
+		{"tab", "a\tb", true, ""},
+		{"newline", "name\n", true, ""},
+		{"carriage return", "\rname", true, ""},
+		{"CRLF", "a\r\nb", true, ""},
+		{"U+0008 backspace", "a\bb", false, "U+0008"},
+		{"U+0001", "a\x01b", false, "U+0001"},
+		{"U+000B vertical tab", "a\vb", false, "U+000B"},
+		{"U+000C form feed", "a\fb", false, "U+000C"},
+		{"U+000E", "a\x0eb", false, "U+000E"},
+		{"U+001F", "a\x1fb", false, "U+001F"},
+		{"space", "a b", true, ""},
 		{"escape", "\x1b[31m", false, "U+001B"},
 		{"DEL", "a\x7f", false, "U+007F"},
 		{"C1 NEL", "a\u0085", false, "U+0085"},
 		{"C1 last", "a\u009f", false, "U+009F"},
+		{"C1 first", "a\u0080", false, "U+0080"},
 		{"U+00A0 is not a control char", "a\u00a0b", true, ""},
-		{"128 bytes with control at end", strings.Repeat("a", 127) + "\n", false, "U+000A"},
+		{"128 bytes with newline at end", strings.Repeat("a", 127) + "\n", true, ""},
+		{"128 bytes with control at end", strings.Repeat("a", 127) + "\x7f", false, "U+007F"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -242,6 +254,49 @@ func TestResolveSizeProperties(t *testing.T) {
 			def = gib
 		}
 		checkResolveSize(t, pick(), pick(), def, max(pick(), 0))
+	}
+}
+
+// TestResolveCreateSize: with a content source the size is the source's,
+// or required_bytes when larger; 0 fields are unspecified, never the
+// default (case C50).
+func TestResolveCreateSize(t *testing.T) {
+	const src = 8 * mib
+	tests := []struct {
+		name     string
+		cr       *csi.CapacityRange
+		src      int64
+		def, max int64
+		want     int64
+		code     codes.Code
+	}{
+		{"no source: the default", cr(0, 0), 0, gib, 0, gib, codes.OK},
+		{"no source, nil range: the default", nil, 0, gib, 0, gib, codes.OK},
+		{"nil range: the source's size", nil, src, gib, 0, src, codes.OK},
+		{"empty range: the source's size", cr(0, 0), src, gib, 0, src, codes.OK},
+		{"empty range, default below the source", cr(0, 0), src, 4 * mib, 0, src, codes.OK},
+		{"limit above the source", cr(0, 16*mib), src, 4 * mib, 0, src, codes.OK},
+		{"limit equal to the source", cr(0, src), src, 4 * mib, 0, src, codes.OK},
+		{"limit below the source", cr(0, 4*mib), src, 4 * mib, 0, 0, codes.OutOfRange},
+		{"required below the source", cr(mib, 0), src, gib, 0, src, codes.OK},
+		{"required above the source", cr(12*mib, 0), src, gib, 0, 12 * mib, codes.OK},
+		{"required above the source, unaligned", cr(12*mib+1, 0), src, gib, 0, 12*mib + 4096, codes.OK},
+		{"required above the source, limit between", cr(12*mib+1, 12*mib+2), src, gib, 0, 12*mib + 2, codes.OK},
+		{"range below the source", cr(2*mib, 4*mib), src, gib, 0, 0, codes.OutOfRange},
+		{"source above the maximum", cr(0, 0), src, gib, 4 * mib, 0, codes.OutOfRange},
+		{"source at the maximum", cr(0, 0), src, gib, src, src, codes.OK},
+		{"required above the maximum", cr(16*mib, 0), src, gib, 12 * mib, 0, codes.OutOfRange},
+		{"negative required", cr(-1, 0), src, gib, 0, 0, codes.InvalidArgument},
+		{"inverted range", cr(16*mib, 12*mib), src, gib, 0, 0, codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := resolveCreateSize(tc.cr, tc.src, tc.def, tc.max)
+			wantCode(t, err, tc.code)
+			if got != tc.want {
+				t.Fatalf("resolveCreateSize = %d, want %d", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -536,33 +591,30 @@ func TestTokens(t *testing.T) {
 	}
 }
 
-func TestCapProblem(t *testing.T) {
+// TestJudgeCapsAccessModes: every SINGLE_NODE_* mode is served, for mount
+// and block; every other mode is an "exceeds" issue naming the mode
+// (INVALID_ARGUMENT at CreateVolume, FAILED_PRECONDITION at the node).
+func TestJudgeCapsAccessModes(t *testing.T) {
 	for mode, name := range csi.VolumeCapability_AccessMode_Mode_name {
 		m := csi.VolumeCapability_AccessMode_Mode(mode)
+		if m == csi.VolumeCapability_AccessMode_UNKNOWN {
+			continue // malformed, see TestJudgeCaps
+		}
 		single := strings.HasPrefix(name, "SINGLE_NODE_")
-		got := capProblem(mountCap(m))
-		if single && got != "" {
-			t.Errorf("capProblem(mount, %s) = %q, want \"\"", name, got)
+		for _, c := range []*csi.VolumeCapability{mountCap(m), blockCap(m)} {
+			got := judgeCaps([]*csi.VolumeCapability{c}, "")
+			if single && got != nil {
+				t.Errorf("judgeCaps(%v) = %+v, want nil", c, got)
+			}
+			if !single {
+				if got == nil || !got.exceeds || got.malformed || !strings.Contains(got.msg, name) || !strings.Contains(got.msg, "not supported") {
+					t.Errorf("judgeCaps(%v) = %+v, want an exceeds issue naming the mode", c, got)
+					continue
+				}
+				wantCodeNamed(t, name+" at the node", checkNodeCap(c, ""), codes.FailedPrecondition)
+				wantCodeNamed(t, name+" at create", got.err(), codes.InvalidArgument)
+			}
 		}
-		if !single && (!strings.Contains(got, name) || !strings.Contains(got, "not supported")) {
-			t.Errorf("capProblem(mount, %s) = %q, want a refusal naming the mode", name, got)
-		}
-		// Raw block volumes are served in the same single-node modes.
-		if got := capProblem(blockCap(m)); (got == "") != single {
-			t.Errorf("capProblem(block, %s) = %q", name, got)
-		}
-	}
-	// The multi-node modes, spelled out.
-	for _, m := range []csi.VolumeCapability_AccessMode_Mode{
-		csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
-		csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
-		csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER,
-	} {
-		if capProblem(mountCap(m)) == "" {
-			t.Errorf("multi-node mode %s accepted", m)
-		}
-		wantCodeNamed(t, m.String(), checkNodeCap(mountCap(m)), codes.FailedPrecondition)
-		wantCodeNamed(t, m.String(), checkCapWellFormed(mountCap(m)), codes.OK)
 	}
 }
 
@@ -571,47 +623,82 @@ func wantCodeNamed(t *testing.T, name string, err error, want codes.Code) {
 	t.Run(name, func(t *testing.T) { wantCode(t, err, want) })
 }
 
-func TestCheckCapWellFormed(t *testing.T) {
+func mountCapFlags(fsType string, flags ...string) *csi.VolumeCapability {
+	c := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	c.GetMount().FsType = fsType
+	c.GetMount().MountFlags = flags
+	return c
+}
+
+// TestJudgeCaps: the one decision on capabilities (case C38), and the code
+// each kind of RPC derives from it.
+func TestJudgeCaps(t *testing.T) {
+	mnt, blk := mountCap(sw), blockCap(sw)
 	tests := []struct {
 		name    string
-		c       *csi.VolumeCapability
-		code    codes.Code
+		caps    []*csi.VolumeCapability
+		volType string
+		want    string // "" ok, "malformed", "invalid" (INVALID_ARGUMENT at the node), "exceeds" (FAILED_PRECONDITION at the node)
 		msgPart string
-		node    codes.Code // checkNodeCap
 	}{
-		{"nil", nil, codes.InvalidArgument, "volume_capability is required", codes.InvalidArgument},
-		{"empty", &csi.VolumeCapability{}, codes.InvalidArgument, "access_mode", codes.InvalidArgument},
-		{"no access mode", &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}, codes.InvalidArgument, "access_mode", codes.InvalidArgument},
-		{"access mode UNKNOWN", mountCap(csi.VolumeCapability_AccessMode_UNKNOWN), codes.InvalidArgument, "access_mode", codes.InvalidArgument},
-		{"empty access mode message", &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{}, AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}, codes.InvalidArgument, "access_mode", codes.InvalidArgument},
-		{"no access type", &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: sw}}, codes.InvalidArgument, "access_type", codes.InvalidArgument},
-		{"mount single writer", mountCap(sw), codes.OK, "", codes.OK},
-		{"mount single node multi writer", mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER), codes.OK, "", codes.OK},
-		{"mount reader only", mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY), codes.OK, "", codes.OK},
-		{"block single writer", blockCap(sw), codes.OK, "", codes.OK},
-		{"block multi node is unsupported", blockCap(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY), codes.OK, "", codes.FailedPrecondition},
-		{"multi node is well formed but unsupported", mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), codes.OK, "", codes.FailedPrecondition},
-		{"mount with flags", &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: sw},
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4", MountFlags: []string{"ro"}}}}, codes.OK, "", codes.OK},
+		{"nil", []*csi.VolumeCapability{nil}, "", "malformed", "volume_capability is required"},
+		{"empty", []*csi.VolumeCapability{{}}, "", "malformed", "access_mode"},
+		{"no access mode", []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}}, "", "malformed", "access_mode"},
+		{"access mode UNKNOWN", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_UNKNOWN)}, "", "malformed", "access_mode"},
+		{"no access type", []*csi.VolumeCapability{{AccessMode: &csi.VolumeCapability_AccessMode{Mode: sw}}}, "", "malformed", "access_type"},
+		{"malformed beats unsupported later in the list", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), nil}, "", "malformed", "required"},
+		{"mount", []*csi.VolumeCapability{mnt}, "", "", ""},
+		{"block", []*csi.VolumeCapability{blk}, "", "", ""},
+		{"mount for a mount volume", []*csi.VolumeCapability{mnt}, state.AccessMount, "", ""},
+		{"block for a block volume", []*csi.VolumeCapability{blk}, state.AccessBlock, "", ""},
+		{"two mount modes", []*csi.VolumeCapability{mnt, mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY)}, "", "", ""},
+		{"fs_type is accepted", []*csi.VolumeCapability{mountCapFlags("ext4", "ro")}, "", "", ""},
+		{"applicable flags", []*csi.VolumeCapability{mountCapFlags("", "nosuid,nodev", "noexec", "noatime")}, "", "", ""},
+		{"flags accepted without effect", []*csi.VolumeCapability{mountCapFlags("", "rw", "defaults")}, "", "", ""},
+		{"sync", []*csi.VolumeCapability{mountCapFlags("", "sync")}, "", "invalid", `"sync"`},
+		{"sync in a comma list", []*csi.VolumeCapability{mountCapFlags("", "nosuid,sync")}, "", "invalid", `"sync"`},
+		{"conflicting atime flags", []*csi.VolumeCapability{mountCapFlags("", "noatime", "strictatime")}, "", "invalid", "atime"},
+		{"mount and block", []*csi.VolumeCapability{mnt, blk}, "", "invalid", "both a mount and a block"},
+		{"mount for a block volume", []*csi.VolumeCapability{mnt}, state.AccessBlock, "exceeds", "block volume"},
+		{"block for a mount volume", []*csi.VolumeCapability{blk}, state.AccessMount, "exceeds", "mount volume"},
+		{"multi-node", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY)}, "", "exceeds", "MULTI_NODE_READER_ONLY"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkCapWellFormed(tc.c)
-			wantCode(t, err, tc.code)
-			if tc.code != codes.OK && !strings.Contains(status.Convert(err).Message(), tc.msgPart) {
-				t.Fatalf("message %q does not contain %q", status.Convert(err).Message(), tc.msgPart)
+			got := judgeCaps(tc.caps, tc.volType)
+			kind := ""
+			switch {
+			case got == nil:
+			case got.malformed:
+				kind = "malformed"
+			case got.exceeds:
+				kind = "exceeds"
+			default:
+				kind = "invalid"
 			}
-			wantCode(t, checkNodeCap(tc.c), tc.node)
+			if kind != tc.want {
+				t.Fatalf("judgeCaps = %+v (%q), want %q", got, kind, tc.want)
+			}
+			if got == nil {
+				return
+			}
+			if !strings.Contains(got.msg, tc.msgPart) {
+				t.Errorf("message %q does not contain %q", got.msg, tc.msgPart)
+			}
+			wantCode(t, got.err(), codes.InvalidArgument)
+			nodeCode := codes.InvalidArgument
+			if kind == "exceeds" {
+				nodeCode = codes.FailedPrecondition
+			}
+			wantCode(t, got.nodeErr(), nodeCode)
+			if len(tc.caps) == 1 {
+				wantCode(t, checkNodeCap(tc.caps[0], tc.volType), nodeCode)
+			}
 		})
 	}
-
-	// The list form.
-	wantCode(t, checkCapsWellFormed(nil), codes.InvalidArgument)
-	wantCode(t, checkCapsWellFormed([]*csi.VolumeCapability{}), codes.InvalidArgument)
-	wantCode(t, checkCapsWellFormed([]*csi.VolumeCapability{mountCap(sw)}), codes.OK)
-	wantCode(t, checkCapsWellFormed([]*csi.VolumeCapability{mountCap(sw), blockCap(sw)}), codes.OK)
-	wantCode(t, checkCapsWellFormed([]*csi.VolumeCapability{mountCap(sw), nil}), codes.InvalidArgument)
-	wantCode(t, checkCapsWellFormed([]*csi.VolumeCapability{mountCap(sw), {AccessMode: &csi.VolumeCapability_AccessMode{Mode: sw}}}), codes.InvalidArgument)
+	if judgeCaps(nil, "") != nil {
+		t.Error("judgeCaps(nil) is an issue; the RPCs that require capabilities check for an empty list themselves")
+	}
 }
 
 func TestAccessTypeOf(t *testing.T) {

@@ -31,9 +31,14 @@ type Usage struct {
 }
 
 // Stats measures volume id (a volume_id or an ephemeral volume's CO id),
-// which must be visible at volumePath (its staging or target path). Errors:
-// ErrNotFound for an unknown volume, a relative or missing path, or a path
-// that does not show this volume.
+// which must be visible at volumePath, its staging or target path as Stage
+// and Publish made it: for a mount volume a bind mount of its directory;
+// for a block volume a bind mount of one of its loop device nodes (a
+// publish path), or a directory holding the staged device node
+// <volumePath>/<id> (a staging path). Errors: ErrNotFound for an unknown
+// volume, a relative or missing path, or a path that does not show this
+// volume (CSI NodeGetVolumeStats: NOT_FOUND, "does not exist on the
+// specified volume_path").
 func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 	v, err := m.Resolve(id)
 	if err != nil {
@@ -50,8 +55,10 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 	if v.AccessType == state.AccessBlock {
 		return m.blockStats(v, volumePath, notHere)
 	}
+	// A mount volume is where a bind mount of its directory is (a staging
+	// or publish path); the directory itself, or a copy, is not.
 	dir := m.volDir(v.ID)
-	same, err := sameFile(volumePath, dir)
+	same, err := holds(volumePath, dir)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && !same) {
 		return Usage{}, notHere
 	}
@@ -79,24 +86,27 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 	return u, nil
 }
 
-// blockStats: volumePath must be a device node of the volume's loop device
-// (the publish target) or a directory while the device is attached (the
-// staging path).
+// blockStats: volumePath must show one of the volume's loop devices the
+// way Publish and Stage put it there: a publish path is a bind mount of the
+// read-write or the read-only device node; a staging path is a directory
+// holding the device node <volumePath>/<id> of the read-write device.
+// Anything else — an empty directory, the /dev node itself, a mount of
+// another device — is notHere, even while the volume is attached.
 func (m *Manager) blockStats(v *state.Volume, volumePath string, notHere error) (Usage, error) {
 	img := m.imagePath(v.ID)
-	dev, err := block.Find(img)
-	if err != nil || dev == "" {
+	devs, err := block.Devices(img)
+	if err != nil || len(devs) == 0 {
 		return Usage{}, notHere
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(volumePath, &st); err != nil {
 		return Usage{}, notHere
 	}
-	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
-		if rdev, err := block.Rdev(dev); err != nil || rdev != st.Rdev {
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if !isDeviceOf(stagedDevicePath(volumePath, v.ID), devs, true) {
 			return Usage{}, notHere
 		}
-	} else if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+	} else if isMnt, err := mounter.IsMountPoint(volumePath); err != nil || !isMnt || !isDeviceOf(volumePath, devs, false) {
 		return Usage{}, notHere
 	}
 	used, err := writtenBytes(img)
@@ -105,6 +115,24 @@ func (m *Manager) blockStats(v *state.Volume, volumePath string, notHere error) 
 	}
 	used = min(used, v.CapacityBytes)
 	return Usage{TotalBytes: v.CapacityBytes, UsedBytes: used, AvailableBytes: v.CapacityBytes - used}, nil
+}
+
+// isDeviceOf reports whether p (not followed when it is a symlink) is a
+// block device node of one of devs (only the read-write one when rwOnly).
+func isDeviceOf(p string, devs []block.Device, rwOnly bool) bool {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return false
+	}
+	for _, d := range devs {
+		if rwOnly && d.ReadOnly {
+			continue
+		}
+		if rdev, err := block.Rdev(d.Path); err == nil && rdev == st.Rdev {
+			return true
+		}
+	}
+	return false
 }
 
 // writtenBytes sums the data segments of the image at path (SEEK_DATA /

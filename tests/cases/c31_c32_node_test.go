@@ -65,7 +65,8 @@ func TestC31MissingRequiredFields(t *testing.T) {
 			return err
 		}},
 		{"CreateVolume with a control character in the name", func(c context.Context) error {
-			_, err := in.Controller.CreateVolume(c, &csi.CreateVolumeRequest{Name: "a\nb", VolumeCapabilities: caps})
+			// U+0001 is banned by the CSI spec; tab, LF and CR are not (C49).
+			_, err := in.Controller.CreateVolume(c, &csi.CreateVolumeRequest{Name: "a\x01b", VolumeCapabilities: caps})
 			return err
 		}},
 		{"DeleteVolume without id", func(c context.Context) error {

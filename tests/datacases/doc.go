@@ -4,7 +4,7 @@
 // file with tests/treecmp), expansion online and against capacity, btrfs
 // qgroup enforcement, ephemeral inline volumes, failed creates that must
 // leave nothing behind, and a simulated node reboot. It covers the
-// data-path acceptance cases of /work/shared/cases/README.md (C12, C17–C20,
+// data-path acceptance cases (C12, C17–C20,
 // C22, C23, C29 and the block halves of C04, C19 and C32).
 //
 // Every test asserts the exact gRPC code of each call and the outcome on the

@@ -193,7 +193,10 @@ func hostileIDs(e *hostileEnv) []string {
 // validName mirrors the CSI name rules the driver enforces: 1-128 bytes of
 // UTF-8 without control characters.
 func validName(s string) bool {
-	return s != "" && len(s) <= 128 && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
+	// The spec bans U+0000–0008, U+000B, U+000C, U+000E–001F and
+	// U+007F–009F: tab, LF and CR are allowed (case C49).
+	return s != "" && len(s) <= 128 && utf8.ValidString(s) &&
+		strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' }) < 0
 }
 
 // validEphemeralID: what kubelet-style inline volume ids the driver takes.

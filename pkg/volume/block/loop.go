@@ -6,6 +6,10 @@
 // backing_file name, confirmed by the device and inode numbers the kernel
 // reports with LOOP_GET_STATUS64 — and never by a stored /dev/loopN, because
 // loop numbers change across reboots and detaches.
+//
+// An image has at most two devices: the read-write one a stage attaches,
+// and a read-only one (LO_FLAGS_READ_ONLY) for read-only publications; the
+// flag LOOP_GET_STATUS64 reports tells them apart.
 package block
 
 import (
@@ -13,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,17 +35,31 @@ var sysBlock = "/sys/block"
 // win. Other processes are handled by retrying on EBUSY.
 var attachMu sync.Mutex
 
-// Find returns the loop device (/dev/loopN) whose backing file is image, or
-// "" when none is attached.
-func Find(image string) (string, error) {
+// Device is one loop device backed by an image.
+type Device struct {
+	// Path is /dev/loopN.
+	Path string
+	// ReadOnly is set when the device was attached read-only
+	// (LO_FLAGS_READ_ONLY): the kernel refuses every write to it (EPERM),
+	// and BLKROGET reports 1.
+	ReadOnly bool
+}
+
+// Devices returns every loop device whose backing file is image, read-write
+// and read-only alike, in /sys/block order. Each is confirmed with
+// LOOP_GET_STATUS64 (same device and inode as image), which also gives its
+// read-only flag. Errors: image's stat error (os.ErrNotExist when it is
+// missing), or /sys/block unreadable.
+func Devices(image string) ([]Device, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(image, &st); err != nil {
-		return "", err
+		return nil, err
 	}
 	ents, err := os.ReadDir(sysBlock)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
+	var out []Device
 	for _, e := range ents {
 		name := e.Name()
 		if !strings.HasPrefix(name, "loop") {
@@ -54,38 +73,78 @@ func Find(image string) (string, error) {
 			continue
 		}
 		dev := "/dev/" + name
-		if ok, err := backedBy(dev, &st); err == nil && ok {
-			return dev, nil
+		if info, err := status(dev); err == nil && info.Device == st.Dev && info.Inode == st.Ino {
+			out = append(out, Device{Path: dev, ReadOnly: info.Flags&unix.LO_FLAGS_READ_ONLY != 0})
+		}
+	}
+	return out, nil
+}
+
+// Find returns a loop device (/dev/loopN) whose backing file is image — the
+// read-write one when there is one — or "" when none is attached. Errors
+// as for Devices.
+func Find(image string) (string, error) {
+	devs, err := Devices(image)
+	if err != nil || len(devs) == 0 {
+		return "", err
+	}
+	for _, d := range devs {
+		if !d.ReadOnly {
+			return d.Path, nil
+		}
+	}
+	return devs[0].Path, nil
+}
+
+// FindMode returns the read-write (readOnly false) or the read-only loop
+// device backed by image, or "" when no such device is attached.
+func FindMode(image string, readOnly bool) (string, error) {
+	devs, err := Devices(image)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range devs {
+		if d.ReadOnly == readOnly {
+			return d.Path, nil
 		}
 	}
 	return "", nil
 }
 
-// backedBy confirms with LOOP_GET_STATUS64 that dev is backed by the file
-// with stat st (same device and inode).
-func backedBy(dev string, st *unix.Stat_t) (bool, error) {
+// status is LOOP_GET_STATUS64 of dev: its backing file's device and inode,
+// and its flags.
+func status(dev string) (*unix.LoopInfo64, error) {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	defer unix.Close(fd)
-	info, err := unix.IoctlLoopGetStatus64(fd)
-	if err != nil {
-		return false, err
-	}
-	return info.Device == st.Dev && info.Inode == st.Ino, nil
+	return unix.IoctlLoopGetStatus64(fd)
 }
 
-// Attach returns the loop device backed by image, attaching a free one if
-// none is. The device is not auto-cleared: it stays attached until Detach,
-// so a bind mount of its node keeps working.
-func Attach(image string) (string, error) {
+// Attach returns the read-write loop device backed by image, attaching a
+// free one if none is. The device is not auto-cleared: it stays attached
+// until Detach, so a bind mount of its node keeps working.
+func Attach(image string) (string, error) { return attach(image, false) }
+
+// AttachReadOnly returns the read-only loop device backed by image
+// (LO_FLAGS_READ_ONLY, the image opened O_RDONLY), attaching a free one if
+// none is. It is a second device beside the read-write one of Attach, over
+// the same image: writes through it fail (EPERM) whatever the permissions
+// of the node that gives access to it. Detach or DetachReadOnly removes it.
+func AttachReadOnly(image string) (string, error) { return attach(image, true) }
+
+func attach(image string, readOnly bool) (string, error) {
 	attachMu.Lock()
 	defer attachMu.Unlock()
-	if dev, err := Find(image); err != nil || dev != "" {
+	if dev, err := FindMode(image, readOnly); err != nil || dev != "" {
 		return dev, err
 	}
-	file, err := unix.Open(image, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	mode, flags := unix.O_RDWR, uint32(0)
+	if readOnly {
+		mode, flags = unix.O_RDONLY, unix.LO_FLAGS_READ_ONLY
+	}
+	file, err := unix.Open(image, mode|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", fmt.Errorf("open image %s: %w", image, err)
 	}
@@ -106,6 +165,7 @@ func Attach(image string) (string, error) {
 			return "", err
 		}
 		cfg := unix.LoopConfig{Fd: uint32(file)}
+		cfg.Info.Flags = flags
 		copy(cfg.Info.File_name[:], image)
 		err = unix.IoctlLoopConfigure(fd, &cfg)
 		unix.Close(fd)
@@ -136,16 +196,50 @@ func openLoop(dev string, n int) (int, error) {
 	return fd, nil
 }
 
-// Detach detaches the loop device backed by image, if any. When the device
-// is still open (a pod holds it), the kernel detaches it on last close.
+// Detach detaches every loop device backed by image, the read-only ones
+// first (so a failure never leaves a read-only device without the
+// read-write one that marks the volume staged). When a device is still
+// open (a pod holds it), the kernel detaches it on last close.
 func Detach(image string) error {
-	dev, err := Find(image)
+	devs, err := Devices(image)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	slices.SortStableFunc(devs, func(a, b Device) int {
+		switch {
+		case a.ReadOnly == b.ReadOnly:
+			return 0
+		case a.ReadOnly:
+			return -1
+		}
+		return 1
+	})
+	for _, d := range devs {
+		if err := clearDev(d.Path, image); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DetachReadOnly detaches the read-only loop device backed by image, if
+// any.
+func DetachReadOnly(image string) error {
+	dev, err := FindMode(image, true)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && dev == "") {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	return clearDev(dev, image)
+}
+
+// clearDev detaches dev (LOOP_CLR_FD), retrying while the kernel is busy.
+func clearDev(dev, image string) error {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -164,14 +258,30 @@ func Detach(image string) error {
 	return nil
 }
 
-// Refresh makes the loop device attached to image (if any) pick up the
-// image's current size (LOOP_SET_CAPACITY), without detaching it. It returns
-// the device's size in bytes, or 0 when no device is attached.
+// Refresh makes every loop device attached to image (the read-write one
+// and a read-only one) pick up the image's current size
+// (LOOP_SET_CAPACITY), without detaching them. It returns the read-write
+// device's size in bytes (a read-only one's when that is all there is), or
+// 0 when no device is attached.
 func Refresh(image string) (int64, error) {
-	dev, err := Find(image)
-	if err != nil || dev == "" {
+	devs, err := Devices(image)
+	if err != nil || len(devs) == 0 {
 		return 0, err
 	}
+	var size int64
+	for i, d := range devs {
+		n, err := setCapacity(d.Path)
+		if err != nil {
+			return 0, err
+		}
+		if i == 0 || !d.ReadOnly {
+			size = n
+		}
+	}
+	return size, nil
+}
+
+func setCapacity(dev string) (int64, error) {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
