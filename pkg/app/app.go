@@ -51,6 +51,7 @@ func NodeMetrics(vm *volume.Manager, node string, orphans func() int64) metrics.
 			out = append(out, metrics.Sample{Desc: metrics.SnapshotsDesc, Value: float64(len(snaps)), Labels: []string{node, "Ready"}})
 		}
 		out = append(out, metrics.Sample{Desc: metrics.LoopDevicesDesc, Value: float64(vm.AttachedLoopDevices()), Labels: l})
+		out = append(out, metrics.Sample{Desc: metrics.LeftoversDesc, Value: float64(len(vm.Leftovers())), Labels: l})
 		if orphans != nil {
 			out = append(out, metrics.Sample{Desc: metrics.OrphansDesc, Value: float64(orphans()), Labels: l})
 		}

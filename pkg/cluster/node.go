@@ -107,6 +107,11 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 	return mgr.Start(ctx)
 }
 
+// busyRetry is when a reconcile that met a conflicting operation on the
+// same data (volume.ErrBusy: a restore reading a snapshot being deleted,
+// say) runs again.
+const busyRetry = 250 * time.Millisecond
+
 type ctrlRunnable func(context.Context) error
 
 func (f ctrlRunnable) Start(ctx context.Context) error { return f(ctx) }
@@ -151,6 +156,11 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 			"the node holds no data for this volume although it was Ready; it was removed outside localdir")
 	case errors.Is(err, volume.ErrNotFound) && lv.Status.Phase != v1.PhaseFailed:
 		local, err = a.VM.Create(a.createSpec(lv))
+		if errors.Is(err, volume.ErrBusy) {
+			// Its source is being deleted or changed: try again shortly
+			// (it is then gone, NOT_FOUND, or free).
+			return reconcile.Result{RequeueAfter: busyRetry}, nil
+		}
 		if err != nil {
 			lv.Status.Phase, lv.Status.ErrorCode = v1.PhaseFailed, codeName(err)
 			setReady(&lv.Status.Conditions, lv.Generation, false, "CreateFailed", err.Error())
@@ -161,7 +171,9 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 		fallthrough
 	case err == nil && local != nil:
 		if lv.Spec.Size > local.CapacityBytes {
-			if c, err := a.VM.Expand(lv.Name, lv.Spec.Size); err != nil {
+			if c, err := a.VM.Expand(lv.Name, lv.Spec.Size); errors.Is(err, volume.ErrBusy) {
+				return reconcile.Result{RequeueAfter: busyRetry}, nil
+			} else if err != nil {
 				lv.Status.ErrorCode = codeName(err)
 				setReady(&lv.Status.Conditions, lv.Generation, true, "ExpandFailed", err.Error())
 			} else {
@@ -252,7 +264,9 @@ func (a *NodeAgent) finishVolumeDelete(ctx context.Context, lv *v1.LocalVolume) 
 		return reconcile.Result{}, nil
 	}
 	if lv.Spec.DeleteData {
-		if err := a.VM.Delete(lv.Name); err != nil {
+		if err := a.VM.Delete(lv.Name); errors.Is(err, volume.ErrBusy) {
+			return reconcile.Result{RequeueAfter: busyRetry}, nil
+		} else if err != nil {
 			lv.Status.Phase = v1.PhaseDeleting
 			setReady(&lv.Status.Conditions, lv.Generation, false, "DeleteBlocked", err.Error())
 			_ = a.c.Status().Update(ctx, lv)
@@ -283,7 +297,9 @@ func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request
 			return reconcile.Result{}, nil
 		}
 		if ls.Spec.DeleteData {
-			if err := a.VM.DeleteSnapshot(ls.Name); err != nil {
+			if err := a.VM.DeleteSnapshot(ls.Name); errors.Is(err, volume.ErrBusy) {
+				return reconcile.Result{RequeueAfter: busyRetry}, nil // a restore reads it
+			} else if err != nil {
 				return reconcile.Result{}, err
 			}
 		} else {
@@ -299,6 +315,9 @@ func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, nil
 	}
 	snap, err := a.VM.CreateSnapshot(volume.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
+	if errors.Is(err, volume.ErrBusy) {
+		return reconcile.Result{RequeueAfter: busyRetry}, nil // its source is being expanded or deleted
+	}
 	if err != nil {
 		ls.Status.Phase, ls.Status.ErrorCode = v1.PhaseFailed, codeName(err)
 		setReady(&ls.Status.Conditions, ls.Generation, false, "SnapshotFailed", err.Error())
@@ -358,6 +377,9 @@ func (a *NodeAgent) writeLocalNode(ctx context.Context) error {
 		DriverVersion:    a.Version,
 		Heartbeat:        metav1.Now(),
 		Orphans:          orphans,
+	}
+	for _, l := range a.VM.Leftovers() {
+		ln.Status.RecoveryProblems = append(ln.Status.RecoveryProblems, v1.RecoveryProblem{Path: l.Path, Problem: l.Problem})
 	}
 	// A merge patch: no resourceVersion conflict with a stale cache read.
 	return a.c.Status().Patch(ctx, ln, patch)

@@ -41,6 +41,8 @@ func codeOf(err error) codes.Code {
 		return codes.InvalidArgument
 	case errors.Is(err, volume.ErrPrecondition):
 		return codes.FailedPrecondition
+	case errors.Is(err, volume.ErrBusy):
+		return codes.Aborted
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

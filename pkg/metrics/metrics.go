@@ -70,6 +70,8 @@ var (
 		"Loop devices attached to the node's block volume images.", []string{"node"}, nil)
 	OrphansDesc = prometheus.NewDesc("localdir_orphaned_data",
 		"Volumes and snapshots on the node that no LocalVolume/LocalSnapshot claims (kept, never deleted on their own).", []string{"node"}, nil)
+	LeftoversDesc = prometheus.NewDesc("localdir_recovery_leftovers",
+		"Data that start-up recovery found and could not put in order (kept in place; the driver serves everything else; listed in the log and LocalNode status.recoveryProblems).", []string{"node"}, nil)
 )
 
 // Sample is one value of a state gauge.
@@ -85,7 +87,7 @@ type StateFunc func() []Sample
 type stateCollector struct{ f StateFunc }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{CapacityDesc, AllocatableDesc, AllocatedDesc, FreeDesc, VolumesDesc, SnapshotsDesc, LoopDevicesDesc, OrphansDesc} {
+	for _, d := range []*prometheus.Desc{CapacityDesc, AllocatableDesc, AllocatedDesc, FreeDesc, VolumesDesc, SnapshotsDesc, LoopDevicesDesc, OrphansDesc, LeftoversDesc} {
 		ch <- d
 	}
 }

@@ -24,4 +24,8 @@ var (
 	// deleting a mounted volume or publishing one that is not staged
 	// (FAILED_PRECONDITION).
 	ErrPrecondition = errors.New("failed precondition")
+	// ErrBusy: another operation on the same volume or snapshot is in
+	// progress and conflicts with this one, e.g. deleting a snapshot that
+	// a restore is reading (ABORTED: the CO retries).
+	ErrBusy = errors.New("operation pending")
 )

@@ -10,6 +10,9 @@
 //	<root>/block/<id>.img        a raw block volume (image file, allocated to its size)
 //	<root>/snapshots/<sid>/      a snapshot of a mount volume
 //	<root>/snapshots/<sid>.img   a snapshot of a block volume
+//	<dir>/.creating-<name>       data a create or snapshot is still writing, in the
+//	                             directory of its final name (removed at start
+//	                             when no record acknowledges it)
 //	<dir>/.deleting-<name>       data of a delete in flight, in its own directory
 //	                             (gone once its record is)
 //	<root>/orphaned/             data no record claimed at start: moved aside, never deleted
@@ -49,8 +52,9 @@ type Config struct {
 }
 
 // Manager is the data plane of one data root. Its methods are safe for
-// concurrent use; callers serialize calls on the same volume (pkg/driver
-// does, with per-id and per-name locks).
+// concurrent use. Operations that read a volume or snapshot (restore,
+// clone, snapshot, stage) hold it against operations that delete or change
+// it, whoever the caller is; the loser fails with ErrBusy (see holdSet).
 type Manager struct {
 	root      string // absolute, symlinks resolved
 	volRoot   string
@@ -60,6 +64,7 @@ type Manager struct {
 	cfg       Config
 	eng       engine.Engine
 	st        *state.Store
+	holds     *holdSet
 
 	mu        sync.Mutex // guards allocated and inflight; held for arithmetic, never across I/O
 	allocated int64      // sum of CapacityBytes of all recorded volumes, plus reservations
@@ -67,13 +72,16 @@ type Manager struct {
 	// written (creates, expansions): statfs free space does not show it
 	// yet, so concurrent reservations must not count it as free.
 	inflight int64
+	// leftovers is what recovery at Open could not put in order.
+	leftovers []Leftover
 }
 
 // Open prepares the data root, opens its state file and finishes or rolls
-// back work a crash interrupted: data that no committed record claims (an
-// unacknowledged create, or a delete whose record was already removed) is
-// deleted, and ephemeral volumes that are no longer mounted (the node
-// rebooted) are removed.
+// back work a crash interrupted (see recover): the data of creates nobody
+// was told about and of deletes whose record is gone is removed, data no
+// record accounts for is moved to orphaned/, and ephemeral volumes that are
+// no longer mounted (the node rebooted) are removed. A leftover that cannot
+// be handled never stops the start: it is listed in Leftovers.
 //
 // It fails when the state file is damaged (wrapping state.ErrCorrupt) and
 // when the state file is missing but volume data exists: starting with empty
@@ -96,6 +104,7 @@ func Open(cfg Config) (*Manager, error) {
 		snapRoot:  filepath.Join(root, "snapshots"),
 		lostRoot:  filepath.Join(root, "orphaned"),
 		cfg:       cfg,
+		holds:     newHolds(),
 	}
 	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -164,146 +173,6 @@ func countIDs(dir string, valid func(string) bool) int {
 		}
 	}
 	return n
-}
-
-func (m *Manager) recover() error {
-	known := map[string]bool{}
-	var total int64
-	var ephemeral []*state.Volume
-	err := m.st.View(func(tx *state.Tx) error {
-		if err := tx.ForEachVolume("", func(v *state.Volume) bool {
-			known[v.ID] = true
-			total += v.CapacityBytes
-			if v.Ephemeral {
-				ephemeral = append(ephemeral, v)
-			}
-			return true
-		}); err != nil {
-			return err
-		}
-		return tx.ForEachSnapshot("", func(s *state.Snapshot) bool {
-			known[s.ID] = true
-			return true
-		})
-	})
-	if err != nil {
-		return err
-	}
-	m.allocated = total
-	if err := m.recoverTrash(known); err != nil {
-		return err
-	}
-	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return err
-		}
-		for _, e := range ents {
-			p := filepath.Join(dir, e.Name())
-			id := strings.TrimSuffix(e.Name(), ".img")
-			if !ValidVolumeID(id) && !ValidSnapshotID(id) {
-				klog.InfoS("Ignoring unknown entry in data root", "path", p)
-				continue
-			}
-			if known[id] {
-				continue
-			}
-			if busy, _ := m.mountedAnywhere(p); busy {
-				klog.InfoS("Unclaimed data is mounted; leaving it", "path", p)
-				continue
-			}
-			// No record claims it: an interrupted create — or records lost
-			// to an older state.db restored from a backup. The driver cannot
-			// tell, so it never deletes such data: it moves it aside.
-			if strings.HasSuffix(p, ".img") {
-				_ = block.Detach(p)
-			}
-			lost := m.lostPath(filepath.Base(p))
-			klog.InfoS("Data without a committed record (an interrupted create, or a state file older than the data): moved aside, not deleted; "+
-				"inspect it and remove it by hand when it is not needed", "id", id, "from", p, "to", lost)
-			if err := os.Rename(p, lost); err != nil {
-				return fmt.Errorf("move unclaimed %s aside: %w", p, err)
-			}
-		}
-	}
-	for _, v := range ephemeral {
-		if busy, _ := m.mountedAnywhere(m.volDir(v.ID)); busy {
-			continue
-		}
-		klog.InfoS("Removing ephemeral volume that is no longer published (node restarted)", "volumeID", v.ID, "ephemeralID", v.EphemeralID)
-		if err := m.Delete(v.ID); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// lostPath is where unclaimed data named name goes in orphaned/: its own
-// name, or that name with a numeric suffix when an earlier start already
-// moved data of the same name there. Cluster mode derives ids from CSI
-// names, so a create retried after a crash reuses its id: renaming onto
-// the earlier leftover would fail for a non-empty directory (and stop
-// every start) or replace an earlier file.
-func (m *Manager) lostPath(name string) string {
-	p := filepath.Join(m.lostRoot, name)
-	for i := 1; ; i++ {
-		if _, err := os.Lstat(p); err != nil {
-			return p // free (any other error shows in the rename)
-		}
-		p = filepath.Join(m.lostRoot, fmt.Sprintf("%s.%d", name, i))
-	}
-}
-
-// deletingPrefix marks data whose delete is in flight. It stays in its own
-// directory (a rename within one directory never crosses filesystems).
-const deletingPrefix = ".deleting-"
-
-// recoverTrash finishes deletes a crash interrupted: data marked deleting
-// whose record still exists goes back (the delete was not acknowledged); the
-// rest is removed (its record is gone: the delete was committed).
-func (m *Manager) recoverTrash(known map[string]bool) error {
-	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return err
-		}
-		for _, e := range ents {
-			name, ok := strings.CutPrefix(e.Name(), deletingPrefix)
-			if !ok {
-				continue
-			}
-			p := filepath.Join(dir, e.Name())
-			id := strings.TrimSuffix(name, ".img")
-			if !ValidVolumeID(id) && !ValidSnapshotID(id) {
-				klog.InfoS("Ignoring unknown entry in data root", "path", p)
-				continue
-			}
-			if !known[id] {
-				klog.InfoS("Finishing an interrupted delete", "id", id, "path", p)
-				if err := engine.Remove(p); err != nil {
-					return fmt.Errorf("finish delete of %s: %w", p, err)
-				}
-				continue
-			}
-			klog.InfoS("Rolling back an interrupted delete", "id", id)
-			if err := os.Rename(p, filepath.Join(dir, name)); err != nil {
-				return fmt.Errorf("roll back delete of %s: %w", p, err)
-			}
-		}
-	}
-	return nil
-}
-
-// trash marks the data at p as being deleted (a rename in its directory)
-// before its record is deleted, so a crash leaves either the record with
-// its data (rolled back at start) or neither (finished at start). It
-// returns the new path.
-func (m *Manager) trash(p string) (string, error) {
-	t := filepath.Join(filepath.Dir(p), deletingPrefix+filepath.Base(p))
-	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("mark %s as deleting: %w", p, err)
-	}
-	return t, nil
 }
 
 // volDir is the data directory of a mount volume. It panics on an id that
@@ -441,11 +310,16 @@ type CreateSpec struct {
 func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
 
 // Create makes a new volume, filled from a snapshot or volume when the spec
-// names one, and commits its record durably before it returns. On any
-// failure nothing is left behind: no data, no record, no reserved capacity.
+// names one, and commits its record durably before it returns. The source
+// is held for the whole copy: deleting it meanwhile fails with ErrBusy, and
+// a create that finds it being deleted fails with ErrBusy too (case C34). The
+// data is written under a .creating- name and gets its final name only
+// after the record is committed, so a crash never leaves unacknowledged
+// data that recovery cannot tell from data it must keep. On any failure
+// nothing is left behind: no data, no record, no reserved capacity.
 // Errors: ErrNoSpace (capacity or disk full), ErrNotFound (source),
 // ErrInvalid (source of another access type), ErrOutOfRange (size below the
-// source's), ErrExists (name taken by a concurrent create).
+// source's), ErrExists (name taken by a concurrent create), ErrBusy.
 func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	if spec.SizeBytes <= 0 {
 		return nil, fmt.Errorf("%w: size %d", ErrInvalid, spec.SizeBytes)
@@ -463,27 +337,16 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	} else {
 		spec.ID = NewVolumeID()
 	}
-	var srcPath string
-	switch {
-	case spec.SourceSnapshotID != "":
-		s, err := m.GetSnapshot(spec.SourceSnapshotID)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkSource("snapshot", s.ID, s.AccessType, s.SizeBytes, spec); err != nil {
-			return nil, err
-		}
-		srcPath = m.snapPath(s)
-	case spec.SourceVolumeID != "":
-		v, err := m.Get(spec.SourceVolumeID)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkSource("volume", v.ID, v.AccessType, v.CapacityBytes, spec); err != nil {
-			return nil, err
-		}
-		srcPath = m.dataPath(v)
+	release, err := m.holds.change(spec.ID, "a create")
+	if err != nil {
+		return nil, err
 	}
+	defer release()
+	srcPath, releaseSrc, err := m.holdSource(spec)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseSrc()
 	if err := m.reserve(spec.SizeBytes); err != nil {
 		return nil, err
 	}
@@ -501,30 +364,38 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 		CreatedAt:        time.Now().UTC().Truncate(time.Second),
 	}
 	dst := m.dataPath(v)
+	tmp := inFlight(creatingPrefix, dst)
 	fail := func(err error) (*state.Volume, error) {
-		if rerr := engine.Remove(dst); rerr != nil {
-			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", dst)
+		if rerr := engine.Remove(tmp); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", tmp)
 		}
 		m.release(spec.SizeBytes)
 		return nil, mapNoSpace(err)
 	}
-	var err error
+	// A failed earlier attempt for the same id (cluster mode retries a
+	// create under its id) may have left its data; nobody was told of it.
+	if err := engine.Remove(tmp); err != nil {
+		m.settle(spec.SizeBytes)
+		return fail(err)
+	}
 	switch {
 	case spec.AccessType == state.AccessBlock:
 		v.Engine = "image"
-		err = writeImage(dst, srcPath, spec.SizeBytes)
+		err = writeImage(tmp, srcPath, spec.SizeBytes)
 		if err == nil {
-			err = preallocate(dst, spec.SizeBytes)
+			err = preallocate(tmp, spec.SizeBytes)
 		}
+	case spec.SourceSnapshotID != "":
+		err = m.eng.Restore(srcPath, tmp, spec.SizeBytes)
 	case srcPath != "":
-		err = m.eng.Clone(srcPath, dst, spec.SizeBytes)
+		err = m.eng.Clone(srcPath, tmp, spec.SizeBytes)
 	default:
-		err = m.eng.Create(dst, spec.SizeBytes, spec.DirMode)
+		err = m.eng.Create(tmp, spec.SizeBytes, spec.DirMode)
 	}
 	if err == nil && (srcPath != "" || spec.AccessType == state.AccessBlock) {
 		// A restore, clone or image holds data: on disk before the record
 		// that acknowledges it.
-		err = syncFS(dst)
+		err = syncFS(tmp)
 	}
 	m.settle(spec.SizeBytes)
 	if err != nil {
@@ -539,9 +410,61 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if err := m.land(tmp, dst); err != nil {
+		_ = m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) })
+		return fail(err)
+	}
 	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
 		"engine", v.Engine, "sourceSnapshot", v.SourceSnapshotID, "sourceVolume", v.SourceVolumeID)
 	return v, nil
+}
+
+// land gives data written under its .creating- name its final name, once
+// its record is committed (a crash before this is finished at start).
+func (m *Manager) land(tmp, dst string) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", tmp, dst, err)
+	}
+	return nil
+}
+
+// holdSource takes a read hold on the snapshot or volume a create copies
+// from, checks it, and returns its data path and the release func (a no-op
+// without a source). Errors: ErrBusy (being deleted or changed),
+// ErrNotFound, ErrInvalid, ErrOutOfRange.
+func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
+	nop := func() {}
+	switch {
+	case spec.SourceSnapshotID != "":
+		release, err := m.holds.read(spec.SourceSnapshotID, "a restore")
+		if err != nil {
+			return "", nop, err
+		}
+		s, err := m.GetSnapshot(spec.SourceSnapshotID)
+		if err == nil {
+			err = checkSource("snapshot", s.ID, s.AccessType, s.SizeBytes, spec)
+		}
+		if err != nil {
+			release()
+			return "", nop, err
+		}
+		return m.snapPath(s), release, nil
+	case spec.SourceVolumeID != "":
+		release, err := m.holds.read(spec.SourceVolumeID, "a clone")
+		if err != nil {
+			return "", nop, err
+		}
+		v, err := m.Get(spec.SourceVolumeID)
+		if err == nil {
+			err = checkSource("volume", v.ID, v.AccessType, v.CapacityBytes, spec)
+		}
+		if err != nil {
+			release()
+			return "", nop, err
+		}
+		return m.dataPath(v), release, nil
+	}
+	return "", nop, nil
 }
 
 func checkSource(kind, id, accessType string, size int64, spec CreateSpec) error {
@@ -687,7 +610,8 @@ func (m *Manager) List(after string, limit int) ([]*state.Volume, string, error)
 // Delete removes a volume: its record is removed durably first, then its
 // data. Deleting an unknown id succeeds. Snapshots of the volume are
 // independent copies and stay usable. Errors: ErrPrecondition when the
-// volume is mounted or attached anywhere on this node.
+// volume is mounted or attached anywhere on this node, ErrBusy while a
+// clone, snapshot or stage reads it or another call changes it.
 func (m *Manager) Delete(id string) error {
 	if !ValidVolumeID(id) {
 		return nil
@@ -699,6 +623,11 @@ func (m *Manager) Delete(id string) error {
 	if err != nil {
 		return err
 	}
+	release, err := m.holds.change(id, "a delete")
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := m.checkUnused(v); err != nil {
 		return err
 	}
@@ -748,8 +677,14 @@ func (m *Manager) checkUnused(v *state.Volume) error {
 // grown (an attached loop device is refreshed by NodeExpand), and the new
 // size committed. A newSize at or below the current size changes nothing.
 // It returns the volume's capacity afterwards. Errors: ErrNotFound,
-// ErrNoSpace.
+// ErrNoSpace, ErrBusy (a snapshot or clone of it, or another change, is in
+// progress).
 func (m *Manager) Expand(id string, newSize int64) (int64, error) {
+	release, err := m.holds.change(id, "an expansion")
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	v, err := m.Get(id)
 	if err != nil {
 		return 0, err

@@ -30,15 +30,26 @@ import (
 
 var mounter = mount.New("")
 
-// Stage prepares volume id on this node (CSI NodeStageVolume). A mount
-// volume is bind-mounted onto stagingPath, which must be an existing
-// directory that is not a symlink; repeating a stage with the same flags
-// succeeds, while a different volume, other flags or a foreign filesystem
-// already mounted there give ErrExists. A block volume gets its loop device
-// attached (found again by its image file if it already is). accessType is
-// what the request's capability asks for. Errors: ErrNotFound, ErrInvalid,
-// ErrExists, ErrPrecondition (capability of the other access type).
+// Stage prepares volume id on this node (CSI NodeStageVolume). stagingPath
+// must be an existing directory that is not a symlink. A mount volume is
+// bind-mounted onto it: repeating a stage with the same flags succeeds,
+// while a different volume, other flags or a foreign filesystem already
+// mounted there give ErrExists (bindOnce). A block volume gets its
+// read-write loop device attached (found again by its image file if it
+// already is) and a device node of it made at <stagingPath>/<id> (mode
+// 0600; ErrExists when something else is there): that is how the staging
+// path shows the volume (NodeGetVolumeStats). accessType is what the
+// request's capability asks for. Errors: ErrNotFound, ErrInvalid,
+// ErrExists, ErrPrecondition (capability of the other access type), ErrBusy
+// (the volume is being deleted or expanded).
 func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) error {
+	// Held while it mounts: a delete that checked the volume unused must
+	// not remove its data under a mount made just after.
+	release, err := m.holds.read(id, "a stage")
+	if err != nil {
+		return err
+	}
+	defer release()
 	v, err := m.Get(id)
 	if err != nil {
 		return err
@@ -54,15 +65,90 @@ func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) erro
 		return err
 	}
 	if v.AccessType == state.AccessBlock {
-		dev, err := block.Attach(m.imagePath(id))
-		if err != nil {
-			return err
-		}
-		klog.V(2).InfoS("Block volume staged", "volumeID", id, "device", dev)
-		return nil
+		return m.stageBlock(id, stagingPath)
 	}
 	src := m.volDir(id)
 	return bindOnce(src, src, stagingPath, mf, false)
+}
+
+// stageBlock attaches block volume id's read-write loop device and makes
+// <stagingPath>/<id> a device node of it. A device this call attached is
+// detached again when the node cannot be made.
+func (m *Manager) stageBlock(id, stagingPath string) error {
+	img := m.imagePath(id)
+	had, err := block.FindMode(img, false)
+	if err != nil {
+		return err
+	}
+	dev, err := block.Attach(img)
+	if err != nil {
+		return err
+	}
+	p := stagedDevicePath(stagingPath, id)
+	if err := placeDeviceNode(p, dev); err != nil {
+		if had == "" {
+			if derr := block.Detach(img); derr != nil {
+				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
+			}
+		}
+		return err
+	}
+	klog.V(2).InfoS("Block volume staged", "volumeID", id, "device", dev, "node", p)
+	return nil
+}
+
+// stagedDevicePath is the device node a block volume's stage puts in its
+// staging directory: <stagingPath>/<id>.
+func stagedDevicePath(stagingPath, id string) string {
+	mustVolumeID(id)
+	return filepath.Join(stagingPath, id)
+}
+
+// placeDeviceNode makes p a block device node (mode 0600) with the device
+// number of the device node dev. A node of another device number there is
+// stale (left from before a reboot, when loop numbers differed) and is
+// replaced; anything else at p is ErrExists.
+func placeDeviceNode(p, dev string) error {
+	rdev, err := block.Rdev(dev)
+	if err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		err := unix.Mknod(p, unix.S_IFBLK|0o600, int(rdev))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EEXIST) || attempt > 0 {
+			return fmt.Errorf("create device node %s: %w", p, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return fmt.Errorf("lstat %s: %w", p, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+			return fmt.Errorf("%w: %s exists and is not a device node of the volume", ErrExists, p)
+		}
+		if st.Rdev == rdev {
+			return nil
+		}
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("remove stale device node %s: %w", p, err)
+		}
+	}
+}
+
+// removeStagedDevice removes the device node <stagingPath>/<id> that
+// stageBlock made; anything else there is left alone.
+func removeStagedDevice(stagingPath, id string) error {
+	p := stagedDevicePath(stagingPath, id)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return nil
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", p, err)
+	}
+	return nil
 }
 
 func matchAccess(v *state.Volume, accessType string) error {
@@ -73,20 +159,28 @@ func matchAccess(v *state.Volume, accessType string) error {
 }
 
 // Unstage undoes Stage (CSI NodeUnstageVolume): stagingPath is unmounted
-// (the directory itself belongs to the CO and stays) and a block volume's
-// loop device detached. Not staged, and unknown volumes, are success.
+// (the directory itself belongs to the CO and stays); for a block volume
+// the device node <stagingPath>/<id> is removed and its loop devices,
+// read-write and read-only, are detached. Not staged, and unknown volumes,
+// are success.
 func (m *Manager) Unstage(id, stagingPath string) error {
 	if err := cleanupPath(stagingPath); err != nil {
 		return err
 	}
 	v, err := m.Resolve(id)
 	if errors.Is(err, ErrNotFound) {
+		if ValidVolumeID(id) {
+			return removeStagedDevice(stagingPath, id)
+		}
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	if v.AccessType == state.AccessBlock {
+		if err := removeStagedDevice(stagingPath, v.ID); err != nil {
+			return err
+		}
 		return block.Detach(m.imagePath(v.ID))
 	}
 	return nil
@@ -96,10 +190,14 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 // NodePublishVolume). A mount volume is bind-mounted from stagingPath onto
 // targetPath, a directory created (one level, its parent must exist) unless
 // it exists. A block volume's loop device node is bind-mounted onto
-// targetPath, a file created the same way. A symlink at targetPath is
+// targetPath, a file created the same way: the read-write device, or with
+// readonly a second, read-only loop device on the same image
+// (block.AttachReadOnly), so that writes fail at the device (EPERM), not
+// only at a mount flag a device node ignores. A symlink at targetPath is
 // refused with ErrInvalid. ErrPrecondition when the volume is not staged. A
 // repeated publish with the same readonly/flags succeeds; any other mount on
-// targetPath gives ErrExists.
+// targetPath — another volume, or this one with another readonly or other
+// flags — gives ErrExists, for both access types (bindOnce).
 //
 // With singleWriter (SINGLE_NODE_SINGLE_WRITER) the volume may be published
 // at one target path only: ErrPrecondition when it is published elsewhere.
@@ -116,23 +214,14 @@ func (m *Manager) Publish(id, stagingPath, targetPath, accessType string, readon
 		return err
 	}
 	if v.AccessType == state.AccessBlock {
-		dev, err := block.Find(m.imagePath(id))
-		if err != nil || dev == "" {
-			return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", ErrPrecondition, id)
-		}
-		if singleWriter {
-			if err := onlyAt(id, dev, targetPath); err != nil {
-				return err
-			}
-		}
-		return publishDevice(dev, targetPath, readonly)
+		return m.publishBlock(id, stagingPath, targetPath, readonly, singleWriter)
 	}
 	src := m.volDir(id)
 	if ok, err := holds(stagingPath, src); err != nil || !ok {
 		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", ErrPrecondition, id, stagingPath)
 	}
 	if singleWriter {
-		if err := onlyAt(id, src, stagingPath, targetPath); err != nil {
+		if err := onlyAt(id, []string{src}, stagingPath, targetPath); err != nil {
 			return err
 		}
 	}
@@ -142,22 +231,88 @@ func (m *Manager) Publish(id, stagingPath, targetPath, accessType string, readon
 	return bindOnce(src, stagingPath, targetPath, mf, readonly)
 }
 
-// onlyAt enforces SINGLE_NODE_SINGLE_WRITER: the volume's data src (its
-// directory, or its loop device node) may be mounted only at the given paths.
-func onlyAt(id, src string, paths ...string) error {
-	points, _, err := mountsOf(src)
-	if err != nil {
-		return err
-	}
+// onlyAt enforces SINGLE_NODE_SINGLE_WRITER: the volume's data srcs (its
+// directory, or its loop device nodes) may be mounted only at the given
+// paths.
+func onlyAt(id string, srcs []string, paths ...string) error {
 	allowed := map[string]bool{}
 	for _, p := range paths {
 		allowed[resolved(p)] = true
 	}
-	for _, p := range points {
-		if !allowed[p] {
-			return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", ErrPrecondition, id, p)
+	for _, src := range srcs {
+		points, _, err := mountsOf(src)
+		if err != nil {
+			return err
+		}
+		for _, p := range points {
+			if !allowed[p] {
+				return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", ErrPrecondition, id, p)
+			}
 		}
 	}
+	return nil
+}
+
+// publishBlock is Publish for block volume id: the read-write loop device
+// (attached by Stage) or the read-only one (attached here when missing) is
+// bound onto the device file targetPath. A read-only device left without a
+// mount by a failed publish is detached again.
+func (m *Manager) publishBlock(id, stagingPath, targetPath string, readonly, singleWriter bool) error {
+	img := m.imagePath(id)
+	rw, err := block.FindMode(img, false)
+	if err != nil || rw == "" {
+		return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", ErrPrecondition, id)
+	}
+	if singleWriter {
+		devs, err := block.Devices(img)
+		if err != nil {
+			return err
+		}
+		var srcs []string
+		for _, d := range devs {
+			srcs = append(srcs, d.Path)
+		}
+		if err := onlyAt(id, srcs, targetPath); err != nil {
+			return err
+		}
+	}
+	if err := prepareDeviceFile(targetPath); err != nil {
+		return err
+	}
+	if !readonly {
+		return bindOnce(rw, rw, targetPath, mountFlags{}, false)
+	}
+	ro, err := block.AttachReadOnly(img)
+	if err != nil {
+		return err
+	}
+	if err := bindOnce(ro, ro, targetPath, mountFlags{}, true); err != nil {
+		if rerr := releaseReadOnly(img); rerr != nil {
+			klog.ErrorS(rerr, "Could not detach an unused read-only loop device", "image", img)
+		}
+		return err
+	}
+	return nil
+}
+
+// releaseReadOnly detaches the read-only loop device of the image img when
+// no mount shows it any more (its last read-only publication is gone).
+func releaseReadOnly(img string) error {
+	dev, err := block.FindMode(img, true)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && dev == "") {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	points, _, err := mountsOf(dev)
+	if err != nil || len(points) > 0 {
+		return err
+	}
+	if err := block.DetachReadOnly(img); err != nil {
+		return err
+	}
+	klog.V(2).InfoS("Read-only loop device detached: no read-only publication left", "image", img, "device", dev)
 	return nil
 }
 
@@ -175,76 +330,65 @@ func (m *Manager) PublishEphemeral(v *state.Volume, targetPath string, readonly 
 	return bindOnce(src, src, targetPath, mf, readonly)
 }
 
-// publishDevice bind-mounts the block device node dev onto the file
-// targetPath (created if missing, mode 0600; its parent must exist).
-func publishDevice(dev, targetPath string, readonly bool) error {
-	if c := filepath.Clean(targetPath); !filepath.IsAbs(targetPath) || c != targetPath {
-		return fmt.Errorf("%w: target_path %q must be an absolute, clean path", ErrInvalid, targetPath)
+// prepareDeviceFile makes the target_path p ready to receive a bind mount
+// of a device node: a regular file, created when missing (mode 0600; its
+// parent must exist). A dead mount on it is removed first. A symlink or a
+// directory at p is ErrInvalid. An existing mount is left for bindOnce to
+// judge.
+func prepareDeviceFile(p string) error {
+	if c := filepath.Clean(p); !filepath.IsAbs(p) || c != p {
+		return fmt.Errorf("%w: target_path %q must be an absolute, clean path", ErrInvalid, p)
 	}
-	rdev, err := block.Rdev(dev)
-	if err != nil {
-		return err
-	}
-	fi, err := os.Lstat(targetPath)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		fd, err := unix.Open(targetPath, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("%w: parent directory of target_path %q does not exist", ErrInvalid, targetPath)
-		}
-		if err != nil {
-			return fmt.Errorf("create %s: %w", targetPath, err)
-		}
-		unix.Close(fd)
-	case err != nil && mount.IsCorruptedMnt(err):
-		// A dead mount sits on the device file: remove it and look again.
-		if err := unmountTop(targetPath); err != nil {
-			return err
-		}
-		return publishDevice(dev, targetPath, readonly)
-	case err != nil:
-		return fmt.Errorf("lstat %s: %w", targetPath, err)
-	case fi.Mode()&os.ModeSymlink != 0:
-		return fmt.Errorf("%w: target_path %q is a symlink; refusing to mount over it", ErrInvalid, targetPath)
-	case fi.IsDir():
-		return fmt.Errorf("%w: target_path %q is a directory; a block volume is published as a device file", ErrInvalid, targetPath)
-	}
-	isMnt, err := mounter.IsMountPoint(targetPath)
-	if err != nil {
-		return fmt.Errorf("check mount point %s: %w", targetPath, err)
-	}
-	if isMnt {
-		var st unix.Stat_t
-		if err := unix.Stat(targetPath, &st); err != nil {
-			return err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFBLK || st.Rdev != rdev {
-			return fmt.Errorf("%w: something else is already mounted at %q", ErrExists, targetPath)
+	for i := 0; ; i++ {
+		fi, err := os.Lstat(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+			if errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("%w: parent directory of target_path %q does not exist", ErrInvalid, p)
+			}
+			if err != nil {
+				return fmt.Errorf("create %s: %w", p, err)
+			}
+			return unix.Close(fd)
+		case err != nil && mount.IsCorruptedMnt(err) && i < 64:
+			// A dead mount sits on the device file: remove it and look again.
+			if err := unmountTop(p); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("lstat %s: %w", p, err)
+		case fi.Mode()&os.ModeSymlink != 0:
+			return fmt.Errorf("%w: target_path %q is a symlink; refusing to mount over it", ErrInvalid, p)
+		case fi.IsDir():
+			return fmt.Errorf("%w: target_path %q is a directory; a block volume is published as a device file", ErrInvalid, p)
 		}
 		return nil
 	}
-	fd, err := unix.Open(targetPath, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
+// Unpublish undoes Publish (CSI NodeUnpublishVolume) for volume id: the
+// package-level Unpublish of targetPath, then, when id names a block volume,
+// its read-only loop device is detached if no mount shows it any more (its
+// last read-only publication is gone). An unknown id is fine (nothing to
+// release). Errors: as for Unpublish (ErrPrecondition for a non-empty
+// directory that is not a mount).
+func (m *Manager) Unpublish(id, targetPath string) error {
+	if err := Unpublish(targetPath); err != nil {
+		return err
+	}
+	v, err := m.Resolve(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("%w: open %s: %v", ErrInvalid, targetPath, err)
+		return err
 	}
-	err = unix.Mount(dev, fdPath(fd), "", unix.MS_BIND, "")
-	unix.Close(fd)
-	if err != nil {
-		return fmt.Errorf("bind mount %s on %s: %w", dev, targetPath, err)
+	if v.AccessType != state.AccessBlock {
+		return nil
 	}
-	if readonly {
-		fd, err := unix.Open(targetPath, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err == nil {
-			err = unix.Mount("", fdPath(fd), "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, "")
-			unix.Close(fd)
-		}
-		if err != nil {
-			_ = unmountAll(targetPath)
-			return fmt.Errorf("remount %s read-only: %w", targetPath, err)
-		}
-	}
-	klog.V(4).InfoS("Device bind mounted", "device", dev, "target", targetPath, "readonly", readonly)
-	return nil
+	return releaseReadOnly(m.imagePath(v.ID))
 }
 
 // Unpublish unmounts targetPath (every stacked mount on it, broken FUSE
@@ -383,6 +527,24 @@ func sameFile(a, b string) (bool, error) {
 	return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }
 
+// shows reports whether the path p shows vol: for a directory vol, the same
+// device and inode; for a block device node vol, a block device node with
+// the same device number (a bind mount of the node, wherever the node
+// lives).
+func shows(p, vol string) (bool, error) {
+	var sp, sv unix.Stat_t
+	if err := unix.Stat(vol, &sv); err != nil {
+		return false, err
+	}
+	if err := unix.Stat(p, &sp); err != nil {
+		return false, err
+	}
+	if sv.Mode&unix.S_IFMT == unix.S_IFBLK {
+		return sp.Mode&unix.S_IFMT == unix.S_IFBLK && sp.Rdev == sv.Rdev, nil
+	}
+	return sp.Dev == sv.Dev && sp.Ino == sv.Ino, nil
+}
+
 func statfsFlags(p string) (uintptr, error) {
 	var s unix.Statfs_t
 	if err := unix.Statfs(p, &s); err != nil {
@@ -391,8 +553,16 @@ func statfsFlags(p string) (uintptr, error) {
 	return uintptr(s.Flags), nil
 }
 
-// bindOnce makes target a bind mount of src (whose data is the directory
-// vol) with the requested flags, or checks that it already is one.
+// bindOnce makes target a bind mount of src, whose content is vol (a
+// volume's directory, or a loop device node), with the per-mount flags the
+// request asks for (mount flags and readonly, added to what the source
+// mount restricts) — or, when target already is a mount, checks that it is
+// exactly what this request would have made: it shows vol (the same
+// directory, or the same device) with the same flags. Anything else there
+// is ErrExists. This is the one check of a repeated stage or publish, for
+// mount and block volumes alike (CSI NodeStageVolume / NodePublishVolume:
+// "already exists but is incompatible" is ALREADY_EXISTS). The caller has
+// made target of the right type (checkDir, prepareDeviceFile).
 func bindOnce(vol, src, target string, mf mountFlags, readonly bool) error {
 	inherited, err := statfsFlags(src)
 	if err != nil {
@@ -403,12 +573,12 @@ func bindOnce(vol, src, target string, mf mountFlags, readonly bool) error {
 		return fmt.Errorf("check mount point %s: %w", target, err)
 	}
 	if isMnt {
-		same, err := sameFile(target, vol)
+		same, err := shows(target, vol)
 		if err != nil {
 			return fmt.Errorf("stat %s: %w", target, err)
 		}
 		if !same {
-			return fmt.Errorf("%w: another filesystem or volume is already mounted at %q", ErrExists, target)
+			return fmt.Errorf("%w: something else is already mounted at %q (another volume or filesystem, or this block volume published with the other readonly)", ErrExists, target)
 		}
 		actual, err := statfsFlags(target)
 		if err != nil {
@@ -419,7 +589,7 @@ func bindOnce(vol, src, target string, mf mountFlags, readonly bool) error {
 		}
 		return nil
 	}
-	fd, err := unix.Open(target, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := openTarget(target, vol)
 	if err != nil {
 		return fmt.Errorf("%w: open %s: %v", ErrInvalid, target, err)
 	}
@@ -440,15 +610,29 @@ func bindOnce(vol, src, target string, mf mountFlags, readonly bool) error {
 	return nil
 }
 
+// openTarget opens target with O_PATH|O_NOFOLLOW (so a symlink swapped in
+// is never followed), as a directory unless vol is a device node.
+func openTarget(target, vol string) (int, error) {
+	flags := unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	var st unix.Stat_t
+	if err := unix.Stat(vol, &st); err != nil {
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		flags |= unix.O_DIRECTORY
+	}
+	return unix.Open(target, flags, 0)
+}
+
 // remount applies per-mount flags to the fresh bind mount at target, after
 // re-opening it without following symlinks and checking it shows vol.
 func remount(target, vol string, flags uintptr) error {
-	fd, err := unix.Open(target, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := openTarget(target, vol)
 	if err != nil {
 		return fmt.Errorf("reopen %s: %w", target, err)
 	}
 	defer unix.Close(fd)
-	if same, err := sameFile(fdPath(fd), vol); err != nil || !same {
+	if same, err := shows(fdPath(fd), vol); err != nil || !same {
 		return fmt.Errorf("mount at %s changed under us", target)
 	}
 	if err := unix.Mount("", fdPath(fd), "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {

@@ -128,3 +128,151 @@ func TestInterruptedDeletesAreRolledBackOrFinished(t *testing.T) {
 		t.Fatalf("deleted volume back: %v", err)
 	}
 }
+
+// Data still being written when the driver was killed carries the
+// .creating- prefix. At start, an entry whose record was committed is given
+// its final name; one without a record was never acknowledged to anyone and
+// is removed — not moved to orphaned/, which before grew with every create
+// a kill interrupted (volumes, block images and snapshots alike).
+func TestInterruptedCreatesAreFinishedOrRemoved(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
+	m := openTest(t, root)
+	done := create(t, m, "committed")
+	snap, err := m.CreateSnapshot(SnapshotSpec{Name: "s", SourceVolumeID: done.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The crashes after the commit, before the rename.
+	if err := os.Rename(m.volDir(done.ID), inFlight(creatingPrefix, m.volDir(done.ID))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(m.snapPath(snap), inFlight(creatingPrefix, m.snapPath(snap))); err != nil {
+		t.Fatal(err)
+	}
+	// Crashes before the commit: data under the prefix, no record.
+	unacked := []string{
+		inFlight(creatingPrefix, m.volDir(NewVolumeID())),
+		inFlight(creatingPrefix, filepath.Join(root, "snapshots", NewSnapshotID())),
+	}
+	for _, p := range unacked {
+		if err := os.MkdirAll(filepath.Join(p, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	img := inFlight(creatingPrefix, m.imagePath(NewVolumeID()))
+	if err := os.WriteFile(img, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unacked = append(unacked, img)
+	m.Close()
+
+	m = openTest(t, root)
+	defer m.Close()
+	if got, err := os.ReadFile(filepath.Join(m.volDir(done.ID), "f")); err != nil || string(got) != "committed" {
+		t.Errorf("committed create not finished: %q %v", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(m.snapPath(snap), "f")); err != nil || string(got) != "committed" {
+		t.Errorf("committed snapshot not finished: %q %v", got, err)
+	}
+	for _, p := range unacked {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("unacknowledged %s still there: %v", p, err)
+		}
+	}
+	if lost, _ := os.ReadDir(filepath.Join(root, "orphaned")); len(lost) != 0 {
+		t.Errorf("unacknowledged data went to orphaned/: %v", lost)
+	}
+	if l := m.Leftovers(); len(l) != 0 {
+		t.Errorf("leftovers reported: %v", l)
+	}
+	for _, d := range []string{"volumes", "snapshots", "block"} {
+		ents, _ := os.ReadDir(filepath.Join(root, d))
+		for _, e := range ents {
+			if e.Name() != done.ID && e.Name() != snap.ID {
+				t.Errorf("%s/%s left after recovery", d, e.Name())
+			}
+		}
+	}
+}
+
+// Case C34: an operation that reads a snapshot or volume holds it; a delete
+// or expansion meanwhile fails with ErrBusy and changes nothing, and a
+// restore, clone or snapshot that finds its source being deleted fails with
+// ErrBusy instead of copying part of it. (Before, nothing held the source:
+// a snapshot deleted during a restore left the restored volume with part of
+// its files.)
+func TestOperationsHoldWhatTheyRead(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
+	m := openTest(t, root)
+	defer m.Close()
+	v := create(t, m, "src")
+	snap, err := m.CreateSnapshot(SnapshotSpec{Name: "s", SourceVolumeID: v.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A restore of snap and a clone or snapshot of v in progress.
+	for _, reader := range []struct{ id, what string }{{snap.ID, "a restore"}, {v.ID, "a clone"}, {v.ID, "a snapshot"}} {
+		release, err := m.holds.read(reader.id, reader.what)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reader.id == snap.ID {
+			if err := m.DeleteSnapshot(snap.ID); !errors.Is(err, ErrBusy) {
+				t.Errorf("DeleteSnapshot during %s: %v, want ErrBusy", reader.what, err)
+			}
+		} else {
+			if err := m.Delete(v.ID); !errors.Is(err, ErrBusy) {
+				t.Errorf("Delete during %s: %v, want ErrBusy", reader.what, err)
+			}
+			if _, err := m.Expand(v.ID, 2<<20); !errors.Is(err, ErrBusy) {
+				t.Errorf("Expand during %s: %v, want ErrBusy", reader.what, err)
+			}
+		}
+		release()
+	}
+	if _, err := m.GetSnapshot(snap.ID); err != nil {
+		t.Fatalf("snapshot gone after a refused delete: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(m.snapPath(snap), "f")); err != nil || string(got) != "src" {
+		t.Fatalf("snapshot data after a refused delete: %q %v", got, err)
+	}
+	if got, _ := m.Get(v.ID); got == nil || got.CapacityBytes != 1<<20 {
+		t.Fatalf("volume after a refused delete and expansion: %+v", got)
+	}
+	// A delete of snap (or of v) in progress: the readers are refused.
+	release, err := m.holds.change(snap.ID, "a delete")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: state.AccessMount, SourceSnapshotID: snap.ID}); !errors.Is(err, ErrBusy) {
+		t.Errorf("restore during DeleteSnapshot: %v, want ErrBusy", err)
+	}
+	release()
+	release, err = m.holds.change(v.ID, "a delete")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(CreateSpec{Name: "c", SizeBytes: 1 << 20, AccessType: state.AccessMount, SourceVolumeID: v.ID}); !errors.Is(err, ErrBusy) {
+		t.Errorf("clone during Delete: %v, want ErrBusy", err)
+	}
+	if _, err := m.CreateSnapshot(SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, ErrBusy) {
+		t.Errorf("snapshot during Delete: %v, want ErrBusy", err)
+	}
+	release()
+	for _, d := range []string{"volumes", "snapshots"} {
+		if ents, _ := os.ReadDir(filepath.Join(root, d)); len(ents) != 1 {
+			t.Errorf("%s after the refused calls: %v", d, ents)
+		}
+	}
+	// Free again: both succeed.
+	r, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: state.AccessMount, SourceSnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(m.volDir(r.ID), "f")); err != nil || string(got) != "src" {
+		t.Fatalf("restored data: %q %v", got, err)
+	}
+	if err := m.DeleteSnapshot(snap.ID); err != nil {
+		t.Fatal(err)
+	}
+}

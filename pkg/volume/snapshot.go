@@ -70,13 +70,16 @@ type SnapshotSpec struct {
 }
 
 // CreateSnapshot takes a snapshot of volume spec.SourceVolumeID for the CSI
-// name and
-// commits its record before it returns. btrfs volumes get a read-only
-// subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents shared on
-// reflink filesystems); block volumes a copy of the image. The snapshot is
-// independent of its source: deleting the volume leaves it usable. Its size
-// is the source's capacity (the restore size). Errors: ErrNotFound (source),
-// ErrNoSpace, ErrExists (name taken by a concurrent call).
+// name and commits its record before it returns. btrfs volumes get a
+// read-only subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents
+// shared on reflink filesystems); block volumes a copy of the image. The
+// source is held for the whole copy (deleting or expanding it meanwhile
+// fails with ErrBusy), and the data is written under a .creating- name
+// that becomes final after the record is committed (see Create). The
+// snapshot is independent of its source: deleting the volume leaves it
+// usable. Its size is the source's capacity (the restore size). Errors:
+// ErrNotFound (source), ErrNoSpace, ErrExists (name taken by a concurrent
+// call), ErrBusy.
 func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	name := spec.Name
 	if spec.ID != "" {
@@ -89,6 +92,16 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	} else {
 		spec.ID = NewSnapshotID()
 	}
+	release, err := m.holds.change(spec.ID, "a snapshot")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	releaseSrc, err := m.holds.read(spec.SourceVolumeID, "a snapshot")
+	if err != nil {
+		return nil, err
+	}
+	defer releaseSrc()
 	v, err := m.Get(spec.SourceVolumeID)
 	if err != nil {
 		return nil, err
@@ -103,19 +116,23 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 		CreatedAt:      time.Now().UTC(),
 	}
 	dst := m.snapPath(s)
+	tmp := inFlight(creatingPrefix, dst)
 	fail := func(err error) (*state.Snapshot, error) {
-		if rerr := engine.Remove(dst); rerr != nil {
-			klog.ErrorS(rerr, "Could not remove data of a failed snapshot; it is removed at restart", "path", dst)
+		if rerr := engine.Remove(tmp); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove data of a failed snapshot; it is removed at restart", "path", tmp)
 		}
 		return nil, mapNoSpace(err)
 	}
+	if err := engine.Remove(tmp); err != nil { // a failed earlier attempt's
+		return fail(err)
+	}
 	if v.AccessType == state.AccessBlock {
-		err = writeImage(dst, m.imagePath(v.ID), v.CapacityBytes)
+		err = writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
 	} else {
-		err = m.eng.Snapshot(m.volDir(v.ID), dst)
+		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
 	}
 	if err == nil {
-		err = syncFS(dst) // the copy is on disk before the record acknowledges it
+		err = syncFS(tmp) // the copy is on disk before the record acknowledges it
 	}
 	if err != nil {
 		return fail(fmt.Errorf("snapshot volume %s: %w", v.ID, err))
@@ -129,12 +146,17 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if err := m.land(tmp, dst); err != nil {
+		_ = m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(s.ID) })
+		return fail(err)
+	}
 	klog.V(2).InfoS("Snapshot created", "snapshotID", s.ID, "sourceVolumeID", v.ID, "size", s.SizeBytes)
 	return s, nil
 }
 
 // DeleteSnapshot removes a snapshot (record first, then data). Unknown ids
-// succeed. Volumes restored from it are independent and stay.
+// succeed. Volumes restored from it are independent and stay. Errors:
+// ErrBusy while a restore reads it (case C34).
 func (m *Manager) DeleteSnapshot(id string) error {
 	s, err := m.GetSnapshot(id)
 	if errors.Is(err, ErrNotFound) {
@@ -143,6 +165,11 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	if err != nil {
 		return err
 	}
+	release, err := m.holds.change(id, "a delete")
+	if err != nil {
+		return err
+	}
+	defer release()
 	t, err := m.trash(m.snapPath(s))
 	if err != nil {
 		return err

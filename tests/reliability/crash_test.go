@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,6 +21,9 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
 // The crash storm: the real binary (all mode) serves a random mix of
@@ -55,6 +59,7 @@ type svol struct {
 	size             int64  // acknowledged capacity
 	reqSize          int64  // required_bytes of its create
 	src              string // snapshot restored from
+	srcVol           string // volume cloned
 	marker           []byte // written through the publish, or inherited from src
 	staging, target  string
 	staged, publishd bool
@@ -125,23 +130,48 @@ func newStorm(t *testing.T, dir, root string, nWorkers int, seed uint64) *storm 
 	return s
 }
 
+// TestCrashStorm runs the storm on every engine: dir on the test's
+// filesystem, btrfs (subvolumes, read-only snapshots, qgroups) and dir on
+// XFS with reflink (copies that share extents), each on a loop-backed
+// filesystem of its own. Kills land in creates, restores, clones,
+// snapshots, expansions, deletes and node calls alike.
 func TestCrashStorm(t *testing.T) {
-	kills := setting("LOCALDIR_KILLS", 100, 500)
+	for _, c := range []struct {
+		name, fs, engine string
+		ci, long         int
+	}{
+		{"dir", "", "dir", 100, 500},
+		{"btrfs", testfs.Btrfs, "btrfs", 60, 500},
+		{"xfs-reflink", testfs.XFSReflink, "dir", 40, 300},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			crashStorm(t, c.fs, c.engine, setting("LOCALDIR_KILLS", c.ci, c.long))
+		})
+	}
+}
+
+func crashStorm(t *testing.T, fsKind, engine string, kills int) {
 	nWorkers := 3
 	dir := tempDir(t)
+	base := dir
+	if fsKind != "" {
+		base = testfs.New(t, fsKind, 3<<30)
+	}
+	root := filepath.Join(base, "data")
+	extra := []string{"--data-root=" + root, "--engine=" + engine}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d (LOCALDIR_KILLS=%d)", seed, kills)
-	s := newStorm(t, dir, filepath.Join(dir, "data"), nWorkers, seed)
+	s := newStorm(t, dir, root, nWorkers, seed)
 
 	var p *proc
 	for s.kills < kills {
 		if s.kills > 0 && s.r.IntN(10) == 0 {
 			// Killed while starting: opening the state, rolling back
 			// interrupted work.
-			s.killWhileStarting(launch(t, dir), 40*time.Millisecond, "the driver")
+			s.killWhileStarting(launch(t, dir, extra...), 40*time.Millisecond, "the driver")
 			continue
 		}
-		p = startProc(t, dir)
+		p = startProc(t, dir, extra...)
 		s.afterRestart(p.clients())
 		if t.Failed() {
 			p.kill()
@@ -155,12 +185,15 @@ func TestCrashStorm(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	p = startProc(t, dir)
+	p = startProc(t, dir, extra...)
 	s.afterRestart(p.clients())
 	s.cleanup(p.clients(), nil)
 	p.stop(t)
 	p.checkRaces(t)
 	s.assertDataGone()
+	if fsKind == testfs.Btrfs {
+		assertNoQgroups(t, base)
+	}
 	assertClean(t, dir)
 	t.Logf("survived %d kills (%d during start-up); %s", s.kills, s.startupKills, s.summary())
 }
@@ -177,9 +210,11 @@ func (s *storm) killWhileStarting(q *proc, maxDelay time.Duration, what string) 
 }
 
 // assertDataGone fails when the data root still holds volume or snapshot
-// data.
+// data, or anything in orphaned/: recovery removes what was never
+// acknowledged instead of moving it aside (before, every create a kill
+// interrupted added an entry there, forever).
 func (s *storm) assertDataGone() {
-	for _, d := range []string{"volumes", "block", "snapshots"} {
+	for _, d := range []string{"volumes", "block", "snapshots", "orphaned"} {
 		if n := dirNames(s.t, filepath.Join(s.root, d)); len(n) != 0 {
 			s.t.Errorf("%s holds %v after everything was deleted", d, n)
 		}
@@ -377,6 +412,12 @@ func (s *storm) verify(p csiClients) {
 		}
 	}
 
+	// Nothing unacknowledged is kept: no in-flight entry (above) and
+	// nothing moved aside.
+	if got := dirNames(t, filepath.Join(s.root, "orphaned")); len(got) != 0 {
+		t.Errorf("orphaned/ holds %v: an interrupted call's data was moved aside instead of removed", got)
+	}
+
 	// The mount table and loop devices: what the acknowledged calls made.
 	var wantMounts, wantLoops []string
 	for _, v := range vols {
@@ -444,6 +485,9 @@ func createReq(v *svol) *csi.CreateVolumeRequest {
 	req := &csi.CreateVolumeRequest{Name: v.name, CapacityRange: rng(v.reqSize, 0), VolumeCapabilities: []*csi.VolumeCapability{capOf(v.block)}}
 	if v.src != "" {
 		req.VolumeContentSource = fromSnapshot(v.src)
+	}
+	if v.srcVol != "" {
+		req.VolumeContentSource = csitest.FromVolume(v.srcVol)
 	}
 	return req
 }
@@ -578,7 +622,9 @@ func (s *storm) writeMarker(w *stormWorker, v *svol, r *rand.Rand) {
 		if err == nil && r.IntN(4) == 0 {
 			// Bulk for the copies of snapshots and restores to chew on, so
 			// that kills land in the middle of them too.
-			err = writeSyncedErr(filepath.Join(v.target, "bulk"), make([]byte, (1+r.IntN(8))<<18))
+			// At most 1 MiB: a 2 MiB btrfs volume's qgroup also counts
+			// metadata, and a write past it fails with EDQUOT.
+			err = writeSyncedErr(filepath.Join(v.target, "bulk"), make([]byte, (1+r.IntN(4))<<18))
 		}
 	}
 	if err != nil {
@@ -602,11 +648,20 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 		v.size = Mi
 	}
 	var from *ssnap
+	var clone *svol
 	if len(w.snaps) > 0 && r.IntN(2) == 0 {
 		if sn := w.snaps[r.IntN(len(w.snaps))]; sn.block == v.block {
 			from = sn
 			v.src, v.marker = sn.id, sn.marker
 			v.size = max(v.size, sn.size)
+		}
+	} else if len(w.vols) > 0 && r.IntN(3) == 0 {
+		// A clone, of a volume that may be staged and published.
+		clone = w.vols[r.IntN(len(w.vols))]
+		v.block, v.srcVol, v.marker = clone.block, clone.id, clone.marker
+		v.size = max(v.size, clone.size)
+		if v.block {
+			v.size = max(Mi, clone.size)
 		}
 	}
 	// A later expand grows v.size; the repeated create still fits, as
@@ -615,6 +670,9 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 	what := "CreateVolume " + v.name
 	if from != nil {
 		what = "CreateVolume(restore) " + v.name + " from " + from.id
+	}
+	if clone != nil {
+		what = "CreateVolume(clone) " + v.name + " of " + clone.name
 	}
 	return &sop{what: what, want: codes.OK, newVol: v.name,
 		do: func(cx context.Context, p csiClients) error {
@@ -817,4 +875,23 @@ func (s *storm) cleanup(p csiClients, settle func()) {
 	c, err := p.controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
 	mustCode(t, err, codes.OK, "GetCapacity")
 	assertAvailable(t, c.GetAvailableCapacity(), crashCapacity, 0, s.root, "after everything was deleted")
+}
+
+// assertNoQgroups fails when the btrfs filesystem at mnt still has a
+// subvolume qgroup once every subvolume is deleted and dropped: none is
+// left behind by a create, snapshot or delete a kill interrupted.
+func assertNoQgroups(t *testing.T, mnt string) {
+	t.Helper()
+	if out, err := exec.Command("btrfs", "subvolume", "sync", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("btrfs subvolume sync: %v: %s", err, out)
+	}
+	out, err := exec.Command("btrfs", "qgroup", "show", "--raw", mnt).CombinedOutput()
+	if err != nil {
+		t.Fatalf("btrfs qgroup show: %v: %s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "0/") && f[0] != "0/5" {
+			t.Errorf("qgroup left after everything was deleted: %s", l)
+		}
+	}
 }

@@ -38,6 +38,8 @@ const (
 	iocSnapCreateV2 = 1<<30 | 4096<<16 | 0x94<<8 | 23 // _IOW(23, btrfs_ioctl_vol_args_v2)
 	iocQuotaCtl     = 3<<30 | 16<<16 | 0x94<<8 | 40   // _IOWR(40, btrfs_ioctl_quota_ctl_args)
 	iocQgroupLimit  = 2<<30 | 48<<16 | 0x94<<8 | 43   // _IOR(43, btrfs_ioctl_qgroup_limit_args)
+	iocSubvolGetfl  = 2<<30 | 8<<16 | 0x94<<8 | 25    // _IOR(25, __u64)
+	iocSubvolSetfl  = 1<<30 | 8<<16 | 0x94<<8 | 26    // _IOW(26, __u64)
 )
 
 // btrfs_ioctl_vol_args
@@ -208,6 +210,13 @@ func (e btrfsEngine) Clone(src, dst string, size int64) error {
 	return e.Resize(dst, size)
 }
 
+func (e btrfsEngine) Restore(src, dst string, size int64) error {
+	if !isSubvolume(src) {
+		return dirEngine{}.Restore(src, dst, size)
+	}
+	return e.Clone(src, dst, size)
+}
+
 // Resize sets the qgroup limit on referenced bytes of the subvolume at path.
 func (btrfsEngine) Resize(path string, size int64) error {
 	fd, err := openDir(path)
@@ -284,6 +293,54 @@ func destroySubvolume(p string) error {
 	}
 	if err := ioctl(pfd, iocSnapDestroy, unsafe.Pointer(&a)); err != nil {
 		return fmt.Errorf("delete subvolume %s: %w", p, err)
+	}
+	return nil
+}
+
+// subvolFlags reads (BTRFS_IOC_SUBVOL_GETFLAGS) the flags of the subvolume
+// whose root is the open directory fd.
+func subvolFlags(fd int) (uint64, error) {
+	var f uint64
+	err := ioctl(fd, iocSubvolGetfl, unsafe.Pointer(&f))
+	return f, err
+}
+
+// setSubvolFlags writes them (BTRFS_IOC_SUBVOL_SETFLAGS).
+func setSubvolFlags(fd int, f uint64) error {
+	return ioctl(fd, iocSubvolSetfl, unsafe.Pointer(&f))
+}
+
+// Move renames the volume or snapshot tree at src to dst (rename(2), same
+// filesystem; dst must not exist). btrfs refuses to move a read-only
+// subvolume into another directory (EROFS: its root's ".." entry cannot be
+// rewritten), so such a subvolume is made writable for the rename and
+// read-only again at dst. Used to move unclaimed data aside at start; a
+// crash between the steps leaves a writable copy in the destination, never
+// a lost one.
+func Move(src, dst string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	if err == nil || !errors.Is(err, unix.EROFS) || !isSubvolume(src) {
+		return err
+	}
+	fd, ferr := openDir(src)
+	if ferr != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	f, ferr := subvolFlags(fd)
+	if ferr != nil || f&btrfsSubvolRdonly == 0 {
+		return err
+	}
+	if ferr := setSubvolFlags(fd, f&^btrfsSubvolRdonly); ferr != nil {
+		return fmt.Errorf("make read-only subvolume %s writable to move it: %w", src, ferr)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		_ = setSubvolFlags(fd, f)
+		return err
+	}
+	// fd still refers to the subvolume's root, now at dst.
+	if err := setSubvolFlags(fd, f); err != nil {
+		return fmt.Errorf("make %s read-only again: %w", dst, err)
 	}
 	return nil
 }

@@ -36,7 +36,17 @@ type CopyStats struct {
 // outside src. Directories on another filesystem below src are copied as
 // empty directories. On error dst may be partly written; the caller removes
 // it.
-func CopyTree(src, dst string) (CopyStats, error) {
+func CopyTree(src, dst string) (CopyStats, error) { return copyTree(src, dst, false) }
+
+// CopySnapshotTree is CopyTree for a source that must not change during the
+// copy, such as a snapshot: an entry that disappears between listing and
+// copying fails the copy instead of being skipped (CopyTree skips it, as a
+// pod may delete files while its live volume is copied). A restore that
+// raced with the deletion of its snapshot once gave a volume with part of
+// the snapshot's files (case C34).
+func CopySnapshotTree(src, dst string) (CopyStats, error) { return copyTree(src, dst, true) }
+
+func copyTree(src, dst string, strict bool) (CopyStats, error) {
 	var st CopyStats
 	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -55,7 +65,7 @@ func CopyTree(src, dst string) (CopyStats, error) {
 		return st, err
 	}
 	defer unix.Close(dfd)
-	c := &copier{dstRoot: dst, rootDev: root.Dev, links: map[uint64]string{}, st: &st}
+	c := &copier{dstRoot: dst, rootDev: root.Dev, links: map[uint64]string{}, st: &st, strict: strict}
 	if err := c.dir(sfd, dfd, ""); err != nil {
 		return st, err
 	}
@@ -71,6 +81,7 @@ type copier struct {
 	rootDev uint64
 	links   map[uint64]string // source inode → path (relative to dstRoot) of its first copy
 	st      *CopyStats
+	strict  bool // a vanished entry is an error (CopySnapshotTree)
 }
 
 // dir copies the entries of the open source directory sfd into dfd. rel is
@@ -98,8 +109,11 @@ func (c *copier) show(rel string) string {
 func (c *copier) entry(sfd, dfd int, name, rel string) error {
 	var s unix.Stat_t
 	if err := unix.Fstatat(sfd, name, &s, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) && !c.strict {
+			return nil // removed while we copy a live volume
+		}
 		if errors.Is(err, unix.ENOENT) {
-			return nil // removed while we copy
+			return fmt.Errorf("%s vanished from the source during the copy: %w", rel, err)
 		}
 		return fmt.Errorf("stat %s: %w", rel, err)
 	}

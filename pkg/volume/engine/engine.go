@@ -27,9 +27,13 @@ type Engine interface {
 	// Snapshot makes a point-in-time, read-only copy of the volume at src,
 	// at dst (which must not exist).
 	Snapshot(src, dst string) error
-	// Clone makes a writable copy of src (a volume or a snapshot) at dst
-	// (which must not exist) with a capacity of size bytes.
+	// Clone makes a writable copy of the volume at src at dst (which must
+	// not exist) with a capacity of size bytes. src may change meanwhile (a
+	// pod writing): a file removed during the copy is left out.
 	Clone(src, dst string, size int64) error
+	// Restore is Clone from a snapshot at src, which must not change: any
+	// entry that vanishes during the copy fails it.
+	Restore(src, dst string, size int64) error
 	// Resize sets the capacity of the volume at path to size bytes.
 	Resize(path string, size int64) error
 	// Usage returns the bytes the volume at path uses and its inode count
@@ -103,6 +107,11 @@ func (dirEngine) Snapshot(src, dst string) error {
 
 func (dirEngine) Clone(src, dst string, _ int64) error {
 	_, err := CopyTree(src, dst)
+	return err
+}
+
+func (dirEngine) Restore(src, dst string, _ int64) error {
+	_, err := CopySnapshotTree(src, dst)
 	return err
 }
 

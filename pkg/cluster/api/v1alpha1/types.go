@@ -281,6 +281,20 @@ type LocalNodeStatus struct {
 	// deleted on its own).
 	// +optional
 	Orphans []OrphanedData `json:"orphans,omitempty"`
+	// RecoveryProblems lists data that the node plugin's start-up recovery
+	// found and could not put in order (an interrupted operation's
+	// leftover it could not remove or move aside). The data stays where
+	// it is and everything else is served; a person decides.
+	// +optional
+	RecoveryProblems []RecoveryProblem `json:"recoveryProblems,omitempty"`
+}
+
+// RecoveryProblem is one leftover that start-up recovery could not handle.
+type RecoveryProblem struct {
+	// Path is the data's path on the node.
+	Path string `json:"path"`
+	// Problem says what recovery tried and why it failed.
+	Problem string `json:"problem"`
 }
 
 // LocalNode describes one node's localdir storage. Its name is the node

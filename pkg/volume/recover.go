@@ -1,0 +1,230 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// Prefixes of the names of data in flight, each kept in the directory of
+// its final name (a rename within one directory never crosses filesystems
+// and works for read-only btrfs subvolumes too).
+const (
+	// creatingPrefix marks data a create or snapshot is still writing. The
+	// record is committed while the data has this name and the data is
+	// renamed to its final name right after; so at start a creating entry
+	// whose record exists is finished (renamed), and one without a record
+	// was never acknowledged to anyone and is removed.
+	creatingPrefix = ".creating-"
+	// deletingPrefix marks data whose delete is in flight: renamed before
+	// its record is deleted, so at start an entry whose record still exists
+	// is rolled back, and one without a record is removed.
+	deletingPrefix = ".deleting-"
+)
+
+// Leftover is data that start-up recovery found and could not put in
+// order. It is kept where it is; the driver serves everything else.
+type Leftover struct {
+	// Path is the data's path on the node.
+	Path string
+	// Problem says what recovery tried and why it failed.
+	Problem string
+}
+
+// Leftovers lists what the last Open could not recover (empty when all was
+// in order). Reported in the log, the localdir_recovery_leftovers metric
+// and, in cluster mode, LocalNode status.recoveryProblems.
+func (m *Manager) Leftovers() []Leftover {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Leftover(nil), m.leftovers...)
+}
+
+func (m *Manager) leftover(path string, err error) {
+	klog.ErrorS(err, "Data left by an interrupted operation could not be recovered; it is kept and reported, the driver serves everything else", "path", path)
+	m.mu.Lock()
+	m.leftovers = append(m.leftovers, Leftover{Path: path, Problem: err.Error()})
+	m.mu.Unlock()
+}
+
+// recover puts the data root in order after a crash, before anything is
+// served. Per entry of volumes/, block/ and snapshots/:
+//   - .creating-<id>: finished (renamed to <id>) when its record exists,
+//     else removed: no caller was told it exists;
+//   - .deleting-<id>: rolled back when its record exists, else removed;
+//   - <id> without a record: data the driver cannot account for (a state
+//     file older than the data): moved to orphaned/, never deleted;
+//   - ephemeral volumes no longer mounted (the node rebooted) are deleted.
+//
+// No single entry stops the start: what cannot be handled is logged and
+// listed in Leftovers. Only an unreadable state file or data root fails.
+func (m *Manager) recover() error {
+	known := map[string]bool{}
+	var total int64
+	var ephemeral []*state.Volume
+	err := m.st.View(func(tx *state.Tx) error {
+		if err := tx.ForEachVolume("", func(v *state.Volume) bool {
+			known[v.ID] = true
+			total += v.CapacityBytes
+			if v.Ephemeral {
+				ephemeral = append(ephemeral, v)
+			}
+			return true
+		}); err != nil {
+			return err
+		}
+		return tx.ForEachSnapshot("", func(s *state.Snapshot) bool {
+			known[s.ID] = true
+			return true
+		})
+	})
+	if err != nil {
+		return err
+	}
+	m.allocated = total
+	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			m.recoverEntry(dir, e.Name(), known)
+		}
+	}
+	for _, v := range ephemeral {
+		if busy, _ := m.mountedAnywhere(m.volDir(v.ID)); busy {
+			continue
+		}
+		klog.InfoS("Removing ephemeral volume that is no longer published (node restarted)", "volumeID", v.ID, "ephemeralID", v.EphemeralID)
+		if err := m.Delete(v.ID); err != nil {
+			m.leftover(m.volDir(v.ID), fmt.Errorf("remove ephemeral volume %s: %w", v.ID, err))
+		}
+	}
+	return nil
+}
+
+// entryID returns the id an entry name of the data root stands for, and
+// its in-flight prefix ("" for none); ok is false for foreign names.
+func entryID(name string) (id, prefix string, ok bool) {
+	for _, p := range []string{creatingPrefix, deletingPrefix} {
+		if rest, cut := strings.CutPrefix(name, p); cut {
+			prefix, name = p, rest
+			break
+		}
+	}
+	id = strings.TrimSuffix(name, ".img")
+	return id, prefix, ValidVolumeID(id) || ValidSnapshotID(id)
+}
+
+func (m *Manager) recoverEntry(dir, name string, known map[string]bool) {
+	p := filepath.Join(dir, name)
+	id, prefix, ok := entryID(name)
+	if !ok {
+		klog.InfoS("Ignoring unknown entry in data root", "path", p)
+		return
+	}
+	final := filepath.Join(dir, strings.TrimPrefix(name, prefix))
+	switch {
+	case prefix == creatingPrefix && known[id] && !exists(final):
+		klog.InfoS("Finishing an interrupted create: its record was committed", "id", id)
+		if err := os.Rename(p, final); err != nil {
+			m.leftover(p, fmt.Errorf("finish the create of %s: %w", id, err))
+		}
+	case prefix == creatingPrefix:
+		klog.InfoS("Removing the data of an interrupted create that was never acknowledged", "id", id, "path", p)
+		m.removeLeftover(p)
+	case prefix == deletingPrefix && known[id]:
+		klog.InfoS("Rolling back an interrupted delete", "id", id)
+		if err := os.Rename(p, final); err != nil {
+			m.leftover(p, fmt.Errorf("roll back the delete of %s: %w", id, err))
+		}
+	case prefix == deletingPrefix:
+		klog.InfoS("Finishing an interrupted delete", "id", id, "path", p)
+		m.removeLeftover(p)
+	case known[id]:
+	default:
+		m.moveAside(p, id)
+	}
+}
+
+// removeLeftover removes unacknowledged data at p (detaching a loop device
+// an image may still have).
+func (m *Manager) removeLeftover(p string) {
+	if strings.HasSuffix(p, ".img") {
+		if err := block.Detach(p); err != nil {
+			m.leftover(p, fmt.Errorf("detach its loop device: %w", err))
+			return
+		}
+	}
+	if err := engine.Remove(p); err != nil {
+		m.leftover(p, fmt.Errorf("remove: %w", err))
+	}
+}
+
+// moveAside moves data no record claims into orphaned/. The driver cannot
+// tell where it came from (records lost to an older state file restored
+// from a backup, say), so it never deletes it.
+func (m *Manager) moveAside(p, id string) {
+	if busy, _ := m.mountedAnywhere(p); busy {
+		m.leftover(p, errors.New("data without a record is mounted; it is left where it is"))
+		return
+	}
+	if strings.HasSuffix(p, ".img") {
+		if err := block.Detach(p); err != nil {
+			m.leftover(p, fmt.Errorf("data without a record: detach its loop device: %w", err))
+			return
+		}
+	}
+	lost := m.lostPath(filepath.Base(p))
+	if err := engine.Move(p, lost); err != nil {
+		m.leftover(p, fmt.Errorf("data without a record: move it to %s: %w", lost, err))
+		return
+	}
+	klog.InfoS("Data without a committed record (a state file older than the data): moved aside, not deleted; "+
+		"inspect it and remove it by hand when it is not needed", "id", id, "from", p, "to", lost)
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+// lostPath is where unclaimed data named name goes in orphaned/: its own
+// name, or that name with a numeric suffix when an earlier start already
+// moved data of the same name there (renaming onto it would fail for a
+// non-empty directory or replace an earlier file).
+func (m *Manager) lostPath(name string) string {
+	p := filepath.Join(m.lostRoot, name)
+	for i := 1; ; i++ {
+		if !exists(p) {
+			return p // free (any other error shows in the rename)
+		}
+		p = filepath.Join(m.lostRoot, fmt.Sprintf("%s.%d", name, i))
+	}
+}
+
+// inFlight is the path of p's data while a create writes it or a delete
+// removes it: prefix + base name, in p's directory.
+func inFlight(prefix, p string) string {
+	return filepath.Join(filepath.Dir(p), prefix+filepath.Base(p))
+}
+
+// trash marks the data at p as being deleted (a rename in its directory)
+// before its record is deleted, so a crash leaves either the record with
+// its data (rolled back at start) or neither (finished at start). It
+// returns the new path.
+func (m *Manager) trash(p string) (string, error) {
+	t := inFlight(deletingPrefix, p)
+	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("mark %s as deleting: %w", p, err)
+	}
+	return t, nil
+}
