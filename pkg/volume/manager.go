@@ -327,21 +327,22 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	if spec.AccessType != state.AccessMount && spec.AccessType != state.AccessBlock {
 		return nil, fmt.Errorf("%w: access type %q", ErrInvalid, spec.AccessType)
 	}
-	if spec.ID != "" {
-		if !ValidVolumeID(spec.ID) {
-			return nil, fmt.Errorf("%w: volume id %q", ErrInvalid, spec.ID)
-		}
-		if v, err := m.Get(spec.ID); err == nil {
-			return v, nil
-		}
-	} else {
+	given := spec.ID != ""
+	if !given {
 		spec.ID = NewVolumeID()
+	} else if !ValidVolumeID(spec.ID) {
+		return nil, fmt.Errorf("%w: volume id %q", ErrInvalid, spec.ID)
 	}
 	release, err := m.holds.change(spec.ID, "a create")
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	if given { // the node already holds it: the reconciler's idempotency
+		if v, err := m.Get(spec.ID); err == nil {
+			return v, nil
+		}
+	}
 	srcPath, releaseSrc, err := m.holdSource(spec)
 	if err != nil {
 		return nil, err
@@ -411,7 +412,11 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 		return fail(err)
 	}
 	if err := m.land(tmp, dst); err != nil {
-		_ = m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) })
+		if rerr := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) }); rerr != nil {
+			// The record stays: so do its data and its reservation; the
+			// next start finishes the create (recover).
+			return nil, fmt.Errorf("%w; and its record could not be taken back (%v): the create is finished at restart", err, rerr)
+		}
 		return fail(err)
 	}
 	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
@@ -434,37 +439,38 @@ func (m *Manager) land(tmp, dst string) error {
 // ErrNotFound, ErrInvalid, ErrOutOfRange.
 func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	nop := func() {}
-	switch {
-	case spec.SourceSnapshotID != "":
-		release, err := m.holds.read(spec.SourceSnapshotID, "a restore")
-		if err != nil {
-			return "", nop, err
-		}
-		s, err := m.GetSnapshot(spec.SourceSnapshotID)
-		if err == nil {
-			err = checkSource("snapshot", s.ID, s.AccessType, s.SizeBytes, spec)
-		}
-		if err != nil {
-			release()
-			return "", nop, err
-		}
-		return m.snapPath(s), release, nil
-	case spec.SourceVolumeID != "":
-		release, err := m.holds.read(spec.SourceVolumeID, "a clone")
-		if err != nil {
-			return "", nop, err
-		}
-		v, err := m.Get(spec.SourceVolumeID)
-		if err == nil {
-			err = checkSource("volume", v.ID, v.AccessType, v.CapacityBytes, spec)
-		}
-		if err != nil {
-			release()
-			return "", nop, err
-		}
-		return m.dataPath(v), release, nil
+	if spec.SourceSnapshotID == "" && spec.SourceVolumeID == "" {
+		return "", nop, nil
 	}
-	return "", nop, nil
+	kind, id, what := "volume", spec.SourceVolumeID, "a clone"
+	if spec.SourceSnapshotID != "" {
+		kind, id, what = "snapshot", spec.SourceSnapshotID, "a restore"
+	}
+	release, err := m.holds.read(id, what)
+	if err != nil {
+		return "", nop, err
+	}
+	var p, accessType string
+	var size int64
+	if kind == "snapshot" {
+		var s *state.Snapshot
+		if s, err = m.GetSnapshot(id); err == nil {
+			p, accessType, size = m.snapPath(s), s.AccessType, s.SizeBytes
+		}
+	} else {
+		var v *state.Volume
+		if v, err = m.Get(id); err == nil {
+			p, accessType, size = m.dataPath(v), v.AccessType, v.CapacityBytes
+		}
+	}
+	if err == nil {
+		err = checkSource(kind, id, accessType, size, spec)
+	}
+	if err != nil {
+		release()
+		return "", nop, err
+	}
+	return p, release, nil
 }
 
 func checkSource(kind, id, accessType string, size int64, spec CreateSpec) error {
@@ -616,6 +622,11 @@ func (m *Manager) Delete(id string) error {
 	if !ValidVolumeID(id) {
 		return nil
 	}
+	release, err := m.holds.change(id, "a delete")
+	if err != nil {
+		return err
+	}
+	defer release()
 	v, err := m.Get(id)
 	if errors.Is(err, ErrNotFound) {
 		return nil
@@ -623,11 +634,6 @@ func (m *Manager) Delete(id string) error {
 	if err != nil {
 		return err
 	}
-	release, err := m.holds.change(id, "a delete")
-	if err != nil {
-		return err
-	}
-	defer release()
 	if err := m.checkUnused(v); err != nil {
 		return err
 	}
@@ -718,6 +724,10 @@ func (m *Manager) resizeData(v *state.Volume, size int64) error {
 		if err != nil {
 			return err
 		}
+		if size <= fi.Size() { // never shrink: an image only grows
+			_, err = block.Refresh(img)
+			return err
+		}
 		if err := unix.Truncate(img, size); err != nil {
 			return err
 		}
@@ -734,10 +744,21 @@ func (m *Manager) resizeData(v *state.Volume, size int64) error {
 // NodeExpand makes the node side see volume id's recorded size (CSI
 // NodeExpandVolume): the loop device of a block volume is refreshed, the
 // qgroup limit of a btrfs volume re-applied. volumePath must exist. It
-// returns the capacity in bytes. Errors: ErrNotFound.
+// returns the capacity in bytes. It holds the volume (a read hold), so an
+// expansion recorded meanwhile cannot be undone by this call re-applying
+// the size it read before. Errors: ErrNotFound, ErrBusy (an expansion or
+// delete is in progress).
 func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
 	v, err := m.Resolve(id)
 	if err != nil {
+		return 0, err
+	}
+	release, err := m.holds.read(v.ID, "a node expansion")
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	if v, err = m.Get(v.ID); err != nil { // as of the hold
 		return 0, err
 	}
 	if !filepath.IsAbs(volumePath) {

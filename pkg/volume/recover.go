@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/state"
@@ -141,12 +142,15 @@ func (m *Manager) recoverEntry(dir, name string, known map[string]bool) {
 	case prefix == creatingPrefix:
 		klog.InfoS("Removing the data of an interrupted create that was never acknowledged", "id", id, "path", p)
 		m.removeLeftover(p)
-	case prefix == deletingPrefix && known[id]:
+	case prefix == deletingPrefix && known[id] && !exists(final):
 		klog.InfoS("Rolling back an interrupted delete", "id", id)
-		if err := os.Rename(p, final); err != nil {
+		if err := unix.Renameat2(unix.AT_FDCWD, p, unix.AT_FDCWD, final, unix.RENAME_NOREPLACE); err != nil {
 			m.leftover(p, fmt.Errorf("roll back the delete of %s: %w", id, err))
 		}
 	case prefix == deletingPrefix:
+		// No record, or a record whose data is already at its final name:
+		// a committed delete of an earlier volume of the same id (cluster
+		// mode derives ids from CSI names) whose removal did not finish.
 		klog.InfoS("Finishing an interrupted delete", "id", id, "path", p)
 		m.removeLeftover(p)
 	case known[id]:
@@ -192,6 +196,19 @@ func (m *Manager) moveAside(p, id string) {
 		"inspect it and remove it by hand when it is not needed", "id", id, "from", p, "to", lost)
 }
 
+// syncDir makes the entries of directory dir durable (fsync(2) on it).
+func syncDir(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
 func exists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
@@ -225,6 +242,13 @@ func (m *Manager) trash(p string) (string, error) {
 	t := inFlight(deletingPrefix, p)
 	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("mark %s as deleting: %w", p, err)
+	}
+	// The rename is on disk before the record's removal is: otherwise a
+	// power loss could keep the removal (the state file is fsync'd) and
+	// lose the rename, leaving the data at its final name with no record.
+	if err := syncDir(filepath.Dir(p)); err != nil {
+		_ = os.Rename(t, p)
+		return "", err
 	}
 	return t, nil
 }

@@ -276,3 +276,34 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An in-flight entry whose final name is already taken by the recorded data
+// (cluster mode reuses an id: a delete of the earlier volume whose removal
+// did not finish, or a create's copy left over) is the stale one: it is
+// removed, and the recorded data is never replaced by it.
+func TestStaleInFlightEntriesNeverReplaceRecordedData(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
+	m := openTest(t, root)
+	v := create(t, m, "current")
+	for _, prefix := range []string{creatingPrefix, deletingPrefix} {
+		stale := inFlight(prefix, m.volDir(v.ID))
+		if err := os.MkdirAll(stale, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(stale, "f"), []byte("stale"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Close()
+	m = openTest(t, root)
+	defer m.Close()
+	if got, err := os.ReadFile(filepath.Join(m.volDir(v.ID), "f")); err != nil || string(got) != "current" {
+		t.Fatalf("recorded data replaced by a stale in-flight entry: %q %v", got, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(root, "volumes")); len(ents) != 1 {
+		t.Fatalf("volumes/ after recovery: %v", ents)
+	}
+	if l := m.Leftovers(); len(l) != 0 {
+		t.Fatalf("leftovers: %v", l)
+	}
+}

@@ -82,21 +82,22 @@ type SnapshotSpec struct {
 // call), ErrBusy.
 func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	name := spec.Name
-	if spec.ID != "" {
-		if !ValidSnapshotID(spec.ID) {
-			return nil, fmt.Errorf("%w: snapshot id %q", ErrInvalid, spec.ID)
-		}
-		if s, err := m.GetSnapshot(spec.ID); err == nil {
-			return s, nil
-		}
-	} else {
+	given := spec.ID != ""
+	if !given {
 		spec.ID = NewSnapshotID()
+	} else if !ValidSnapshotID(spec.ID) {
+		return nil, fmt.Errorf("%w: snapshot id %q", ErrInvalid, spec.ID)
 	}
 	release, err := m.holds.change(spec.ID, "a snapshot")
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	if given { // the node already holds it: the reconciler's idempotency
+		if s, err := m.GetSnapshot(spec.ID); err == nil {
+			return s, nil
+		}
+	}
 	releaseSrc, err := m.holds.read(spec.SourceVolumeID, "a snapshot")
 	if err != nil {
 		return nil, err
@@ -147,7 +148,9 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 		return fail(err)
 	}
 	if err := m.land(tmp, dst); err != nil {
-		_ = m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(s.ID) })
+		if rerr := m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(s.ID) }); rerr != nil {
+			return nil, fmt.Errorf("%w; and its record could not be taken back (%v): the snapshot is finished at restart", err, rerr)
+		}
 		return fail(err)
 	}
 	klog.V(2).InfoS("Snapshot created", "snapshotID", s.ID, "sourceVolumeID", v.ID, "size", s.SizeBytes)
@@ -158,6 +161,14 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 // succeed. Volumes restored from it are independent and stay. Errors:
 // ErrBusy while a restore reads it (case C34).
 func (m *Manager) DeleteSnapshot(id string) error {
+	if !ValidSnapshotID(id) {
+		return nil
+	}
+	release, err := m.holds.change(id, "a delete")
+	if err != nil {
+		return err
+	}
+	defer release()
 	s, err := m.GetSnapshot(id)
 	if errors.Is(err, ErrNotFound) {
 		return nil
@@ -165,11 +176,6 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	if err != nil {
 		return err
 	}
-	release, err := m.holds.change(id, "a delete")
-	if err != nil {
-		return err
-	}
-	defer release()
 	t, err := m.trash(m.snapPath(s))
 	if err != nil {
 		return err

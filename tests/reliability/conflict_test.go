@@ -81,7 +81,7 @@ func (e *conflictEnv) startAllMode(engine string) {
 	dir := tempDir(t)
 	base := dir
 	if engine == "btrfs" {
-		base = testfs.New(t, testfs.Btrfs, 1<<30)
+		base = loopFS(t, dir, testfs.Btrfs, 1<<30)
 	}
 	e.root = filepath.Join(base, "data")
 	ep := "unix://" + filepath.Join(dir, "csi.sock")
@@ -119,8 +119,8 @@ func (e *conflictEnv) run(rounds int) {
 	for i := range rounds {
 		e.restoreVsDeleteSnapshot(src, false)
 		e.restoreVsDeleteSnapshot(bsrc, true)
-		e.cloneVsDeleteVolume()
-		e.snapshotVsDeleteVolume()
+		e.readerVsDeleteVolume(true)
+		e.readerVsDeleteVolume(false)
 		e.expandVsSnapshot(src)
 		if t.Failed() {
 			t.Fatalf("round %d failed", i)
@@ -342,53 +342,42 @@ func (e *conflictEnv) restoreVsDeleteSnapshot(src *cvol, block bool) {
 	}
 }
 
-// cloneVsDeleteVolume: CreateVolume from volume V against DeleteVolume V.
-func (e *conflictEnv) cloneVsDeleteVolume() {
+// readerVsDeleteVolume: a clone of V (clone true) or CreateSnapshot of V
+// against DeleteVolume V.
+func (e *conflictEnv) readerVsDeleteVolume(clone bool) {
 	t := e.t
-	v := e.newFilled("clonesrc", false)
-	name := e.name("clone")
-	var cerr, derr error
-	var cid string
-	e.race(func() {
-		resp, err := e.ctrl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-			Name: name, CapacityRange: rng(v.size, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
-			VolumeContentSource: csitest.FromVolume(v.id),
-		})
-		cerr, cid = err, resp.GetVolume().GetVolumeId()
-	}, func() {
-		_, derr = e.ctrl.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
-	})
-	c := e.allowed(cerr, "clone of a volume being deleted", codes.OK, codes.Aborted, codes.NotFound)
-	d := e.allowed(derr, "DeleteVolume of a volume being cloned", codes.OK, codes.Aborted)
-	e.count("clone-vs-deletevolume", c, d)
-	if c == codes.OK {
-		e.checkContent(e.volPath(v, cid), v, "volume "+cid+" cloned while its source was deleted")
-		e.deleteVolume(cid)
+	v := e.newFilled("src", false)
+	pair, what := "snapshot-vs-deletevolume", "snapshot"
+	if clone {
+		pair, what = "clone-vs-deletevolume", "clone"
 	}
-	if d != codes.OK {
-		e.deleteVolume(v.id)
-	}
-}
-
-// snapshotVsDeleteVolume: CreateSnapshot of V against DeleteVolume V.
-func (e *conflictEnv) snapshotVsDeleteVolume() {
-	t := e.t
-	v := e.newFilled("snapsrc", false)
-	name := e.name("snap")
-	var serr, derr error
-	var sid string
+	name := e.name(what)
+	var rerr, derr error
+	var id string
 	e.race(func() {
+		if clone {
+			resp, err := e.ctrl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+				Name: name, CapacityRange: rng(v.size, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+				VolumeContentSource: csitest.FromVolume(v.id),
+			})
+			rerr, id = err, resp.GetVolume().GetVolumeId()
+			return
+		}
 		resp, err := e.ctrl.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.id})
-		serr, sid = err, resp.GetSnapshot().GetSnapshotId()
+		rerr, id = err, resp.GetSnapshot().GetSnapshotId()
 	}, func() {
 		_, derr = e.ctrl.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
 	})
-	s := e.allowed(serr, "CreateSnapshot of a volume being deleted", codes.OK, codes.Aborted, codes.NotFound)
-	d := e.allowed(derr, "DeleteVolume of a volume being snapshotted", codes.OK, codes.Aborted)
-	e.count("snapshot-vs-deletevolume", s, d)
-	if s == codes.OK {
-		e.checkContent(e.snapPath(v, sid), v, "snapshot "+sid+" taken while its source was deleted")
-		e.deleteSnapshot(sid)
+	r := e.allowed(rerr, what+" of a volume being deleted", codes.OK, codes.Aborted, codes.NotFound)
+	d := e.allowed(derr, "DeleteVolume of a volume being read by a "+what, codes.OK, codes.Aborted)
+	e.count(pair, r, d)
+	switch {
+	case r == codes.OK && clone:
+		e.checkContent(e.volPath(v, id), v, "volume "+id+" cloned while its source was deleted")
+		e.deleteVolume(id)
+	case r == codes.OK:
+		e.checkContent(e.snapPath(v, id), v, "snapshot "+id+" taken while its source was deleted")
+		e.deleteSnapshot(id)
 	}
 	if d != codes.OK {
 		e.deleteVolume(v.id)

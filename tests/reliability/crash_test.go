@@ -155,7 +155,7 @@ func crashStorm(t *testing.T, fsKind, engine string, kills int) {
 	dir := tempDir(t)
 	base := dir
 	if fsKind != "" {
-		base = testfs.New(t, fsKind, 3<<30)
+		base = loopFS(t, dir, fsKind, 3<<30)
 	}
 	root := filepath.Join(base, "data")
 	extra := []string{"--data-root=" + root, "--engine=" + engine}
@@ -880,8 +880,21 @@ func (s *storm) cleanup(p csiClients, settle func()) {
 // assertNoQgroups fails when the btrfs filesystem at mnt still has a
 // subvolume qgroup once every subvolume is deleted and dropped: none is
 // left behind by a create, snapshot or delete a kill interrupted.
+//
+// The driver does not remove qgroups itself: btrfs drops a subvolume's
+// qgroup with the subvolume since Linux 6.7, which this checks; on older
+// kernels stale qgroups are a documented limitation, and the check is only
+// logged.
 func assertNoQgroups(t *testing.T, mnt string) {
 	t.Helper()
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	var major, minor int
+	_, _ = fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor)
+	if major < 6 || (major == 6 && minor < 7) {
+		t.Logf("kernel %d.%d keeps the qgroups of deleted subvolumes; not checked", major, minor)
+		return
+	}
 	if out, err := exec.Command("btrfs", "subvolume", "sync", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("btrfs subvolume sync: %v: %s", err, out)
 	}

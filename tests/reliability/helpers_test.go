@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,6 +12,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
 // Shared with the other driver-level test packages (tests/csitest).
@@ -169,6 +171,20 @@ func assertClean(t testing.TB, dir string) {
 		t.Errorf("loop device left attached: %s", l)
 	}
 	cleanupMountsAndLoops(t, dir)
+}
+
+// loopFS is testfs.New for a test whose CO paths are under dir: the mounts
+// and loop devices a failed test leaves (publishes under dir, loop devices
+// of images on the new filesystem) are checked and removed before the
+// filesystem is unmounted, so a failure never leaves it mounted.
+func loopFS(t testing.TB, dir, kind string, size int64) string {
+	t.Helper()
+	base := testfs.New(t, kind, size)
+	t.Cleanup(func() {
+		assertClean(t, dir)
+		assertClean(t, filepath.Join(base, "data"))
+	})
+	return base
 }
 
 // tempDir is t.TempDir() that is checked, after every later cleanup (the

@@ -34,7 +34,7 @@ import (
 // localdir_recovery_leftovers metric, while the driver starts and serves.
 func TestRecoveryLeftovers(t *testing.T) {
 	dir := tempDir(t)
-	root := filepath.Join(testfs.New(t, testfs.Btrfs, 1<<30), "data")
+	root := filepath.Join(loopFS(t, dir, testfs.Btrfs, 1<<30), "data")
 	addr := freeAddr(t)
 	args := []string{"--data-root=" + root, "--engine=btrfs", "--metrics-address=" + addr}
 

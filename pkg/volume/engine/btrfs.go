@@ -314,9 +314,9 @@ func setSubvolFlags(fd int, f uint64) error {
 // filesystem; dst must not exist). btrfs refuses to move a read-only
 // subvolume into another directory (EROFS: its root's ".." entry cannot be
 // rewritten), so such a subvolume is made writable for the rename and
-// read-only again at dst. Used to move unclaimed data aside at start; a
-// crash between the steps leaves a writable copy in the destination, never
-// a lost one.
+// read-only again at dst. Used to move unclaimed data aside at start. A
+// crash between the steps leaves the subvolume writable, at src or at dst
+// (the next start moves it from src as it is); its data is never lost.
 func Move(src, dst string) error {
 	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
 	if err == nil || !errors.Is(err, unix.EROFS) || !isSubvolume(src) {
