@@ -18,6 +18,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
+// The API-server backend serves the CSI Controller service in controller
+// mode (pkg/cluster implements pkg/driver's Backend without importing it).
+var _ driver.Backend = (*cluster.ControllerBackend)(nil)
+
 // RestConfig loads the kubeconfig file, or the in-cluster configuration
 // when the path is empty.
 func RestConfig(kubeconfig string) (*rest.Config, error) {

@@ -31,7 +31,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
-	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/metrics"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume"
@@ -77,8 +77,6 @@ type ControllerBackend struct {
 	mu    sync.Mutex
 	nodes map[string]*sync.Mutex // placement is serialized per node
 }
-
-var _ driver.Backend = (*ControllerBackend)(nil)
 
 // NewControllerBackend connects to the API server.
 func NewControllerBackend(cfg *rest.Config, maxVolumeBytes int64) (*ControllerBackend, error) {
@@ -272,7 +270,7 @@ func (b *ControllerBackend) room(ctx context.Context, node string) (nodeRoom, er
 
 func nodeOf(t *csi.Topology) (string, bool) {
 	for k, v := range t.GetSegments() {
-		if k != driver.TopologyKey {
+		if k != contract.TopologyKey {
 			return "", false
 		}
 		return v, v != ""
@@ -721,7 +719,7 @@ func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string
 		if err != nil {
 			return nil, err
 		}
-		if !driver.Reachable(topology, lv.Node) {
+		if !contract.Reachable(topology, lv.Node) {
 			return nil, fmt.Errorf("%w: the source volume lives on node %q, which the accessibility requirements exclude", volume.ErrNoSpace, lv.Node)
 		}
 		ls = &v1.LocalSnapshot{

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -26,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
-	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/metrics"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
@@ -117,7 +116,7 @@ type ctrlRunnable func(context.Context) error
 func (f ctrlRunnable) Start(ctx context.Context) error { return f(ctx) }
 
 func codeName(err error) string {
-	if st, ok := status.FromError(driver.ToStatus(err)); ok {
+	if st, ok := status.FromError(contract.ToStatus(err)); ok {
 		return st.Code().String()
 	}
 	return "Internal"
@@ -155,7 +154,10 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 		setReady(&lv.Status.Conditions, lv.Generation, false, "DataMissing",
 			"the node holds no data for this volume although it was Ready; it was removed outside localdir")
 	case errors.Is(err, volume.ErrNotFound) && lv.Status.Phase != v1.PhaseFailed:
-		local, err = a.VM.Create(a.createSpec(lv))
+		var spec volume.CreateSpec
+		if spec, err = a.createSpec(lv); err == nil {
+			local, err = a.VM.Create(spec)
+		}
 		if errors.Is(err, volume.ErrBusy) {
 			// Its source is being deleted or changed: try again shortly
 			// (it is then gone, NOT_FOUND, or free).
@@ -199,22 +201,27 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 	return reconcile.Result{}, nil
 }
 
-func (a *NodeAgent) createSpec(lv *v1.LocalVolume) volume.CreateSpec {
+// createSpec is the create of lv's volume. Its parameters are parsed as the
+// controller's CreateVolume parsed them (contract.ParseParams); a value it
+// refuses (an object written by hand) fails the create with
+// INVALID_ARGUMENT instead of falling back to a default.
+func (a *NodeAgent) createSpec(lv *v1.LocalVolume) (volume.CreateSpec, error) {
+	params, err := contract.ParseParams(lv.Spec.Parameters)
+	if err != nil {
+		return volume.CreateSpec{}, err
+	}
 	spec := volume.CreateSpec{
 		ID:         lv.Name,
 		Name:       lv.Spec.CSIName,
 		SizeBytes:  lv.Spec.Size,
 		AccessType: accessType(lv.Spec.VolumeMode),
 		Parameters: lv.Spec.Parameters,
-		DirMode:    driver.DefaultDirMode,
-	}
-	if m, err := strconv.ParseUint(lv.Spec.Parameters[driver.ParamDirMode], 8, 32); err == nil && m <= 0o7777 {
-		spec.DirMode = uint32(m)
+		DirMode:    params.DirMode,
 	}
 	if cs := lv.Spec.ContentSource; cs != nil {
 		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume
 	}
-	return spec
+	return spec, nil
 }
 
 // dropLegacyFinalizer removes v1alpha1.Finalizer from a live object that

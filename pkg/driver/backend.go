@@ -6,6 +6,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
@@ -94,34 +95,9 @@ func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) (
 	return vols, next, err
 }
 
-// admits reports whether a topology segment set describes this node: every
-// key it names must be one we have, with our value.
-func admits(t *csi.Topology, node string) bool {
-	for k, v := range t.GetSegments() {
-		if k != TopologyKey || v != node {
-			return false
-		}
-	}
-	return true
-}
+func admits(t *csi.Topology, node string) bool { return contract.Admits(t, node) }
 
-// Reachable is reachable for other backends (pkg/cluster).
-func Reachable(req *csi.TopologyRequirement, node string) bool { return reachable(req, node) }
-
-// reachable reports whether a topology requirement admits node. With
-// requisite topologies given, one must name the node; preferred ones alone
-// are only a preference.
-func reachable(req *csi.TopologyRequirement, node string) bool {
-	if len(req.GetRequisite()) == 0 {
-		return true
-	}
-	for _, t := range req.GetRequisite() {
-		if admits(t, node) {
-			return true
-		}
-	}
-	return false
-}
+func reachable(req *csi.TopologyRequirement, node string) bool { return contract.Reachable(req, node) }
 
 // CreateVolume implements Backend.
 func (b *LocalBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error) {

@@ -109,7 +109,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		SizeBytes:        size,
 		AccessType:       accessTypeOf(req.GetVolumeCapabilities()),
 		Parameters:       userParams(req.GetParameters()),
-		DirMode:          params.dirMode,
+		DirMode:          params.DirMode,
 		SourceSnapshotID: srcSnap,
 		SourceVolumeID:   srcVol,
 	}, req.GetAccessibilityRequirements())
@@ -201,22 +201,34 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 // Tokens are opaque. Codes: INVALID_ARGUMENT (negative max_entries),
 // ABORTED (a token this driver did not issue).
 func (s *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	after, err := decodeToken(req.GetStartingToken(), volume.ValidVolumeID)
+	vols, next, err := s.volumePage(ctx, req.GetMaxEntries(), req.GetStartingToken())
 	if err != nil {
 		return nil, err
 	}
-	vols, next, err := s.d.backend.ListVolumes(ctx, after, int(req.GetMaxEntries()))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	resp := &csi.ListVolumesResponse{NextToken: encodeToken(next)}
+	resp := &csi.ListVolumesResponse{NextToken: next}
 	for _, v := range vols {
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: s.csiVolume(v)})
 	}
 	return resp, nil
+}
+
+// volumePage is one page of volumes in id order for ListVolumes and
+// ControllerListVolumeHealth, and the token of the next ("" at the end).
+// Tokens are opaque. Codes: INVALID_ARGUMENT (negative max_entries),
+// ABORTED (a token this driver did not issue).
+func (s *controller) volumePage(ctx context.Context, maxEntries int32, token string) ([]*state.Volume, string, error) {
+	if maxEntries < 0 {
+		return nil, "", invalid("max_entries must not be negative")
+	}
+	after, err := decodeToken(token, volume.ValidVolumeID)
+	if err != nil {
+		return nil, "", err
+	}
+	vols, next, err := s.d.backend.ListVolumes(ctx, after, int(maxEntries))
+	if err != nil {
+		return nil, "", toStatus(err)
+	}
+	return vols, encodeToken(next), nil
 }
 
 // ControllerGetVolume returns one volume (spec

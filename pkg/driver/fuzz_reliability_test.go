@@ -73,8 +73,8 @@ func FuzzParseEphemeral(f *testing.F) {
 				t.Fatalf("parseEphemeral accepted unknown attribute %q", k)
 			}
 		}
-		if params.dirMode > 0o7777 {
-			t.Fatalf("dirMode %o", params.dirMode)
+		if params.DirMode > 0o7777 {
+			t.Fatalf("dirMode %o", params.DirMode)
 		}
 	})
 }

@@ -145,12 +145,12 @@ func FuzzParseParams(f *testing.F) {
 				t.Fatalf("parseParams(%v) accepted unknown parameter %q", p, k)
 			}
 		}
-		if vp.dirMode > 0o7777 {
-			t.Fatalf("parseParams(%v): dirMode %#o out of range", p, vp.dirMode)
+		if vp.DirMode > 0o7777 {
+			t.Fatalf("parseParams(%v): dirMode %#o out of range", p, vp.DirMode)
 		}
 		if v, ok := user[ParamDirMode]; !ok {
-			if vp.dirMode != DefaultDirMode {
-				t.Fatalf("parseParams(%v): dirMode %#o without the parameter", p, vp.dirMode)
+			if vp.DirMode != DefaultDirMode {
+				t.Fatalf("parseParams(%v): dirMode %#o without the parameter", p, vp.DirMode)
 			}
 		} else if v == "" || strings.Trim(v, "01234567") != "" {
 			t.Fatalf("parseParams(%v) accepted dirMode %q", p, v)

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"regexp"
 	"strings"
 
@@ -15,7 +14,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
-// Node RPCs for ephemeral inline volumes, expansion and health.
+// CSI ephemeral inline volumes (NodePublishVolume with no CreateVolume).
 
 // Volume attributes of a CSI ephemeral inline volume (the pod's
 // volumeAttributes).
@@ -63,7 +62,7 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 			SizeBytes:   size,
 			AccessType:  state.AccessMount,
 			Parameters:  attrs,
-			DirMode:     params.dirMode,
+			DirMode:     params.DirMode,
 			Ephemeral:   true,
 			EphemeralID: coID,
 		})
@@ -128,81 +127,4 @@ func parseEphemeral(coID string, block bool, vc map[string]string, maxBytes int6
 		return 0, nil, volumeParams{}, status.Errorf(codes.OutOfRange, "ephemeral volume size %d exceeds the maximum volume size of %d bytes", size, maxBytes)
 	}
 	return size, attrs, params, nil
-}
-
-// NodeExpandVolume makes the node see a volume's new size (spec
-// §NodeExpandVolume): a block volume's loop device is refreshed without
-// detaching, a btrfs volume's qgroup limit re-applied. When capacity_range
-// asks for more than the recorded size, all mode grows the volume here with
-// ControllerExpandVolume's checks (this node's manager is the controller's
-// backend); node mode answers OUT_OF_RANGE, as the controller owns sizes.
-// Codes: INVALID_ARGUMENT (no id or path), NOT_FOUND (unknown volume or
-// missing path), OUT_OF_RANGE (above --max-volume-size), RESOURCE_EXHAUSTED
-// (no room), ABORTED.
-func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is required")
-	}
-	if req.GetVolumePath() == "" {
-		return nil, invalid("volume_path is required")
-	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	capacity, err := s.d.vm.NodeExpand(req.GetVolumeId(), req.GetVolumePath())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if req.GetCapacityRange().GetRequiredBytes() > capacity {
-		// Kubernetes always calls ControllerExpandVolume first; a CO that
-		// asks the node directly gets the growth here, checked against this
-		// node's capacity like any expansion. In node mode the LocalVolume's
-		// status reports the larger capacity at its next reconcile, and the
-		// controller counts max(spec.size, status.capacityBytes).
-		size, err := resolveSize(req.GetCapacityRange(), s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
-		if err != nil {
-			return nil, err
-		}
-		v, err := s.d.vm.Resolve(req.GetVolumeId())
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		if capacity, err = s.d.vm.Expand(v.ID, size); err != nil {
-			return nil, toStatus(err)
-		}
-	}
-	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
-}
-
-// NodeGetVolumeHealth reports problems of one volume on this node; the paths
-// are optional. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it only reads.
-func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is required")
-	}
-	h, err := s.d.vm.Health(req.GetVolumeId())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if p := req.GetVolumePublishPath(); p != "" {
-		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, volume.ErrNotFound) {
-			h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NotPublished",
-				Message: "the volume is not mounted at volume_publish_path " + p})
-		}
-	}
-	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: csiHealth(req.GetVolumeId(), h)}, nil
-}
-
-// NodeGetStorageHealth reports the data root: unreachable when it is not
-// writable or its state file unreadable; healthy is an empty list.
-func (s *node) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
-	resp := &csi.NodeGetStorageHealthResponse{}
-	if err := s.d.vm.Probe(); err != nil {
-		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
-			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "DataRootUnusable", Message: err.Error(),
-		})
-	}
-	return resp, nil
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Modes of --mode.
@@ -28,8 +30,8 @@ const DefaultDriverName = "localdir.csi.dev"
 const DefaultKubeletRoot = "/var/lib/kubelet"
 
 // TopologyKey is the accessible_topology segment key that pins a volume to
-// its node. Its value is the node id.
-const TopologyKey = "topology.localdir.csi.dev/node"
+// its node (contract.TopologyKey). Its value is the node id.
+const TopologyKey = contract.TopologyKey
 
 // Options are the validated settings of one driver process. cmd/localdir-csi
 // fills them from flags (AddFlags) and calls Validate; pkg/ never parses

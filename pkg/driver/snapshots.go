@@ -12,7 +12,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
-// Controller RPCs for snapshots, expansion and volume health.
+// Controller RPCs for snapshots.
 
 // csiSnapshot converts a record. A snapshot lives on the node of its
 // source; CreateSnapshot honours accessibility_requirements
@@ -147,117 +147,4 @@ func (s *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 		return nil, toStatus(err)
 	}
 	return &csi.GetSnapshotResponse{Snapshot: s.csiSnapshot(snap)}, nil
-}
-
-// ControllerExpandVolume grows a volume online (spec
-// §ControllerExpandVolume): the btrfs qgroup limit is raised or the image
-// grown; a block volume then needs NodeExpandVolume to refresh its loop
-// device. A required_bytes at or below the current size (or none, with a
-// limit_bytes the current size fits) succeeds with the current size.
-// Codes: INVALID_ARGUMENT (no id, no capacity_range, or neither
-// required_bytes nor limit_bytes), NOT_FOUND, OUT_OF_RANGE (above
-// --max-volume-size, or a current size above limit_bytes: volumes never
-// shrink), RESOURCE_EXHAUSTED (no room for the growth; OUT_OF_RANGE is
-// kept for the per-volume maximum, case C23), ABORTED.
-func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is required")
-	}
-	cr := req.GetCapacityRange()
-	if cr == nil {
-		return nil, invalid("capacity_range is required")
-	}
-	if cr.GetRequiredBytes() == 0 && cr.GetLimitBytes() == 0 {
-		return nil, invalid("capacity_range needs required_bytes or limit_bytes")
-	}
-	// size stays 0 when no growth is asked for (only a limit_bytes);
-	// resolveSize checks the signs and the range otherwise.
-	var size int64
-	if cr.GetRequiredBytes() != 0 || cr.GetLimitBytes() < 0 {
-		var err error
-		if size, err = resolveSize(cr, 0, s.d.opts.MaxVolumeBytes); err != nil {
-			return nil, err
-		}
-	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if c := req.GetVolumeCapability(); c != nil && accessTypeOf([]*csi.VolumeCapability{c}) != v.AccessType {
-		return nil, invalid("volume %s is a %s volume; volume_capability asks for another access type", v.ID, v.AccessType)
-	}
-	if lim := cr.GetLimitBytes(); lim > 0 && v.CapacityBytes > lim {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, above limit_bytes %d; volumes cannot shrink", v.ID, v.CapacityBytes, lim)
-	}
-	capacity := v.CapacityBytes
-	if size > 0 {
-		capacity, err = s.d.backend.ExpandVolume(ctx, v.ID, size)
-		if err != nil {
-			return nil, toStatus(err)
-		}
-	}
-	return &csi.ControllerExpandVolumeResponse{
-		CapacityBytes:         capacity,
-		NodeExpansionRequired: v.AccessType == state.AccessBlock,
-	}, nil
-}
-
-func csiHealth(id string, h volume.Health) *csi.VolumeHealth {
-	out := &csi.VolumeHealth{VolumeId: id}
-	kinds := map[string]csi.VolumeHealthErrorType{
-		"Degraded":     csi.VolumeHealthErrorType_DEGRADED,
-		"Inaccessible": csi.VolumeHealthErrorType_INACCESSIBLE,
-		"DataLoss":     csi.VolumeHealthErrorType_DATA_LOSS,
-	}
-	for _, p := range h.Problems {
-		out.HealthStatuses = append(out.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
-			Status: kinds[p.Kind], Reason: p.Reason, Message: p.Message,
-		})
-	}
-	return out
-}
-
-// ControllerGetVolumeHealth reports problems of one volume: data missing
-// (DATA_LOSS), usage above capacity on the dir engine (DEGRADED). A healthy
-// volume has no entries. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it
-// only reads.
-func (s *controller) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is required")
-	}
-	h, err := s.d.backend.VolumeHealth(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: csiHealth(req.GetVolumeId(), h)}, nil
-}
-
-// ControllerListVolumeHealth pages through the volumes' health like
-// ListVolumes. Codes: INVALID_ARGUMENT, ABORTED (foreign token).
-func (s *controller) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	after, err := decodeToken(req.GetStartingToken(), volume.ValidVolumeID)
-	if err != nil {
-		return nil, err
-	}
-	vols, next, err := s.d.backend.ListVolumes(ctx, after, int(req.GetMaxEntries()))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	resp := &csi.ControllerListVolumeHealthResponse{NextToken: encodeToken(next)}
-	for _, v := range vols {
-		h, err := s.d.backend.VolumeHealth(ctx, v.ID)
-		if err != nil {
-			continue // deleted meanwhile
-		}
-		resp.Entries = append(resp.Entries, csiHealth(v.ID, h))
-	}
-	return resp, nil
 }

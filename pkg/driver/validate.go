@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"sort"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
@@ -188,69 +187,27 @@ func accessTypeOf(caps []*csi.VolumeCapability) string {
 	return state.AccessMount
 }
 
-// Parameters. The csi.storage.k8s.io/ prefix is reserved for what
-// external-provisioner adds (PVC name, namespace, secrets refs); those are
-// accepted and not stored. Anything else must be one of these.
+// StorageClass parameters: see pkg/contract, which pkg/cluster shares.
 const (
-	// ParamDirMode is the octal permission of a mount volume's root
-	// directory, e.g. "0770". Default DefaultDirMode.
-	ParamDirMode = "dirMode"
-	// DefaultDirMode lets any pod user write, like a hostPath directory;
-	// with fsGroup (CSIDriver fsGroupPolicy: File) kubelet narrows it.
-	DefaultDirMode = 0o777
+	// ParamDirMode is contract.ParamDirMode.
+	ParamDirMode = contract.ParamDirMode
+	// DefaultDirMode is contract.DefaultDirMode.
+	DefaultDirMode = contract.DefaultDirMode
+	reservedPrefix = contract.ReservedPrefix
 )
 
 // KnownParameters lists every StorageClass parameter the driver accepts
 // (besides the csi.storage.k8s.io/ ones), for docs and tests.
-var KnownParameters = []string{ParamDirMode}
+var KnownParameters = contract.KnownParameters
 
-const reservedPrefix = "csi.storage.k8s.io/"
-
-// userParams returns the parameters without the reserved prefix; a nil map
-// when there are none, so records compare equal.
-func userParams(p map[string]string) map[string]string {
-	var out map[string]string
-	for k, v := range p {
-		if strings.HasPrefix(k, reservedPrefix) {
-			continue
-		}
-		if out == nil {
-			out = map[string]string{}
-		}
-		out[k] = v
-	}
-	return out
-}
+func userParams(p map[string]string) map[string]string { return contract.UserParams(p) }
 
 // volumeParams is a parsed, validated parameter set.
-type volumeParams struct {
-	dirMode uint32
-}
+type volumeParams = contract.Params
 
-// parseParams validates StorageClass parameters. Errors: INVALID_ARGUMENT
-// naming the unknown parameter or the bad value.
-func parseParams(p map[string]string) (volumeParams, error) {
-	vp := volumeParams{dirMode: DefaultDirMode}
-	keys := sort.StringSlice(nil)
-	for k := range userParams(p) {
-		keys = append(keys, k)
-	}
-	keys.Sort()
-	for _, k := range keys {
-		v := p[k]
-		switch k {
-		case ParamDirMode:
-			m, err := strconv.ParseUint(v, 8, 32)
-			if err != nil || m > 0o7777 {
-				return vp, invalid("parameter %s=%q: want an octal permission such as \"0770\"", k, v)
-			}
-			vp.dirMode = uint32(m)
-		default:
-			return vp, invalid("unknown parameter %q (known: %s, and the %s* ones the provisioner adds); remove it from the StorageClass", k, strings.Join(KnownParameters, ", "), reservedPrefix)
-		}
-	}
-	return vp, nil
-}
+// parseParams validates StorageClass parameters (contract.ParseParams).
+// Errors: INVALID_ARGUMENT.
+func parseParams(p map[string]string) (volumeParams, error) { return contract.ParseParams(p) }
 
 // roundUp rounds n up to a multiple of 4 KiB, the allocation unit. Above
 // the largest such multiple that fits in an int64 it returns n unchanged.

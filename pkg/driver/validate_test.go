@@ -472,8 +472,8 @@ func TestParseParams(t *testing.T) {
 				return
 			}
 			wantCode(t, err, codes.OK)
-			if vp.dirMode != tc.mode {
-				t.Fatalf("dirMode = %#o, want %#o", vp.dirMode, tc.mode)
+			if vp.DirMode != tc.mode {
+				t.Fatalf("dirMode = %#o, want %#o", vp.DirMode, tc.mode)
 			}
 		})
 	}

@@ -1,10 +1,10 @@
 package volume
 
 import (
-	"crypto/rand"
 	"encoding/hex"
 	"regexp"
-	"time"
+
+	"github.com/google/uuid"
 )
 
 // Volume and snapshot ids are generated here and nowhere else. They are the
@@ -25,26 +25,21 @@ func ValidVolumeID(id string) bool { return volumeIDPattern.MatchString(id) }
 // driver issues: "snap-" followed by 32 lowercase hex digits.
 func ValidSnapshotID(id string) bool { return snapshotIDPattern.MatchString(id) }
 
-// newID returns prefix + 32 hex digits: the first 12 are the creation time
-// in milliseconds, the other 20 random (the layout of a UUIDv7). Ids made
-// later sort later, so new records land at the end of the state file's
-// B-tree instead of in random pages: a commit writes fewer pages, and its
-// cost does not grow with the number of volumes.
+// newID returns prefix + the 32 hex digits of a UUIDv7 (RFC 9562: 48 bits
+// of Unix time in milliseconds, then version, variant and 74 random bits).
+// Ids made later sort later, so new records land at the end of the state
+// file's B-tree instead of in random pages: a commit writes fewer pages, and
+// its cost does not grow with the number of volumes.
 func newID(prefix string) string {
-	var b [16]byte
-	if _, err := rand.Read(b[6:]); err != nil {
+	u, err := uuid.NewV7()
+	if err != nil {
 		panic("crypto/rand failed: " + err.Error()) // never happens on Linux
 	}
-	ms := uint64(time.Now().UnixMilli())
-	for i := 5; i >= 0; i-- {
-		b[i] = byte(ms)
-		ms >>= 8
-	}
-	return prefix + hex.EncodeToString(b[:])
+	return prefix + hex.EncodeToString(u[:])
 }
 
-// NewVolumeID returns a fresh volume_id (time-ordered, 80 random bits).
+// NewVolumeID returns a fresh volume_id (time-ordered, 74 random bits).
 func NewVolumeID() string { return newID("vol-") }
 
-// NewSnapshotID returns a fresh random snapshot_id.
+// NewSnapshotID returns a fresh snapshot_id (time-ordered, 74 random bits).
 func NewSnapshotID() string { return newID("snap-") }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -682,13 +681,9 @@ func mountsOf(dir string) (points []string, nested bool, err error) {
 	return points, nested, nil
 }
 
-// within reports whether p is base or below it.
-func within(p, base string) bool {
-	if base == "/" {
-		return strings.HasPrefix(p, "/")
-	}
-	return p == base || strings.HasPrefix(p, base+"/")
-}
+// within reports whether the clean absolute path p is base or below it
+// (mount-utils PathWithinBase).
+func within(p, base string) bool { return mount.PathWithinBase(p, base) }
 
 // resolved is p with symlinks resolved, as the mount table shows it.
 func resolved(p string) string {

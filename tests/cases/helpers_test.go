@@ -3,7 +3,6 @@ package cases
 import (
 	"crypto/sha256"
 	"fmt"
-	"github.com/localdir-csi/localdir/tests/csitest"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 

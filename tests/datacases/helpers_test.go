@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/localdir-csi/localdir/tests/csitest"
 	"maps"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
 	"github.com/localdir-csi/localdir/tests/treecmp"

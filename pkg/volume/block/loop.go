@@ -13,6 +13,7 @@
 package block
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // sysBlock is where the kernel lists block devices; a var for tests.
@@ -245,12 +247,19 @@ func clearDev(dev, image string) error {
 		return err
 	}
 	defer unix.Close(fd)
-	for i := 0; i < 50; i++ {
-		err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
-		if !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EAGAIN) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	var last error
+	// Every 10 ms for up to 500 ms while the kernel is busy with the device.
+	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 500*time.Millisecond, true,
+		func(context.Context) (bool, error) {
+			last = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+			busy := errors.Is(last, unix.EBUSY) || errors.Is(last, unix.EAGAIN)
+			return !busy, nil
+		})
+	if err == nil {
+		err = last
+	}
+	if wait.Interrupted(err) {
+		err = last // still busy: say why
 	}
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("detach %s from %s: %w", dev, image, err)

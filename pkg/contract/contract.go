@@ -1,0 +1,156 @@
+// Package contract holds what localdir's CSI services (pkg/driver) and the
+// backends they drive (pkg/volume in all mode, pkg/cluster in controller and
+// node mode) agree on: the topology key, the StorageClass parameters and
+// their parsing, topology matching, and the one mapping from data-plane
+// errors to gRPC codes. It is a leaf: it imports no other localdir package
+// but pkg/volume's error sentinels.
+package contract
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// TopologyKey is the accessible_topology segment key that pins a volume to
+// its node. Its value is the node id.
+const TopologyKey = "topology.localdir.csi.dev/node"
+
+// Admits reports whether a topology segment set describes node: every key
+// it names must be TopologyKey, with node as its value.
+func Admits(t *csi.Topology, node string) bool {
+	for k, v := range t.GetSegments() {
+		if k != TopologyKey || v != node {
+			return false
+		}
+	}
+	return true
+}
+
+// Reachable reports whether a topology requirement (CSI
+// accessibility_requirements) admits node. With requisite topologies given,
+// one must name the node; preferred ones alone are only a preference.
+func Reachable(req *csi.TopologyRequirement, node string) bool {
+	if len(req.GetRequisite()) == 0 {
+		return true
+	}
+	for _, t := range req.GetRequisite() {
+		if Admits(t, node) {
+			return true
+		}
+	}
+	return false
+}
+
+// Parameters. The csi.storage.k8s.io/ prefix is reserved for what
+// external-provisioner adds (PVC name, namespace, secrets refs); those are
+// accepted and not stored. Anything else must be one of these.
+const (
+	// ParamDirMode is the octal permission of a mount volume's root
+	// directory, e.g. "0770". Default DefaultDirMode.
+	ParamDirMode = "dirMode"
+	// DefaultDirMode lets any pod user write, like a hostPath directory;
+	// with fsGroup (CSIDriver fsGroupPolicy: File) kubelet narrows it.
+	DefaultDirMode = 0o777
+	// ReservedPrefix marks the parameters the CO adds.
+	ReservedPrefix = "csi.storage.k8s.io/"
+)
+
+// KnownParameters lists every StorageClass parameter the driver accepts
+// (besides the csi.storage.k8s.io/ ones), for docs and tests.
+var KnownParameters = []string{ParamDirMode}
+
+// UserParams returns the parameters without the reserved prefix; a nil map
+// when there are none, so records compare equal.
+func UserParams(p map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range p {
+		if strings.HasPrefix(k, ReservedPrefix) {
+			continue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// Params is a parsed, validated parameter set.
+type Params struct {
+	// DirMode is the chmod(2) permission bits of a mount volume's root.
+	DirMode uint32
+}
+
+// ParseParams validates StorageClass parameters (the CreateVolume request's,
+// or those stored with a volume). Errors: INVALID_ARGUMENT naming the
+// unknown parameter or the bad value.
+func ParseParams(p map[string]string) (Params, error) {
+	vp := Params{DirMode: DefaultDirMode}
+	keys := sort.StringSlice(nil)
+	for k := range UserParams(p) {
+		keys = append(keys, k)
+	}
+	keys.Sort()
+	for _, k := range keys {
+		v := p[k]
+		switch k {
+		case ParamDirMode:
+			m, err := strconv.ParseUint(v, 8, 32)
+			if err != nil || m > 0o7777 {
+				return vp, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want an octal permission such as \"0770\"", k, v)
+			}
+			vp.DirMode = uint32(m)
+		default:
+			return vp, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, and the %s* ones the provisioner adds); remove it from the StorageClass", k, strings.Join(KnownParameters, ", "), ReservedPrefix)
+		}
+	}
+	return vp, nil
+}
+
+// ToStatus is the one boundary where storage errors become gRPC codes (CSI
+// spec, "Error Scheme"). An error that already carries a status keeps it; an
+// error wrapping none of the volume sentinels is INTERNAL.
+func ToStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(Code(err), err.Error())
+}
+
+// Code is the gRPC code of a data-plane error: the pkg/volume sentinel it
+// wraps, a context error, else INTERNAL.
+func Code(err error) codes.Code {
+	switch {
+	case errors.Is(err, volume.ErrNotFound):
+		return codes.NotFound
+	case errors.Is(err, volume.ErrExists):
+		return codes.AlreadyExists
+	case errors.Is(err, volume.ErrNoSpace):
+		return codes.ResourceExhausted
+	case errors.Is(err, volume.ErrOutOfRange):
+		return codes.OutOfRange
+	case errors.Is(err, volume.ErrInvalid):
+		return codes.InvalidArgument
+	case errors.Is(err, volume.ErrPrecondition):
+		return codes.FailedPrecondition
+	case errors.Is(err, volume.ErrBusy):
+		return codes.Aborted
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	}
+	return codes.Internal
+}

@@ -1,0 +1,72 @@
+package driver
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/state"
+)
+
+// Volume expansion of the Controller service (EXPAND_VOLUME: spec
+// §ControllerExpandVolume).
+
+// ControllerExpandVolume grows a volume online (spec
+// §ControllerExpandVolume): the btrfs qgroup limit is raised or the image
+// grown; a block volume then needs NodeExpandVolume to refresh its loop
+// device. A required_bytes at or below the current size (or none, with a
+// limit_bytes the current size fits) succeeds with the current size.
+// Codes: INVALID_ARGUMENT (no id, no capacity_range, or neither
+// required_bytes nor limit_bytes), NOT_FOUND, OUT_OF_RANGE (above
+// --max-volume-size, or a current size above limit_bytes: volumes never
+// shrink), RESOURCE_EXHAUSTED (no room for the growth; OUT_OF_RANGE is
+// kept for the per-volume maximum, case C23), ABORTED.
+func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	cr := req.GetCapacityRange()
+	if cr == nil {
+		return nil, invalid("capacity_range is required")
+	}
+	if cr.GetRequiredBytes() == 0 && cr.GetLimitBytes() == 0 {
+		return nil, invalid("capacity_range needs required_bytes or limit_bytes")
+	}
+	// size stays 0 when no growth is asked for (only a limit_bytes);
+	// resolveSize checks the signs and the range otherwise.
+	var size int64
+	if cr.GetRequiredBytes() != 0 || cr.GetLimitBytes() < 0 {
+		var err error
+		if size, err = resolveSize(cr, 0, s.d.opts.MaxVolumeBytes); err != nil {
+			return nil, err
+		}
+	}
+	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if c := req.GetVolumeCapability(); c != nil && accessTypeOf([]*csi.VolumeCapability{c}) != v.AccessType {
+		return nil, invalid("volume %s is a %s volume; volume_capability asks for another access type", v.ID, v.AccessType)
+	}
+	if lim := cr.GetLimitBytes(); lim > 0 && v.CapacityBytes > lim {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, above limit_bytes %d; volumes cannot shrink", v.ID, v.CapacityBytes, lim)
+	}
+	capacity := v.CapacityBytes
+	if size > 0 {
+		capacity, err = s.d.backend.ExpandVolume(ctx, v.ID, size)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	return &csi.ControllerExpandVolumeResponse{
+		CapacityBytes:         capacity,
+		NodeExpansionRequired: v.AccessType == state.AccessBlock,
+	}, nil
+}

@@ -1,0 +1,61 @@
+package driver
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// Volume health of the Controller service (GET_VOLUME_HEALTH,
+// LIST_VOLUME_HEALTH: spec §ControllerGetVolume, §ControllerListVolumeHealth).
+
+// csiHealth converts volume id's problems to the CSI VolumeHealth message.
+func csiHealth(id string, h volume.Health) *csi.VolumeHealth {
+	out := &csi.VolumeHealth{VolumeId: id}
+	kinds := map[string]csi.VolumeHealthErrorType{
+		"Degraded":     csi.VolumeHealthErrorType_DEGRADED,
+		"Inaccessible": csi.VolumeHealthErrorType_INACCESSIBLE,
+		"DataLoss":     csi.VolumeHealthErrorType_DATA_LOSS,
+	}
+	for _, p := range h.Problems {
+		out.HealthStatuses = append(out.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
+			Status: kinds[p.Kind], Reason: p.Reason, Message: p.Message,
+		})
+	}
+	return out
+}
+
+// ControllerGetVolumeHealth reports problems of one volume: data missing
+// (DATA_LOSS), usage above capacity on the dir engine (DEGRADED). A healthy
+// volume has no entries. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it
+// only reads.
+func (s *controller) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	h, err := s.d.backend.VolumeHealth(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: csiHealth(req.GetVolumeId(), h)}, nil
+}
+
+// ControllerListVolumeHealth pages through the volumes' health like
+// ListVolumes. Codes: INVALID_ARGUMENT, ABORTED (foreign token).
+func (s *controller) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+	vols, next, err := s.volumePage(ctx, req.GetMaxEntries(), req.GetStartingToken())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
+	for _, v := range vols {
+		h, err := s.d.backend.VolumeHealth(ctx, v.ID)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		resp.Entries = append(resp.Entries, csiHealth(v.ID, h))
+	}
+	return resp, nil
+}

@@ -1,0 +1,44 @@
+package driver
+
+import (
+	"context"
+	"errors"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// Volume and storage health of the Node service (VOLUME_CONDITION: spec
+// §NodeGetVolumeStats; §NodeGetVolumeHealth, §NodeGetStorageHealth).
+
+// NodeGetVolumeHealth reports problems of one volume on this node; the paths
+// are optional. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it only reads.
+func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	h, err := s.d.vm.Health(req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if p := req.GetVolumePublishPath(); p != "" {
+		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, volume.ErrNotFound) {
+			h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NotPublished",
+				Message: "the volume is not mounted at volume_publish_path " + p})
+		}
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: csiHealth(req.GetVolumeId(), h)}, nil
+}
+
+// NodeGetStorageHealth reports the data root: unreachable when it is not
+// writable or its state file unreadable; healthy is an empty list.
+func (s *node) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+	resp := &csi.NodeGetStorageHealthResponse{}
+	if err := s.d.vm.Probe(); err != nil {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "DataRootUnusable", Message: err.Error(),
+		})
+	}
+	return resp, nil
+}
