@@ -95,13 +95,9 @@ func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) (
 	return vols, next, err
 }
 
-func admits(t *csi.Topology, node string) bool { return contract.Admits(t, node) }
-
-func reachable(req *csi.TopologyRequirement, node string) bool { return contract.Reachable(req, node) }
-
 // CreateVolume implements Backend.
 func (b *LocalBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error) {
-	if !reachable(topology, b.NodeID) {
+	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", volume.ErrNoSpace, b.NodeID)
 	}
 	return b.v(b.VM.Create(spec))
@@ -117,7 +113,7 @@ func (b *LocalBackend) ExpandVolume(_ context.Context, id string, size int64) (i
 
 // Capacity implements Backend.
 func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64, int64, error) {
-	if segment != nil && !admits(segment, b.NodeID) {
+	if segment != nil && !contract.Admits(segment, b.NodeID) {
 		return 0, 0, nil
 	}
 	ci, err := b.VM.Capacity()
@@ -157,7 +153,7 @@ func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int,
 
 // CreateSnapshot implements Backend.
 func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topology *csi.TopologyRequirement) (*state.Snapshot, error) {
-	if !reachable(topology, b.NodeID) {
+	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", volume.ErrNoSpace, b.NodeID)
 	}
 	return b.s(b.VM.CreateSnapshot(volume.SnapshotSpec{Name: name, SourceVolumeID: src}))

@@ -230,14 +230,6 @@ func writeDevice(p string, off int64, data []byte) error {
 	return unix.Fsync(fd)
 }
 
-func unpublishBlock(t testing.TB, in *testdriver.Instance, id, target string) {
-	t.Helper()
-	_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-	mustCode(t, err, codes.OK, "NodeUnpublishVolume "+id+" at "+target)
-	assertMountCount(t, target, 0)
-	assertGone(t, target)
-}
-
 // unstageBlock runs NodeUnstageVolume and checks that nothing of the stage
 // is left: no mount on or in the staging directory, nothing the driver put
 // in it (the device node), and no loop device attached to the image.

@@ -77,9 +77,9 @@ func TestC35RepublishBlockOtherReadonly(t *testing.T) {
 		}
 	}
 
-	unpublishBlock(t, in, b, t2)
+	unpublish(t, in, b, t2)
 	assertLoops(t, in, b, 1, 0)
-	unpublishBlock(t, in, b, t1)
+	unpublish(t, in, b, t1)
 	unstageBlock(t, in, b, s)
 	unpublish(t, in, m, tm1)
 	unpublish(t, in, m, tm2)
@@ -157,12 +157,12 @@ func TestC36ReadOnlyBlockPublishRefusesWrites(t *testing.T) {
 	mustCode(t, err, codes.OK, "NodePublishVolume T3 read-only")
 	assertDeviceAt(t, t3, ro, true)
 	assertLoops(t, in, b, 1, 1)
-	unpublishBlock(t, in, b, t2)
+	unpublish(t, in, b, t2)
 	assertLoops(t, in, b, 1, 1)
 	if got := readDevice(t, t3, 0, len(p)); !bytes.Equal(got, p) {
 		t.Error("T3 does not read the data after T2 was unpublished")
 	}
-	unpublishBlock(t, in, b, t3)
+	unpublish(t, in, b, t3)
 	assertLoops(t, in, b, 1, 0)
 
 	// Unstage detaches a read-only device too, even one whose publication
@@ -173,7 +173,7 @@ func TestC36ReadOnlyBlockPublishRefusesWrites(t *testing.T) {
 	if err := unix.Unmount(t2, 0); err != nil {
 		t.Fatalf("unmount %s by hand: %v", t2, err)
 	}
-	unpublishBlock(t, in, b, t1)
+	unpublish(t, in, b, t1)
 	unstageBlock(t, in, b, s)
 	_, err = in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: b, TargetPath: t2})
 	codeIs(t, err, codes.OK, "late NodeUnpublishVolume of T2")
@@ -456,8 +456,8 @@ func TestC39VolumeStatsOnlyWhereTheVolumeIs(t *testing.T) {
 	assertLoops(t, in, other, 0, 0)
 	assertFileBytes(t, filepath.Join(s2, other), []byte("not a device"))
 
-	unpublishBlock(t, in, b, tb)
-	unpublishBlock(t, in, b, tbro)
+	unpublish(t, in, b, tb)
+	unpublish(t, in, b, tbro)
 	stats(b, sb, codes.OK)
 	unstageBlock(t, in, b, sb)
 	stats(b, sb, codes.NotFound)
