@@ -33,7 +33,6 @@ import (
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/metrics"
-	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -101,20 +100,20 @@ func (b *ControllerBackend) nodeLock(node string) *sync.Mutex {
 
 func accessType(mode string) string {
 	if mode == v1.VolumeModeBlock {
-		return state.AccessBlock
+		return contract.AccessBlock
 	}
-	return state.AccessMount
+	return contract.AccessMount
 }
 
 func volumeMode(accessType string) string {
-	if accessType == state.AccessBlock {
+	if accessType == contract.AccessBlock {
 		return v1.VolumeModeBlock
 	}
 	return v1.VolumeModeFilesystem
 }
 
-func toVolume(lv *v1.LocalVolume) *state.Volume {
-	v := &state.Volume{
+func toVolume(lv *v1.LocalVolume) *contract.Volume {
+	v := &contract.Volume{
 		ID:            lv.Name,
 		Name:          lv.Spec.CSIName,
 		CapacityBytes: lv.Spec.Size,
@@ -133,8 +132,8 @@ func toVolume(lv *v1.LocalVolume) *state.Volume {
 	return v
 }
 
-func toSnapshot(ls *v1.LocalSnapshot) *state.Snapshot {
-	s := &state.Snapshot{
+func toSnapshot(ls *v1.LocalSnapshot) *contract.Snapshot {
+	s := &contract.Snapshot{
 		ID:             ls.Name,
 		Name:           ls.Spec.CSIName,
 		SourceVolumeID: ls.Spec.SourceVolume,
@@ -150,33 +149,33 @@ func toSnapshot(ls *v1.LocalSnapshot) *state.Snapshot {
 
 func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
 	if !volume.ValidVolumeID(id) {
-		return nil, fmt.Errorf("%w: volume %q", volume.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	lv := &v1.LocalVolume{}
 	err := b.c.Get(ctx, client.ObjectKey{Name: id}, lv)
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("%w: volume %q", volume.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	return lv, err
 }
 
 func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.LocalSnapshot, error) {
 	if !volume.ValidSnapshotID(id) {
-		return nil, fmt.Errorf("%w: snapshot %q", volume.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
 	ls := &v1.LocalSnapshot{}
 	err := b.c.Get(ctx, client.ObjectKey{Name: id}, ls)
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("%w: snapshot %q", volume.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
 	return ls, err
 }
 
 // VolumeByName returns the Ready volume of a CSI name; one still being
 // created is left to CreateVolume, which waits for it.
-func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*state.Volume, error) {
+func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*contract.Volume, error) {
 	lv, err := b.getVolume(ctx, VolumeIDFor(name))
-	if errors.Is(err, volume.ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
@@ -186,13 +185,13 @@ func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*sta
 }
 
 // Volume implements driver.Backend: only Ready volumes exist for the CO.
-func (b *ControllerBackend) Volume(ctx context.Context, id string) (*state.Volume, error) {
+func (b *ControllerBackend) Volume(ctx context.Context, id string) (*contract.Volume, error) {
 	lv, err := b.getVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
-		return nil, fmt.Errorf("%w: volume %q is %s", volume.ErrNotFound, id, phaseOf(lv.Status.Phase))
+		return nil, fmt.Errorf("%w: volume %q is %s", contract.ErrNotFound, id, phaseOf(lv.Status.Phase))
 	}
 	return toVolume(lv), nil
 }
@@ -205,13 +204,13 @@ func phaseOf(p string) string {
 }
 
 // ListVolumes implements driver.Backend (Ready volumes, id order).
-func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit int) ([]*state.Volume, string, error) {
+func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit int) ([]*contract.Volume, string, error) {
 	list := &v1.LocalVolumeList{}
 	if err := b.c.List(ctx, list); err != nil {
 		return nil, "", err
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
-	var out []*state.Volume
+	var out []*contract.Volume
 	for i := range list.Items {
 		lv := &list.Items[i]
 		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
@@ -333,7 +332,7 @@ func (b *ControllerBackend) candidates(ctx context.Context, req *csi.TopologyReq
 // CreateVolume implements driver.Backend: it places the volume (on the
 // source's node for a restore or clone), records a LocalVolume and waits
 // until that node's plugin reports it Ready or Failed.
-func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error) {
+func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
 	id := VolumeIDFor(spec.Name)
 	lv, err := b.getVolume(ctx, id)
 	switch {
@@ -342,10 +341,10 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 			return nil, status.Errorf(codes.Aborted, "volume %s of the same name is still being deleted; retry later", id)
 		}
 		if lv.Spec.Size < spec.SizeBytes || lv.Spec.VolumeMode != volumeMode(spec.AccessType) {
-			return nil, fmt.Errorf("%w: volume %q exists with other arguments", volume.ErrExists, spec.Name)
+			return nil, fmt.Errorf("%w: volume %q exists with other arguments", contract.ErrExists, spec.Name)
 		}
 		return b.waitVolume(ctx, id)
-	case !errors.Is(err, volume.ErrNotFound):
+	case !errors.Is(err, contract.ErrNotFound):
 		return nil, err
 	}
 	lv = &v1.LocalVolume{
@@ -382,12 +381,12 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 		if len(topology.GetRequisite())+len(topology.GetPreferred()) > 0 && !slices.Contains(nodes, sourceNode) {
 			// RESOURCE_EXHAUSTED, not NOT_FOUND: the provisioner then
 			// reschedules instead of giving up (kubernetes-csi/csi-driver-host-path#651).
-			return nil, fmt.Errorf("%w: the content source lives on node %q, which the accessibility requirements exclude", volume.ErrNoSpace, sourceNode)
+			return nil, fmt.Errorf("%w: the content source lives on node %q, which the accessibility requirements exclude", contract.ErrNoSpace, sourceNode)
 		}
 		nodes = []string{sourceNode}
 	}
 	if len(nodes) == 0 {
-		return nil, fmt.Errorf("%w: no node runs the localdir node plugin (no LocalNode objects)", volume.ErrNoSpace)
+		return nil, fmt.Errorf("%w: no node runs the localdir node plugin (no LocalNode objects)", contract.ErrNoSpace)
 	}
 	var refused []string
 	for _, node := range nodes {
@@ -401,7 +400,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 		}
 		refused = append(refused, fmt.Sprintf("%s: %s", node, why))
 	}
-	return nil, fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", volume.ErrNoSpace, spec.SizeBytes, strings.Join(refused, "; "))
+	return nil, fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", contract.ErrNoSpace, spec.SizeBytes, strings.Join(refused, "; "))
 }
 
 // place creates lv on node if the node has room. Decisions for one node
@@ -492,7 +491,7 @@ func failure(errorCode string, conds []metav1.Condition, what string) error {
 	return status.Error(code, msg)
 }
 
-func (b *ControllerBackend) waitVolume(ctx context.Context, id string) (*state.Volume, error) {
+func (b *ControllerBackend) waitVolume(ctx context.Context, id string) (*contract.Volume, error) {
 	lv := &v1.LocalVolume{}
 	err := b.waitFor(ctx, &v1.LocalVolumeList{}, id,
 		func() (bool, error) {
@@ -546,7 +545,7 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 // comes back.
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 	lv, err := b.getVolume(ctx, id)
-	if errors.Is(err, volume.ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -571,7 +570,7 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 	l.Lock()
 	r, err := b.room(ctx, lv.Spec.Node)
 	if err == nil && (r.reason != "" || size-lv.Spec.Size > r.available) {
-		err = fmt.Errorf("%w: node %s has %d bytes available, the expansion needs %d more %s", volume.ErrNoSpace, lv.Spec.Node, r.available, size-lv.Spec.Size, r.reason)
+		err = fmt.Errorf("%w: node %s has %d bytes available, the expansion needs %d more %s", contract.ErrNoSpace, lv.Spec.Node, r.available, size-lv.Spec.Size, r.reason)
 	}
 	if err == nil {
 		patch := client.MergeFrom(lv.DeepCopy())
@@ -657,9 +656,9 @@ func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (volume
 }
 
 // SnapshotByName implements driver.Backend (Ready snapshots only).
-func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*state.Snapshot, error) {
+func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*contract.Snapshot, error) {
 	ls, err := b.getSnapshot(ctx, SnapshotIDFor(name))
-	if errors.Is(err, volume.ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil {
@@ -669,25 +668,25 @@ func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*s
 }
 
 // Snapshot implements driver.Backend.
-func (b *ControllerBackend) Snapshot(ctx context.Context, id string) (*state.Snapshot, error) {
+func (b *ControllerBackend) Snapshot(ctx context.Context, id string) (*contract.Snapshot, error) {
 	ls, err := b.getSnapshot(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil {
-		return nil, fmt.Errorf("%w: snapshot %q is not ready", volume.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: snapshot %q is not ready", contract.ErrNotFound, id)
 	}
 	return toSnapshot(ls), nil
 }
 
 // ListSnapshots implements driver.Backend.
-func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, limit int, src string) ([]*state.Snapshot, string, error) {
+func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, limit int, src string) ([]*contract.Snapshot, string, error) {
 	list := &v1.LocalSnapshotList{}
 	if err := b.c.List(ctx, list); err != nil {
 		return nil, "", err
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
-	var out []*state.Snapshot
+	var out []*contract.Snapshot
 	for i := range list.Items {
 		ls := &list.Items[i]
 		if ls.Name <= after || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil || (src != "" && ls.Spec.SourceVolume != src) {
@@ -703,24 +702,24 @@ func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, lim
 
 // CreateSnapshot implements driver.Backend: a LocalSnapshot on the source's
 // node, then a wait for readyToUse.
-func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string, topology *csi.TopologyRequirement) (*state.Snapshot, error) {
+func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string, topology *csi.TopologyRequirement) (*contract.Snapshot, error) {
 	id := SnapshotIDFor(name)
 	ls, err := b.getSnapshot(ctx, id)
 	switch {
 	case err == nil:
 		if ls.Spec.SourceVolume != src {
-			return nil, fmt.Errorf("%w: snapshot %q exists for volume %s", volume.ErrExists, name, ls.Spec.SourceVolume)
+			return nil, fmt.Errorf("%w: snapshot %q exists for volume %s", contract.ErrExists, name, ls.Spec.SourceVolume)
 		}
 		if ls.DeletionTimestamp != nil {
 			return nil, status.Errorf(codes.Aborted, "snapshot %s of the same name is still being deleted; retry later", id)
 		}
-	case errors.Is(err, volume.ErrNotFound):
+	case errors.Is(err, contract.ErrNotFound):
 		lv, err := b.Volume(ctx, src)
 		if err != nil {
 			return nil, err
 		}
 		if !contract.Reachable(topology, lv.Node) {
-			return nil, fmt.Errorf("%w: the source volume lives on node %q, which the accessibility requirements exclude", volume.ErrNoSpace, lv.Node)
+			return nil, fmt.Errorf("%w: the source volume lives on node %q, which the accessibility requirements exclude", contract.ErrNoSpace, lv.Node)
 		}
 		ls = &v1.LocalSnapshot{
 			ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: lv.Node}},
@@ -760,7 +759,7 @@ func (b *ControllerBackend) removeSnapshot(ctx context.Context, ls *v1.LocalSnap
 // DeleteSnapshot implements driver.Backend like DeleteVolume.
 func (b *ControllerBackend) DeleteSnapshot(ctx context.Context, id string) error {
 	ls, err := b.getSnapshot(ctx, id)
-	if errors.Is(err, volume.ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
 	if err != nil {

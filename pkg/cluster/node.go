@@ -107,7 +107,7 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 }
 
 // busyRetry is when a reconcile that met a conflicting operation on the
-// same data (volume.ErrBusy: a restore reading a snapshot being deleted,
+// same data (contract.ErrBusy: a restore reading a snapshot being deleted,
 // say) runs again.
 const busyRetry = 250 * time.Millisecond
 
@@ -149,16 +149,16 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 	before := lv.Status.DeepCopy()
 	local, err := a.VM.Get(lv.Name)
 	switch {
-	case errors.Is(err, volume.ErrNotFound) && lv.Status.Phase == v1.PhaseReady:
+	case errors.Is(err, contract.ErrNotFound) && lv.Status.Phase == v1.PhaseReady:
 		lv.Status.ErrorCode = "DataLoss"
 		setReady(&lv.Status.Conditions, lv.Generation, false, "DataMissing",
 			"the node holds no data for this volume although it was Ready; it was removed outside localdir")
-	case errors.Is(err, volume.ErrNotFound) && lv.Status.Phase != v1.PhaseFailed:
+	case errors.Is(err, contract.ErrNotFound) && lv.Status.Phase != v1.PhaseFailed:
 		var spec volume.CreateSpec
 		if spec, err = a.createSpec(lv); err == nil {
 			local, err = a.VM.Create(spec)
 		}
-		if errors.Is(err, volume.ErrBusy) {
+		if errors.Is(err, contract.ErrBusy) {
 			// Its source is being deleted or changed: try again shortly
 			// (it is then gone, NOT_FOUND, or free).
 			return reconcile.Result{RequeueAfter: busyRetry}, nil
@@ -173,7 +173,7 @@ func (a *NodeAgent) reconcileVolume(ctx context.Context, req reconcile.Request) 
 		fallthrough
 	case err == nil && local != nil:
 		if lv.Spec.Size > local.CapacityBytes {
-			if c, err := a.VM.Expand(lv.Name, lv.Spec.Size); errors.Is(err, volume.ErrBusy) {
+			if c, err := a.VM.Expand(lv.Name, lv.Spec.Size); errors.Is(err, contract.ErrBusy) {
 				return reconcile.Result{RequeueAfter: busyRetry}, nil
 			} else if err != nil {
 				lv.Status.ErrorCode = codeName(err)
@@ -271,7 +271,7 @@ func (a *NodeAgent) finishVolumeDelete(ctx context.Context, lv *v1.LocalVolume) 
 		return reconcile.Result{}, nil
 	}
 	if lv.Spec.DeleteData {
-		if err := a.VM.Delete(lv.Name); errors.Is(err, volume.ErrBusy) {
+		if err := a.VM.Delete(lv.Name); errors.Is(err, contract.ErrBusy) {
 			return reconcile.Result{RequeueAfter: busyRetry}, nil
 		} else if err != nil {
 			lv.Status.Phase = v1.PhaseDeleting
@@ -304,7 +304,7 @@ func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request
 			return reconcile.Result{}, nil
 		}
 		if ls.Spec.DeleteData {
-			if err := a.VM.DeleteSnapshot(ls.Name); errors.Is(err, volume.ErrBusy) {
+			if err := a.VM.DeleteSnapshot(ls.Name); errors.Is(err, contract.ErrBusy) {
 				return reconcile.Result{RequeueAfter: busyRetry}, nil // a restore reads it
 			} else if err != nil {
 				return reconcile.Result{}, err
@@ -322,7 +322,7 @@ func (a *NodeAgent) reconcileSnapshot(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, nil
 	}
 	snap, err := a.VM.CreateSnapshot(volume.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
-	if errors.Is(err, volume.ErrBusy) {
+	if errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil // its source is being expanded or deleted
 	}
 	if err != nil {

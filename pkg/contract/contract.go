@@ -1,9 +1,9 @@
 // Package contract holds what localdir's CSI services (pkg/driver) and the
 // backends they drive (pkg/volume in all mode, pkg/cluster in controller and
-// node mode) agree on: the topology key, the StorageClass parameters and
-// their parsing, topology matching, and the one mapping from data-plane
-// errors to gRPC codes. It is a leaf: it imports no other localdir package
-// but pkg/volume's error sentinels.
+// node mode) agree on: the volume and snapshot the backends exchange, the
+// topology key, the StorageClass parameters and their parsing, topology
+// matching, the data-plane error sentinels and their one mapping to gRPC
+// codes. It is a leaf: it imports no other localdir package.
 package contract
 
 import (
@@ -16,8 +16,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // TopologyKey is the accessible_topology segment key that pins a volume to
@@ -133,19 +131,19 @@ func ToStatus(err error) error {
 // wraps, a context error, else INTERNAL.
 func Code(err error) codes.Code {
 	switch {
-	case errors.Is(err, volume.ErrNotFound):
+	case errors.Is(err, ErrNotFound):
 		return codes.NotFound
-	case errors.Is(err, volume.ErrExists):
+	case errors.Is(err, ErrExists):
 		return codes.AlreadyExists
-	case errors.Is(err, volume.ErrNoSpace):
+	case errors.Is(err, ErrNoSpace):
 		return codes.ResourceExhausted
-	case errors.Is(err, volume.ErrOutOfRange):
+	case errors.Is(err, ErrOutOfRange):
 		return codes.OutOfRange
-	case errors.Is(err, volume.ErrInvalid):
+	case errors.Is(err, ErrInvalid):
 		return codes.InvalidArgument
-	case errors.Is(err, volume.ErrPrecondition):
+	case errors.Is(err, ErrPrecondition):
 		return codes.FailedPrecondition
-	case errors.Is(err, volume.ErrBusy):
+	case errors.Is(err, ErrBusy):
 		return codes.Aborted
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded

@@ -7,7 +7,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -19,15 +18,15 @@ import (
 // the data. Errors wrap the pkg/volume sentinels.
 type Backend interface {
 	// VolumeByName returns the volume created for a CSI name, or nil.
-	VolumeByName(ctx context.Context, name string) (*state.Volume, error)
+	VolumeByName(ctx context.Context, name string) (*contract.Volume, error)
 	// Volume returns a volume (ErrNotFound).
-	Volume(ctx context.Context, id string) (*state.Volume, error)
+	Volume(ctx context.Context, id string) (*contract.Volume, error)
 	// ListVolumes pages through volumes in id order.
-	ListVolumes(ctx context.Context, after string, limit int) ([]*state.Volume, string, error)
+	ListVolumes(ctx context.Context, after string, limit int) ([]*contract.Volume, string, error)
 	// CreateVolume places and creates a volume; topology is the request's
 	// accessibility_requirements (ErrNoSpace when no admissible node has
 	// room, or the content source lives on a node they exclude).
-	CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error)
+	CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error)
 	// DeleteVolume deletes a volume; unknown ids succeed.
 	DeleteVolume(ctx context.Context, id string) error
 	// ExpandVolume grows a volume to size bytes; returns the new capacity.
@@ -39,14 +38,14 @@ type Backend interface {
 	VolumeHealth(ctx context.Context, id string) (volume.Health, error)
 
 	// SnapshotByName returns the snapshot created for a CSI name, or nil.
-	SnapshotByName(ctx context.Context, name string) (*state.Snapshot, error)
+	SnapshotByName(ctx context.Context, name string) (*contract.Snapshot, error)
 	// Snapshot returns a snapshot (ErrNotFound).
-	Snapshot(ctx context.Context, id string) (*state.Snapshot, error)
+	Snapshot(ctx context.Context, id string) (*contract.Snapshot, error)
 	// ListSnapshots pages through snapshots in id order, optionally of one
 	// source volume.
-	ListSnapshots(ctx context.Context, after string, limit int, sourceVolumeID string) ([]*state.Snapshot, string, error)
+	ListSnapshots(ctx context.Context, after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
 	// CreateSnapshot snapshots a volume on its node.
-	CreateSnapshot(ctx context.Context, name, sourceVolumeID string, topology *csi.TopologyRequirement) (*state.Snapshot, error)
+	CreateSnapshot(ctx context.Context, name, sourceVolumeID string, topology *csi.TopologyRequirement) (*contract.Snapshot, error)
 	// DeleteSnapshot deletes a snapshot; unknown ids succeed.
 	DeleteSnapshot(ctx context.Context, id string) error
 }
@@ -62,14 +61,14 @@ type LocalBackend struct {
 
 var _ Backend = (*LocalBackend)(nil)
 
-func (b *LocalBackend) v(v *state.Volume, err error) (*state.Volume, error) {
+func (b *LocalBackend) v(v *contract.Volume, err error) (*contract.Volume, error) {
 	if v != nil {
 		v.Node = b.NodeID
 	}
 	return v, err
 }
 
-func (b *LocalBackend) s(s *state.Snapshot, err error) (*state.Snapshot, error) {
+func (b *LocalBackend) s(s *contract.Snapshot, err error) (*contract.Snapshot, error) {
 	if s != nil {
 		s.Node = b.NodeID
 	}
@@ -77,17 +76,17 @@ func (b *LocalBackend) s(s *state.Snapshot, err error) (*state.Snapshot, error) 
 }
 
 // VolumeByName implements Backend.
-func (b *LocalBackend) VolumeByName(_ context.Context, name string) (*state.Volume, error) {
+func (b *LocalBackend) VolumeByName(_ context.Context, name string) (*contract.Volume, error) {
 	return b.v(b.VM.LookupByName(name))
 }
 
 // Volume implements Backend.
-func (b *LocalBackend) Volume(_ context.Context, id string) (*state.Volume, error) {
+func (b *LocalBackend) Volume(_ context.Context, id string) (*contract.Volume, error) {
 	return b.v(b.VM.Get(id))
 }
 
 // ListVolumes implements Backend.
-func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) ([]*state.Volume, string, error) {
+func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) ([]*contract.Volume, string, error) {
 	vols, next, err := b.VM.List(after, limit)
 	for _, v := range vols {
 		v.Node = b.NodeID
@@ -96,9 +95,9 @@ func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) (
 }
 
 // CreateVolume implements Backend.
-func (b *LocalBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*state.Volume, error) {
+func (b *LocalBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
 	if !contract.Reachable(topology, b.NodeID) {
-		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", volume.ErrNoSpace, b.NodeID)
+		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", contract.ErrNoSpace, b.NodeID)
 	}
 	return b.v(b.VM.Create(spec))
 }
@@ -133,17 +132,17 @@ func (b *LocalBackend) VolumeHealth(_ context.Context, id string) (volume.Health
 }
 
 // SnapshotByName implements Backend.
-func (b *LocalBackend) SnapshotByName(_ context.Context, name string) (*state.Snapshot, error) {
+func (b *LocalBackend) SnapshotByName(_ context.Context, name string) (*contract.Snapshot, error) {
 	return b.s(b.VM.LookupSnapshotByName(name))
 }
 
 // Snapshot implements Backend.
-func (b *LocalBackend) Snapshot(_ context.Context, id string) (*state.Snapshot, error) {
+func (b *LocalBackend) Snapshot(_ context.Context, id string) (*contract.Snapshot, error) {
 	return b.s(b.VM.GetSnapshot(id))
 }
 
 // ListSnapshots implements Backend.
-func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int, src string) ([]*state.Snapshot, string, error) {
+func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int, src string) ([]*contract.Snapshot, string, error) {
 	snaps, next, err := b.VM.ListSnapshots(after, limit, src)
 	for _, s := range snaps {
 		s.Node = b.NodeID
@@ -152,9 +151,9 @@ func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int,
 }
 
 // CreateSnapshot implements Backend.
-func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topology *csi.TopologyRequirement) (*state.Snapshot, error) {
+func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topology *csi.TopologyRequirement) (*contract.Snapshot, error) {
 	if !contract.Reachable(topology, b.NodeID) {
-		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", volume.ErrNoSpace, b.NodeID)
+		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", contract.ErrNoSpace, b.NodeID)
 	}
 	return b.s(b.VM.CreateSnapshot(volume.SnapshotSpec{Name: name, SourceVolumeID: src}))
 }

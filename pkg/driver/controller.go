@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -24,7 +24,7 @@ func topologyOf(node string) []*csi.Topology {
 	return []*csi.Topology{{Segments: map[string]string{TopologyKey: node}}}
 }
 
-func (s *controller) csiVolume(v *state.Volume) *csi.Volume {
+func (s *controller) csiVolume(v *contract.Volume) *csi.Volume {
 	out := &csi.Volume{
 		VolumeId:           v.ID,
 		CapacityBytes:      v.CapacityBytes,
@@ -216,7 +216,7 @@ func (s *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 // ControllerListVolumeHealth, and the token of the next ("" at the end).
 // Tokens are opaque. Codes: INVALID_ARGUMENT (negative max_entries),
 // ABORTED (a token this driver did not issue).
-func (s *controller) volumePage(ctx context.Context, maxEntries int32, token string) ([]*state.Volume, string, error) {
+func (s *controller) volumePage(ctx context.Context, maxEntries int32, token string) ([]*contract.Volume, string, error) {
 	if maxEntries < 0 {
 		return nil, "", invalid("max_entries must not be negative")
 	}

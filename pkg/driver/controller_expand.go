@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Volume expansion of the Controller service (EXPAND_VOLUME: spec
@@ -67,6 +67,6 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	}
 	return &csi.ControllerExpandVolumeResponse{
 		CapacityBytes:         capacity,
-		NodeExpansionRequired: v.AccessType == state.AccessBlock,
+		NodeExpansionRequired: v.AccessType == contract.AccessBlock,
 	}, nil
 }

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/localdir-csi/localdir/pkg/volume"
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 func TestToStatus(t *testing.T) {
@@ -22,17 +22,17 @@ func TestToStatus(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{"not found", volume.ErrNotFound, codes.NotFound},
-		{"exists", volume.ErrExists, codes.AlreadyExists},
-		{"no space", volume.ErrNoSpace, codes.ResourceExhausted},
-		{"out of range", volume.ErrOutOfRange, codes.OutOfRange},
-		{"invalid", volume.ErrInvalid, codes.InvalidArgument},
-		{"precondition", volume.ErrPrecondition, codes.FailedPrecondition},
+		{"not found", contract.ErrNotFound, codes.NotFound},
+		{"exists", contract.ErrExists, codes.AlreadyExists},
+		{"no space", contract.ErrNoSpace, codes.ResourceExhausted},
+		{"out of range", contract.ErrOutOfRange, codes.OutOfRange},
+		{"invalid", contract.ErrInvalid, codes.InvalidArgument},
+		{"precondition", contract.ErrPrecondition, codes.FailedPrecondition},
 		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded},
 		{"canceled", context.Canceled, codes.Canceled},
 		{"plain error", errors.New("disk on fire"), codes.Internal},
 		{"os error", &os.PathError{Op: "open", Path: "/x", Err: os.ErrPermission}, codes.Internal},
-		{"joined sentinel", errors.Join(errors.New("x"), volume.ErrPrecondition), codes.FailedPrecondition},
+		{"joined sentinel", errors.Join(errors.New("x"), contract.ErrPrecondition), codes.FailedPrecondition},
 	}
 	for _, tc := range tests {
 		for _, wrapped := range []struct {
@@ -72,7 +72,7 @@ func TestToStatus(t *testing.T) {
 		t.Errorf("toStatus(wrapped status) code = %s, want Unavailable", got)
 	}
 	// A status error wins over a sentinel in the same chain.
-	in = fmt.Errorf("%w: %w", status.Error(codes.Aborted, "busy"), volume.ErrNotFound)
+	in = fmt.Errorf("%w: %w", status.Error(codes.Aborted, "busy"), contract.ErrNotFound)
 	if got := status.Code(toStatus(in)); got != codes.Aborted {
 		t.Errorf("toStatus(status+sentinel) code = %s, want Aborted", got)
 	}

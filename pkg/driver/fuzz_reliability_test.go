@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -146,17 +146,17 @@ func FuzzCheckKubeletRoot(f *testing.F) {
 // request handling without disk I/O.
 type memBackend struct {
 	mu         sync.Mutex
-	vols       map[string]*state.Volume
+	vols       map[string]*contract.Volume
 	byName     map[string]string
-	snaps      map[string]*state.Snapshot
+	snaps      map[string]*contract.Snapshot
 	snapByName map[string]string
 }
 
 func newMemBackend() *memBackend {
-	return &memBackend{vols: map[string]*state.Volume{}, byName: map[string]string{}, snaps: map[string]*state.Snapshot{}, snapByName: map[string]string{}}
+	return &memBackend{vols: map[string]*contract.Volume{}, byName: map[string]string{}, snaps: map[string]*contract.Snapshot{}, snapByName: map[string]string{}}
 }
 
-func (b *memBackend) VolumeByName(_ context.Context, name string) (*state.Volume, error) {
+func (b *memBackend) VolumeByName(_ context.Context, name string) (*contract.Volume, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if id, ok := b.byName[name]; ok {
@@ -166,22 +166,22 @@ func (b *memBackend) VolumeByName(_ context.Context, name string) (*state.Volume
 	return nil, nil
 }
 
-func (b *memBackend) Volume(_ context.Context, id string) (*state.Volume, error) {
+func (b *memBackend) Volume(_ context.Context, id string) (*contract.Volume, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if v, ok := b.vols[id]; ok {
 		c := *v
 		return &c, nil
 	}
-	return nil, fmt.Errorf("%w: volume %q", volume.ErrNotFound, id)
+	return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 }
 
-func (b *memBackend) ListVolumes(_ context.Context, after string, limit int) ([]*state.Volume, string, error) {
+func (b *memBackend) ListVolumes(_ context.Context, after string, limit int) ([]*contract.Volume, string, error) {
 	return nil, "", nil
 }
 
-func (b *memBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, _ *csi.TopologyRequirement) (*state.Volume, error) {
-	if spec.SizeBytes <= 0 || checkName("name", spec.Name) != nil || (spec.AccessType != state.AccessMount && spec.AccessType != state.AccessBlock) ||
+func (b *memBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, _ *csi.TopologyRequirement) (*contract.Volume, error) {
+	if spec.SizeBytes <= 0 || checkName("name", spec.Name) != nil || (spec.AccessType != contract.AccessMount && spec.AccessType != contract.AccessBlock) ||
 		spec.DirMode > 0o7777 || (spec.SourceSnapshotID != "" && spec.SourceVolumeID != "") {
 		return nil, fmt.Errorf("memBackend: the controller passed an invalid spec %+v", spec)
 	}
@@ -190,7 +190,7 @@ func (b *memBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, _ *
 	if _, ok := b.byName[spec.Name]; ok {
 		return nil, fmt.Errorf("memBackend: a second create for name %q", spec.Name)
 	}
-	v := &state.Volume{ID: volume.NewVolumeID(), Name: spec.Name, CapacityBytes: spec.SizeBytes, AccessType: spec.AccessType,
+	v := &contract.Volume{ID: volume.NewVolumeID(), Name: spec.Name, CapacityBytes: spec.SizeBytes, AccessType: spec.AccessType,
 		Parameters: spec.Parameters, SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID}
 	b.vols[v.ID], b.byName[v.Name] = v, v.ID
 	c := *v
@@ -212,7 +212,7 @@ func (b *memBackend) ExpandVolume(_ context.Context, id string, size int64) (int
 	defer b.mu.Unlock()
 	v, ok := b.vols[id]
 	if !ok {
-		return 0, fmt.Errorf("%w: volume %q", volume.ErrNotFound, id)
+		return 0, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	v.CapacityBytes = max(v.CapacityBytes, size)
 	return v.CapacityBytes, nil
@@ -227,7 +227,7 @@ func (b *memBackend) VolumeHealth(ctx context.Context, id string) (volume.Health
 	return volume.Health{}, err
 }
 
-func (b *memBackend) SnapshotByName(_ context.Context, name string) (*state.Snapshot, error) {
+func (b *memBackend) SnapshotByName(_ context.Context, name string) (*contract.Snapshot, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if id, ok := b.snapByName[name]; ok {
@@ -237,28 +237,28 @@ func (b *memBackend) SnapshotByName(_ context.Context, name string) (*state.Snap
 	return nil, nil
 }
 
-func (b *memBackend) Snapshot(_ context.Context, id string) (*state.Snapshot, error) {
+func (b *memBackend) Snapshot(_ context.Context, id string) (*contract.Snapshot, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if s, ok := b.snaps[id]; ok {
 		c := *s
 		return &c, nil
 	}
-	return nil, fmt.Errorf("%w: snapshot %q", volume.ErrNotFound, id)
+	return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 }
 
-func (b *memBackend) ListSnapshots(context.Context, string, int, string) ([]*state.Snapshot, string, error) {
+func (b *memBackend) ListSnapshots(context.Context, string, int, string) ([]*contract.Snapshot, string, error) {
 	return nil, "", nil
 }
 
-func (b *memBackend) CreateSnapshot(ctx context.Context, name, src string, _ *csi.TopologyRequirement) (*state.Snapshot, error) {
+func (b *memBackend) CreateSnapshot(ctx context.Context, name, src string, _ *csi.TopologyRequirement) (*contract.Snapshot, error) {
 	v, err := b.Volume(ctx, src)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := &state.Snapshot{ID: volume.NewSnapshotID(), Name: name, SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes, AccessType: v.AccessType}
+	s := &contract.Snapshot{ID: volume.NewSnapshotID(), Name: name, SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes, AccessType: v.AccessType}
 	b.snaps[s.ID], b.snapByName[name] = s, s.ID
 	c := *s
 	return &c, nil

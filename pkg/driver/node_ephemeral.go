@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -60,7 +60,7 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 		v, err = s.d.vm.Create(volume.CreateSpec{
 			Name:        volume.EphemeralName(coID),
 			SizeBytes:   size,
-			AccessType:  state.AccessMount,
+			AccessType:  contract.AccessMount,
 			Parameters:  attrs,
 			DirMode:     params.DirMode,
 			Ephemeral:   true,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -23,7 +24,7 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 		return nil, toStatus(err)
 	}
 	if p := req.GetVolumePublishPath(); p != "" {
-		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, volume.ErrNotFound) {
+		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, contract.ErrNotFound) {
 			h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NotPublished",
 				Message: "the volume is not mounted at volume_publish_path " + p})
 		}

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -20,7 +20,7 @@ import (
 // is left out of the reply: csi-sanity v5.6.0 compares it with reflect-based
 // equality against a proto that was already marshalled (its internal size
 // cache differs), so any value fails, and no CO consumes it yet.
-func (c *controller) csiSnapshot(s *state.Snapshot) *csi.Snapshot {
+func (c *controller) csiSnapshot(s *contract.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
 		SnapshotId:     s.ID,
 		SourceVolumeId: s.SourceVolumeID,

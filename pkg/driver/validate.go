@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -117,8 +116,8 @@ func (i *capIssue) err() error { return status.Error(codes.InvalidArgument, i.ms
 //     or accepts without effect) — its fs_type is accepted whatever it is,
 //     as a volume is a directory on the data root's filesystem and never
 //     formatted (kubelet passes the PV's fsType through); and, when
-//     volAccessType is an existing volume's (state.AccessMount or
-//     state.AccessBlock, "" for a new volume), the same access type;
+//     volAccessType is an existing volume's (contract.AccessMount or
+//     contract.AccessBlock, "" for a new volume), the same access type;
 //  3. a list asking for both a mount and a block volume: no one volume
 //     satisfies both (CSI CreateVolume: the volume MUST satisfy every
 //     capability).
@@ -177,14 +176,14 @@ func checkNodeCap(c *csi.VolumeCapability, volAccessType string) error {
 	return nil
 }
 
-// accessTypeOf is state.AccessBlock when any capability asks for block.
+// accessTypeOf is contract.AccessBlock when any capability asks for block.
 func accessTypeOf(caps []*csi.VolumeCapability) string {
 	for _, c := range caps {
 		if c.GetBlock() != nil {
-			return state.AccessBlock
+			return contract.AccessBlock
 		}
 	}
-	return state.AccessMount
+	return contract.AccessMount
 }
 
 // StorageClass parameters: see pkg/contract, which pkg/cluster shares.
@@ -291,7 +290,7 @@ func sizeFits(size int64, cr *csi.CapacityRange) bool {
 
 // compatible explains why an existing volume does not match a repeated
 // CreateVolume, or returns "" (CSI spec CreateVolume: ALREADY_EXISTS).
-func compatible(v *state.Volume, req *csi.CreateVolumeRequest) string {
+func compatible(v *contract.Volume, req *csi.CreateVolumeRequest) string {
 	if !sizeFits(v.CapacityBytes, req.GetCapacityRange()) {
 		return fmt.Sprintf("it has %d bytes, outside the requested capacity_range", v.CapacityBytes)
 	}

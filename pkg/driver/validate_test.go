@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -341,8 +341,8 @@ const sw = csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 
 func TestCompatible(t *testing.T) {
 	srcVol := volume.NewVolumeID()
-	existing := func() *state.Volume {
-		return &state.Volume{ID: volume.NewVolumeID(), Name: "pvc-1", CapacityBytes: gib, AccessType: state.AccessMount,
+	existing := func() *contract.Volume {
+		return &contract.Volume{ID: volume.NewVolumeID(), Name: "pvc-1", CapacityBytes: gib, AccessType: contract.AccessMount,
 			Parameters: map[string]string{"dirMode": "0770"}}
 	}
 	base := func() *csi.CreateVolumeRequest {
@@ -359,7 +359,7 @@ func TestCompatible(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
-		vol    func(*state.Volume)
+		vol    func(*contract.Volume)
 		req    func(*csi.CreateVolumeRequest)
 		reason string // "" = compatible; else a substring of the reason
 	}{
@@ -376,18 +376,18 @@ func TestCompatible(t *testing.T) {
 		{"other dirMode", nil, func(r *csi.CreateVolumeRequest) { r.Parameters["dirMode"] = "0700" }, "other parameters"},
 		{"extra parameter", nil, func(r *csi.CreateVolumeRequest) { r.Parameters["foo"] = "bar" }, "other parameters"},
 		{"missing parameter", nil, func(r *csi.CreateVolumeRequest) { delete(r.Parameters, "dirMode") }, "other parameters"},
-		{"no parameters either side", func(v *state.Volume) { v.Parameters = nil }, func(r *csi.CreateVolumeRequest) {
+		{"no parameters either side", func(v *contract.Volume) { v.Parameters = nil }, func(r *csi.CreateVolumeRequest) {
 			r.Parameters = map[string]string{"csi.storage.k8s.io/pv/name": "pv-1"}
 		}, ""},
-		{"nil vs empty parameters", func(v *state.Volume) { v.Parameters = nil }, func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{} }, ""},
+		{"nil vs empty parameters", func(v *contract.Volume) { v.Parameters = nil }, func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{} }, ""},
 		{"snapshot source requested", nil, func(r *csi.CreateVolumeRequest) {
 			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: volume.NewSnapshotID()}}}
 		}, "another content source"},
-		{"volume source matches", func(v *state.Volume) { v.SourceVolumeID = srcVol }, func(r *csi.CreateVolumeRequest) {
+		{"volume source matches", func(v *contract.Volume) { v.SourceVolumeID = srcVol }, func(r *csi.CreateVolumeRequest) {
 			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: srcVol}}}
 		}, ""},
-		{"volume source missing from request", func(v *state.Volume) { v.SourceVolumeID = srcVol }, nil, "another content source"},
-		{"other volume source", func(v *state.Volume) { v.SourceVolumeID = srcVol }, func(r *csi.CreateVolumeRequest) {
+		{"volume source missing from request", func(v *contract.Volume) { v.SourceVolumeID = srcVol }, nil, "another content source"},
+		{"other volume source", func(v *contract.Volume) { v.SourceVolumeID = srcVol }, func(r *csi.CreateVolumeRequest) {
 			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volume.NewVolumeID()}}}
 		}, "another content source"},
 	}
@@ -649,8 +649,8 @@ func TestJudgeCaps(t *testing.T) {
 		{"malformed beats unsupported later in the list", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), nil}, "", "malformed", "required"},
 		{"mount", []*csi.VolumeCapability{mnt}, "", "", ""},
 		{"block", []*csi.VolumeCapability{blk}, "", "", ""},
-		{"mount for a mount volume", []*csi.VolumeCapability{mnt}, state.AccessMount, "", ""},
-		{"block for a block volume", []*csi.VolumeCapability{blk}, state.AccessBlock, "", ""},
+		{"mount for a mount volume", []*csi.VolumeCapability{mnt}, contract.AccessMount, "", ""},
+		{"block for a block volume", []*csi.VolumeCapability{blk}, contract.AccessBlock, "", ""},
 		{"two mount modes", []*csi.VolumeCapability{mnt, mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY)}, "", "", ""},
 		{"fs_type is accepted", []*csi.VolumeCapability{mountCapFlags("ext4", "ro")}, "", "", ""},
 		{"applicable flags", []*csi.VolumeCapability{mountCapFlags("", "nosuid,nodev", "noexec", "noatime")}, "", "", ""},
@@ -659,8 +659,8 @@ func TestJudgeCaps(t *testing.T) {
 		{"sync in a comma list", []*csi.VolumeCapability{mountCapFlags("", "nosuid,sync")}, "", "invalid", `"sync"`},
 		{"conflicting atime flags", []*csi.VolumeCapability{mountCapFlags("", "noatime", "strictatime")}, "", "invalid", "atime"},
 		{"mount and block", []*csi.VolumeCapability{mnt, blk}, "", "invalid", "both a mount and a block"},
-		{"mount for a block volume", []*csi.VolumeCapability{mnt}, state.AccessBlock, "exceeds", "block volume"},
-		{"block for a mount volume", []*csi.VolumeCapability{blk}, state.AccessMount, "exceeds", "mount volume"},
+		{"mount for a block volume", []*csi.VolumeCapability{mnt}, contract.AccessBlock, "exceeds", "block volume"},
+		{"block for a mount volume", []*csi.VolumeCapability{blk}, contract.AccessMount, "exceeds", "mount volume"},
 		{"multi-node", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY)}, "", "exceeds", "MULTI_NODE_READER_ONLY"},
 	}
 	for _, tc := range tests {
@@ -702,13 +702,13 @@ func TestJudgeCaps(t *testing.T) {
 }
 
 func TestAccessTypeOf(t *testing.T) {
-	if got := accessTypeOf(nil); got != state.AccessMount {
+	if got := accessTypeOf(nil); got != contract.AccessMount {
 		t.Errorf("accessTypeOf(nil) = %q", got)
 	}
-	if got := accessTypeOf([]*csi.VolumeCapability{mountCap(sw)}); got != state.AccessMount {
+	if got := accessTypeOf([]*csi.VolumeCapability{mountCap(sw)}); got != contract.AccessMount {
 		t.Errorf("accessTypeOf(mount) = %q", got)
 	}
-	if got := accessTypeOf([]*csi.VolumeCapability{mountCap(sw), blockCap(sw)}); got != state.AccessBlock {
+	if got := accessTypeOf([]*csi.VolumeCapability{mountCap(sw), blockCap(sw)}); got != contract.AccessBlock {
 		t.Errorf("accessTypeOf(mount, block) = %q", got)
 	}
 }

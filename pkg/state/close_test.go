@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // An Update racing with Close either commits or gets ErrClosed; it never
@@ -22,7 +24,7 @@ func TestUpdateRacingCloseNeverPanics(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				err := s.Update(func(tx *Tx) error {
-					return tx.PutVolume(&Volume{ID: "vol-00000000000000000000000000000001", AccessType: AccessMount, CapacityBytes: 1})
+					return tx.PutVolume(&contract.Volume{ID: "vol-00000000000000000000000000000001", AccessType: contract.AccessMount, CapacityBytes: 1})
 				})
 				if err != nil && !errors.Is(err, ErrClosed) {
 					t.Errorf("Update: %v", err)

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // formatOf reads the format version and whether a names bucket exists, with
@@ -92,7 +94,7 @@ func TestNameIndexAfterReopen(t *testing.T) {
 
 // writeV1 writes a state file as format 1 drivers did: a names bucket next
 // to the volume records.
-func writeV1(t *testing.T, path string, vols []*Volume, names map[string]string) {
+func writeV1(t *testing.T, path string, vols []*contract.Volume, names map[string]string) {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
@@ -108,7 +110,7 @@ func writeV1(t *testing.T, path string, vols []*Volume, names map[string]string)
 			return err
 		}
 		for _, v := range vols {
-			raw, err := json.Marshal(v)
+			raw, err := json.Marshal((*volumeJSON)(v))
 			if err != nil {
 				return err
 			}
@@ -141,12 +143,12 @@ func TestMigrateFormat1(t *testing.T) {
 	v5 := testVolume(5)
 	v5.Name = "\x00ephemeral/inline-1"
 	v6 := testVolume(6) // its name's holder was deleted after taking it over
-	writeV1(t, path, []*Volume{v1, v2, v3, v4, v5, v6}, map[string]string{v1.Name: v1.ID, v2.Name: v4.ID, v5.Name: v5.ID})
+	writeV1(t, path, []*contract.Volume{v1, v2, v3, v4, v5, v6}, map[string]string{v1.Name: v1.ID, v2.Name: v4.ID, v5.Name: v5.ID})
 	want := map[string]string{v1.Name: v1.ID, v2.Name: v4.ID, v5.Name: v5.ID, v6.Name: "", "": ""}
 
 	s := openT(t, path)
 	wantNames(t, s, want)
-	for _, v := range []*Volume{v1, v2, v3, v4, v5, v6} {
+	for _, v := range []*contract.Volume{v1, v2, v3, v4, v5, v6} {
 		if got := getVolume(t, s, v.ID); got == nil || got.Name != v.Name || got.CapacityBytes != v.CapacityBytes {
 			t.Fatalf("record %s after migration: %+v", v.ID, got)
 		}
@@ -176,10 +178,10 @@ func TestNamesThatDisagreeAreRefused(t *testing.T) {
 	v1, v2 := testVolume(1), testVolume(2)
 	cases := map[string]func(path string){
 		"format 1, name of a missing record": func(path string) {
-			writeV1(t, path, []*Volume{v1}, map[string]string{v1.Name: v1.ID, "gone": v2.ID})
+			writeV1(t, path, []*contract.Volume{v1}, map[string]string{v1.Name: v1.ID, "gone": v2.ID})
 		},
 		"format 1, name of a record with another name": func(path string) {
-			writeV1(t, path, []*Volume{v1, v2}, map[string]string{v1.Name: v1.ID, "other": v2.ID})
+			writeV1(t, path, []*contract.Volume{v1, v2}, map[string]string{v1.Name: v1.ID, "other": v2.ID})
 		},
 		"format 2, two records of one name": func(path string) {
 			s := openT(t, path)
@@ -187,7 +189,7 @@ func TestNamesThatDisagreeAreRefused(t *testing.T) {
 			if err := s.db.Update(func(tx *bolt.Tx) error {
 				v := *v2
 				v.Name = v1.Name
-				raw, _ := json.Marshal(&v)
+				raw, _ := json.Marshal((*volumeJSON)(&v))
 				return tx.Bucket(bucketVolumes).Put([]byte(v.ID), raw)
 			}); err != nil {
 				t.Fatal(err)

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // FileName is the name of the state file inside the data root.
@@ -56,45 +58,26 @@ var (
 // ErrCorrupt wraps every error that means the state file cannot be trusted.
 var ErrCorrupt = errors.New("state file is damaged")
 
-// AccessType values of Volume.AccessType, after CSI VolumeCapability's
-// access_type oneof.
-const (
-	AccessMount = "mount"
-	AccessBlock = "block"
-)
-
-// Volume is the durable record of one CSI volume.
-type Volume struct {
-	// ID is the driver-issued volume_id (see package volume for its pattern).
-	ID string `json:"id"`
-	// Name is the CSI CreateVolumeRequest.name it was created for; empty for
-	// ephemeral inline volumes.
-	Name string `json:"name,omitempty"`
-	// CapacityBytes is the provisioned size in bytes.
-	CapacityBytes int64 `json:"capacityBytes"`
-	// AccessType is AccessMount or AccessBlock.
-	AccessType string `json:"accessType"`
-	// Parameters are the StorageClass parameters the volume was created with
-	// (the csi.storage.k8s.io/ ones excluded).
-	Parameters map[string]string `json:"parameters,omitempty"`
-	// SourceSnapshotID / SourceVolumeID name the content source, if any.
-	SourceSnapshotID string `json:"sourceSnapshotID,omitempty"`
-	SourceVolumeID   string `json:"sourceVolumeID,omitempty"`
-	// Ephemeral marks a CSI ephemeral inline volume; EphemeralID is the
-	// volume_id the CO chose for it.
-	Ephemeral   bool   `json:"ephemeral,omitempty"`
-	EphemeralID string `json:"ephemeralID,omitempty"`
-	// Engine is the storage engine holding the data ("dir", "btrfs").
-	Engine string `json:"engine,omitempty"`
-	// CreatedAt is when the create was committed (UTC).
-	CreatedAt time.Time `json:"createdAt"`
-	// Node is the node id holding the volume (filled in by the controller
-	// side; not stored by a node).
-	Node string `json:"-"`
+// volumeJSON is how a contract.Volume is stored: the same fields (a Go
+// conversion between the two ignores the tags), named in JSON. Changing a
+// tag changes the file format.
+type volumeJSON struct {
+	ID               string            `json:"id"`
+	Name             string            `json:"name,omitempty"`
+	CapacityBytes    int64             `json:"capacityBytes"`
+	AccessType       string            `json:"accessType"`
+	Parameters       map[string]string `json:"parameters,omitempty"`
+	SourceSnapshotID string            `json:"sourceSnapshotID,omitempty"`
+	SourceVolumeID   string            `json:"sourceVolumeID,omitempty"`
+	Ephemeral        bool              `json:"ephemeral,omitempty"`
+	EphemeralID      string            `json:"ephemeralID,omitempty"`
+	Engine           string            `json:"engine,omitempty"`
+	CreatedAt        time.Time         `json:"createdAt"`
+	Node             string            `json:"-"`
 }
 
-// Snapshot is the durable record of one CSI snapshot.
-type Snapshot struct {
+// snapshotJSON is how a contract.Snapshot is stored.
+type snapshotJSON struct {
 	ID             string    `json:"id"`
 	Name           string    `json:"name"`
 	SourceVolumeID string    `json:"sourceVolumeID"`
@@ -102,8 +85,7 @@ type Snapshot struct {
 	AccessType     string    `json:"accessType"`
 	Engine         string    `json:"engine,omitempty"`
 	CreatedAt      time.Time `json:"createdAt"`
-	// Node is the node id holding the snapshot (controller side only).
-	Node string `json:"-"`
+	Node           string    `json:"-"`
 }
 
 // Store is an open state file. All methods are safe for concurrent use.
@@ -207,9 +189,9 @@ func checkLength(path string, size int64) (err error) {
 			var rec func() any
 			switch string(name) {
 			case string(bucketVolumes):
-				rec = func() any { return &Volume{} }
+				rec = func() any { return &volumeJSON{} }
 			case string(bucketSnapshots):
-				rec = func() any { return &Snapshot{} }
+				rec = func() any { return &snapshotJSON{} }
 			}
 			return b.ForEach(func(k, v []byte) error {
 				if rec == nil {
@@ -534,7 +516,7 @@ func (t *Tx) indexedName(id string) string {
 // name, which another volume's record now holds. The name stays in it.
 func (t *Tx) markNameTaken(id string) error {
 	b := t.tx.Bucket(bucketVolumes)
-	rec := volumeRecord{Volume: &Volume{}}
+	rec := volumeRecord{volumeJSON: &volumeJSON{}}
 	if ok, err := get(b, id, &rec); !ok || err != nil {
 		return err
 	}
@@ -550,26 +532,26 @@ func (t *Tx) setName(name, id string) {
 }
 
 // Volume returns the record for id, or nil when there is none.
-func (t *Tx) Volume(id string) (*Volume, error) {
-	v := &Volume{}
+func (t *Tx) Volume(id string) (*contract.Volume, error) {
+	v := &volumeJSON{}
 	ok, err := get(t.tx.Bucket(bucketVolumes), id, v)
 	if !ok {
 		return nil, err
 	}
-	return v, err
+	return (*contract.Volume)(v), err
 }
 
 // volumeRecord is a volume as stored. NameTaken marks a record whose name
 // another volume's record took over (PutVolume of another volume with the
 // same name): VolumeIDByName does not find it under that name any more.
 type volumeRecord struct {
-	*Volume
+	*volumeJSON
 	NameTaken bool `json:"nameTaken,omitempty"`
 }
 
 // PutVolume stores v and, when v.Name is set, makes VolumeIDByName(v.Name)
 // find it (a volume found by that name until then no longer is).
-func (t *Tx) PutVolume(v *Volume) error {
+func (t *Tx) PutVolume(v *contract.Volume) error {
 	if v.Name != "" {
 		if other := t.VolumeIDByName(v.Name); other != "" && other != v.ID {
 			if err := t.markNameTaken(other); err != nil {
@@ -580,7 +562,7 @@ func (t *Tx) PutVolume(v *Volume) error {
 	if old := t.indexedName(v.ID); old != "" && old != v.Name {
 		t.setName(old, "")
 	}
-	if err := put(t.tx.Bucket(bucketVolumes), v.ID, volumeRecord{Volume: v}); err != nil {
+	if err := put(t.tx.Bucket(bucketVolumes), v.ID, volumeRecord{volumeJSON: (*volumeJSON)(v)}); err != nil {
 		return err
 	}
 	if v.Name != "" {
@@ -607,8 +589,9 @@ func (t *Tx) DeleteVolume(id string) error {
 
 // ForEachVolume calls fn for the volumes whose id sorts after `after`
 // (all when empty), in id order, until fn returns false.
-func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
-	return forEach(t.tx.Bucket(bucketVolumes), after, func() any { return &Volume{} }, func(x any) bool { return fn(x.(*Volume)) })
+func (t *Tx) ForEachVolume(after string, fn func(*contract.Volume) bool) error {
+	return forEach(t.tx.Bucket(bucketVolumes), after, func() any { return &volumeJSON{} },
+		func(x any) bool { return fn((*contract.Volume)(x.(*volumeJSON))) })
 }
 
 // SnapshotIDByName returns the snapshot_id recorded for a CSI name, or "".
@@ -617,21 +600,21 @@ func (t *Tx) SnapshotIDByName(name string) string {
 }
 
 // Snapshot returns the record for id, or nil when there is none.
-func (t *Tx) Snapshot(id string) (*Snapshot, error) {
-	s := &Snapshot{}
+func (t *Tx) Snapshot(id string) (*contract.Snapshot, error) {
+	s := &snapshotJSON{}
 	ok, err := get(t.tx.Bucket(bucketSnapshots), id, s)
 	if !ok {
 		return nil, err
 	}
-	return s, err
+	return (*contract.Snapshot)(s), err
 }
 
 // PutSnapshot stores s and its name mapping.
-func (t *Tx) PutSnapshot(s *Snapshot) error {
+func (t *Tx) PutSnapshot(s *contract.Snapshot) error {
 	if err := t.tx.Bucket(bucketSnapNames).Put([]byte(s.Name), []byte(s.ID)); err != nil {
 		return err
 	}
-	return put(t.tx.Bucket(bucketSnapshots), s.ID, s)
+	return put(t.tx.Bucket(bucketSnapshots), s.ID, (*snapshotJSON)(s))
 }
 
 // DeleteSnapshot removes the record for id and its name mapping.
@@ -650,8 +633,9 @@ func (t *Tx) DeleteSnapshot(id string) error {
 
 // ForEachSnapshot calls fn for the snapshots whose id sorts after `after`,
 // in id order, until fn returns false.
-func (t *Tx) ForEachSnapshot(after string, fn func(*Snapshot) bool) error {
-	return forEach(t.tx.Bucket(bucketSnapshots), after, func() any { return &Snapshot{} }, func(x any) bool { return fn(x.(*Snapshot)) })
+func (t *Tx) ForEachSnapshot(after string, fn func(*contract.Snapshot) bool) error {
+	return forEach(t.tx.Bucket(bucketSnapshots), after, func() any { return &snapshotJSON{} },
+		func(x any) bool { return fn((*contract.Snapshot)(x.(*snapshotJSON))) })
 }
 
 func get(b *bolt.Bucket, id string, into any) (bool, error) {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 func openT(t *testing.T, path string) *Store {
@@ -28,21 +30,21 @@ func openT(t *testing.T, path string) *Store {
 
 func volID(i int) string { return fmt.Sprintf("vol-%032x", i) }
 
-func testVolume(i int) *Volume {
-	return &Volume{
+func testVolume(i int) *contract.Volume {
+	return &contract.Volume{
 		ID:            volID(i),
 		Name:          fmt.Sprintf("pvc-%d", i),
 		CapacityBytes: int64(i+1) << 20,
-		AccessType:    AccessMount,
+		AccessType:    contract.AccessMount,
 		Parameters:    map[string]string{"dirMode": "0770"},
 		Engine:        "dir",
 		CreatedAt:     time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 	}
 }
 
-func getVolume(t *testing.T, s *Store, id string) *Volume {
+func getVolume(t *testing.T, s *Store, id string) *contract.Volume {
 	t.Helper()
-	var v *Volume
+	var v *contract.Volume
 	if err := s.View(func(tx *Tx) error {
 		var err error
 		v, err = tx.Volume(id)
@@ -60,7 +62,7 @@ func nameOf(t *testing.T, s *Store, name string) string {
 	return id
 }
 
-func putT(t *testing.T, s *Store, vols ...*Volume) {
+func putT(t *testing.T, s *Store, vols ...*contract.Volume) {
 	t.Helper()
 	if err := s.Update(func(tx *Tx) error {
 		for _, v := range vols {
@@ -92,7 +94,7 @@ func TestOpenFresh(t *testing.T) {
 	}
 	n := 0
 	if err := s.View(func(tx *Tx) error {
-		return tx.ForEachVolume("", func(*Volume) bool { n++; return true })
+		return tx.ForEachVolume("", func(*contract.Volume) bool { n++; return true })
 	}); err != nil || n != 0 {
 		t.Fatalf("fresh store: %d volumes, %v", n, err)
 	}
@@ -119,7 +121,7 @@ func TestVolumes(t *testing.T) {
 	v2.SourceVolumeID = v1.ID
 	putT(t, s, v1, v2)
 
-	for _, want := range []*Volume{v1, v2} {
+	for _, want := range []*contract.Volume{v1, v2} {
 		got := getVolume(t, s, want.ID)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("Volume(%s) = %+v, want %+v", want.ID, got, want)
@@ -188,18 +190,18 @@ func TestVolumes(t *testing.T) {
 func TestSnapshots(t *testing.T) {
 	s := openT(t, filepath.Join(t.TempDir(), FileName))
 	defer s.Close()
-	snap := &Snapshot{ID: "snap-" + strings.Repeat("a", 32), Name: "snapshot-1", SourceVolumeID: volID(1),
-		SizeBytes: 1 << 20, AccessType: AccessMount, CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	snap := &contract.Snapshot{ID: "snap-" + strings.Repeat("a", 32), Name: "snapshot-1", SourceVolumeID: volID(1),
+		SizeBytes: 1 << 20, AccessType: contract.AccessMount, CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	if err := s.Update(func(tx *Tx) error { return tx.PutSnapshot(snap) }); err != nil {
 		t.Fatal(err)
 	}
-	var got *Snapshot
+	var got *contract.Snapshot
 	var byName string
 	var all []string
 	_ = s.View(func(tx *Tx) error {
 		got, _ = tx.Snapshot(snap.ID)
 		byName = tx.SnapshotIDByName(snap.Name)
-		return tx.ForEachSnapshot("", func(x *Snapshot) bool { all = append(all, x.ID); return true })
+		return tx.ForEachSnapshot("", func(x *contract.Snapshot) bool { all = append(all, x.ID); return true })
 	})
 	if !reflect.DeepEqual(got, snap) || byName != snap.ID || len(all) != 1 {
 		t.Fatalf("snapshot = %+v, byName %q, all %v", got, byName, all)
@@ -225,7 +227,7 @@ func listIDs(t *testing.T, s *Store, after string, limit int) []string {
 	t.Helper()
 	var ids []string
 	if err := s.View(func(tx *Tx) error {
-		return tx.ForEachVolume(after, func(v *Volume) bool {
+		return tx.ForEachVolume(after, func(v *contract.Volume) bool {
 			ids = append(ids, v.ID)
 			return limit <= 0 || len(ids) < limit
 		})
@@ -436,7 +438,7 @@ func TestConcurrentUpdates(t *testing.T) {
 func TestReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), FileName)
 	s := openT(t, path)
-	var want []*Volume
+	var want []*contract.Volume
 	for i := 0; i < 50; i++ {
 		want = append(want, testVolume(i))
 	}
@@ -451,9 +453,9 @@ func TestReopen(t *testing.T) {
 
 	for round := 0; round < 2; round++ {
 		s = openT(t, path)
-		var got []*Volume
+		var got []*contract.Volume
 		if err := s.View(func(tx *Tx) error {
-			return tx.ForEachVolume("", func(v *Volume) bool { got = append(got, v); return true })
+			return tx.ForEachVolume("", func(v *contract.Volume) bool { got = append(got, v); return true })
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -666,7 +668,7 @@ func TestCorruptRecord(t *testing.T) {
 	}
 	var seen []string
 	err = s.View(func(tx *Tx) error {
-		return tx.ForEachVolume("", func(v *Volume) bool { seen = append(seen, v.ID); return true })
+		return tx.ForEachVolume("", func(v *contract.Volume) bool { seen = append(seen, v.ID); return true })
 	})
 	if !errors.Is(err, ErrCorrupt) || len(seen) != 1 {
 		t.Fatalf("ForEachVolume over a corrupt record = %v after %v", err, seen)

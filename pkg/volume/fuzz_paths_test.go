@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // FuzzIDs: whatever passes ValidVolumeID or ValidSnapshotID is a single,
@@ -87,8 +89,8 @@ func FuzzCheckOutside(f *testing.F) {
 		}
 		err := m.CheckOutside("target_path", p)
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("CheckOutside(%q) = %v, want ErrInvalid", p, err)
+			if !errors.Is(err, contract.ErrInvalid) {
+				t.Fatalf("CheckOutside(%q) = %v, want contract.ErrInvalid", p, err)
 			}
 			return
 		}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 func FuzzParseMountFlags(f *testing.F) {
@@ -21,8 +23,8 @@ func FuzzParseMountFlags(f *testing.F) {
 		in := []string{a, b}
 		mf, err := ParseMountFlags(in)
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("ParseMountFlags(%q) = %v, not ErrInvalid", in, err)
+			if !errors.Is(err, contract.ErrInvalid) {
+				t.Fatalf("ParseMountFlags(%q) = %v, not contract.ErrInvalid", in, err)
 			}
 			if mf.set != 0 || mf.atimeSet || mf.list != nil {
 				t.Fatalf("partial result %+v with error", mf)

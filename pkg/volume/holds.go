@@ -3,6 +3,8 @@ package volume
 import (
 	"fmt"
 	"sync"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // holdSet keeps volumes and snapshots that an operation is reading (the
@@ -13,7 +15,7 @@ import (
 //
 // A read hold is shared: a snapshot may be restored twice at once. A
 // change hold (delete, expand) is exclusive. Neither waits: a conflicting
-// call fails at once with ErrBusy (gRPC ABORTED, "operation pending for
+// call fails at once with contract.ErrBusy (gRPC ABORTED, "operation pending for
 // volume", CSI spec error scheme), and the CO retries it. Without this a
 // snapshot deleted during a restore gave an acknowledged volume with part
 // of the snapshot's files (case C34).
@@ -27,13 +29,13 @@ func newHolds() *holdSet {
 	return &holdSet{readers: map[string]int{}, changer: map[string]string{}}
 }
 
-// read takes a shared hold on id for what (e.g. "a restore"); ErrBusy while
+// read takes a shared hold on id for what (e.g. "a restore"); contract.ErrBusy while
 // the id is being deleted or changed. The returned func releases it.
 func (h *holdSet) read(id, what string) (func(), error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if c, ok := h.changer[id]; ok {
-		return nil, fmt.Errorf("%w: %s cannot read %s while %s is in progress", ErrBusy, what, id, c)
+		return nil, fmt.Errorf("%w: %s cannot read %s while %s is in progress", contract.ErrBusy, what, id, c)
 	}
 	h.readers[id]++
 	return func() {
@@ -45,16 +47,16 @@ func (h *holdSet) read(id, what string) (func(), error) {
 	}, nil
 }
 
-// change takes the exclusive hold on id for what (e.g. "a delete"); ErrBusy
+// change takes the exclusive hold on id for what (e.g. "a delete"); contract.ErrBusy
 // while anything else holds it.
 func (h *holdSet) change(id, what string) (func(), error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if c, ok := h.changer[id]; ok {
-		return nil, fmt.Errorf("%w: %s of %s must wait: %s is in progress", ErrBusy, what, id, c)
+		return nil, fmt.Errorf("%w: %s of %s must wait: %s is in progress", contract.ErrBusy, what, id, c)
 	}
 	if n := h.readers[id]; n > 0 {
-		return nil, fmt.Errorf("%w: %s of %s must wait: %d operation(s) reading it (restore, clone, snapshot or stage) are in progress", ErrBusy, what, id, n)
+		return nil, fmt.Errorf("%w: %s of %s must wait: %d operation(s) reading it (restore, clone, snapshot or stage) are in progress", contract.ErrBusy, what, id, n)
 	}
 	h.changer[id] = what
 	return func() {

@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
@@ -54,7 +55,7 @@ type Config struct {
 // Manager is the data plane of one data root. Its methods are safe for
 // concurrent use. Operations that read a volume or snapshot (restore,
 // clone, snapshot, stage) hold it against operations that delete or change
-// it, whoever the caller is; the loser fails with ErrBusy (see holdSet).
+// it, whoever the caller is; the loser fails with contract.ErrBusy (see holdSet).
 type Manager struct {
 	root      string // absolute, symlinks resolved
 	volRoot   string
@@ -191,11 +192,11 @@ func (m *Manager) imagePath(id string) string {
 
 // DataPath is where volume v's data lives on this node (for status and
 // logs; the manager builds it from the validated id).
-func (m *Manager) DataPath(v *state.Volume) string { return m.dataPath(v) }
+func (m *Manager) DataPath(v *contract.Volume) string { return m.dataPath(v) }
 
 // dataPath is where volume v's data lives.
-func (m *Manager) dataPath(v *state.Volume) string {
-	if v.AccessType == state.AccessBlock {
+func (m *Manager) dataPath(v *contract.Volume) string {
+	if v.AccessType == contract.AccessBlock {
 		return m.imagePath(v.ID)
 	}
 	return m.volDir(v.ID)
@@ -246,7 +247,7 @@ func (m *Manager) capacityWith(alloc, inflight int64) (CapacityInfo, error) {
 	return ci, nil
 }
 
-// reserve takes n bytes of capacity or fails with ErrNoSpace. The caller
+// reserve takes n bytes of capacity or fails with contract.ErrNoSpace. The caller
 // calls settle(n) once the data is written (or failed), and release(n) if
 // the reservation is given up.
 func (m *Manager) reserve(n int64) error {
@@ -257,7 +258,7 @@ func (m *Manager) reserve(n int64) error {
 		return err
 	}
 	if n > ci.Available {
-		return fmt.Errorf("%w: %d bytes requested, %d available on node data root", ErrNoSpace, n, ci.Available)
+		return fmt.Errorf("%w: %d bytes requested, %d available on node data root", contract.ErrNoSpace, n, ci.Available)
 	}
 	m.allocated += n
 	m.inflight += n
@@ -288,7 +289,7 @@ type CreateSpec struct {
 	Name string
 	// SizeBytes is the capacity to reserve, in bytes (> 0).
 	SizeBytes int64
-	// AccessType is state.AccessMount or state.AccessBlock.
+	// AccessType is contract.AccessMount or contract.AccessBlock.
 	AccessType string
 	// Parameters are stored with the record.
 	Parameters map[string]string
@@ -311,27 +312,27 @@ func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
 
 // Create makes a new volume, filled from a snapshot or volume when the spec
 // names one, and commits its record durably before it returns. The source
-// is held for the whole copy: deleting it meanwhile fails with ErrBusy, and
-// a create that finds it being deleted fails with ErrBusy too (case C34). The
+// is held for the whole copy: deleting it meanwhile fails with contract.ErrBusy, and
+// a create that finds it being deleted fails with contract.ErrBusy too (case C34). The
 // data is written under a .creating- name and gets its final name only
 // after the record is committed, so a crash never leaves unacknowledged
 // data that recovery cannot tell from data it must keep. On any failure
 // nothing is left behind: no data, no record, no reserved capacity.
-// Errors: ErrNoSpace (capacity or disk full), ErrNotFound (source),
-// ErrInvalid (source of another access type), ErrOutOfRange (size below the
-// source's), ErrExists (name taken by a concurrent create), ErrBusy.
-func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
+// Errors: contract.ErrNoSpace (capacity or disk full), contract.ErrNotFound (source),
+// contract.ErrInvalid (source of another access type), contract.ErrOutOfRange (size below the
+// source's), contract.ErrExists (name taken by a concurrent create), contract.ErrBusy.
+func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 	if spec.SizeBytes <= 0 {
-		return nil, fmt.Errorf("%w: size %d", ErrInvalid, spec.SizeBytes)
+		return nil, fmt.Errorf("%w: size %d", contract.ErrInvalid, spec.SizeBytes)
 	}
-	if spec.AccessType != state.AccessMount && spec.AccessType != state.AccessBlock {
-		return nil, fmt.Errorf("%w: access type %q", ErrInvalid, spec.AccessType)
+	if spec.AccessType != contract.AccessMount && spec.AccessType != contract.AccessBlock {
+		return nil, fmt.Errorf("%w: access type %q", contract.ErrInvalid, spec.AccessType)
 	}
 	given := spec.ID != ""
 	if !given {
 		spec.ID = NewVolumeID()
 	} else if !ValidVolumeID(spec.ID) {
-		return nil, fmt.Errorf("%w: volume id %q", ErrInvalid, spec.ID)
+		return nil, fmt.Errorf("%w: volume id %q", contract.ErrInvalid, spec.ID)
 	}
 	release, err := m.holds.change(spec.ID, "a create")
 	if err != nil {
@@ -351,7 +352,7 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	if err := m.reserve(spec.SizeBytes); err != nil {
 		return nil, err
 	}
-	v := &state.Volume{
+	v := &contract.Volume{
 		ID:               spec.ID,
 		Name:             spec.Name,
 		CapacityBytes:    spec.SizeBytes,
@@ -366,7 +367,7 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	}
 	dst := m.dataPath(v)
 	tmp := inFlight(creatingPrefix, dst)
-	fail := func(err error) (*state.Volume, error) {
+	fail := func(err error) (*contract.Volume, error) {
 		if rerr := engine.Remove(tmp); rerr != nil {
 			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", tmp)
 		}
@@ -380,7 +381,7 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 		return fail(err)
 	}
 	switch {
-	case spec.AccessType == state.AccessBlock:
+	case spec.AccessType == contract.AccessBlock:
 		v.Engine = "image"
 		err = writeImage(tmp, srcPath, spec.SizeBytes)
 		if err == nil {
@@ -393,7 +394,7 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	default:
 		err = m.eng.Create(tmp, spec.SizeBytes, spec.DirMode)
 	}
-	if err == nil && (srcPath != "" || spec.AccessType == state.AccessBlock) {
+	if err == nil && (srcPath != "" || spec.AccessType == contract.AccessBlock) {
 		// A restore, clone or image holds data: on disk before the record
 		// that acknowledges it.
 		err = syncFS(tmp)
@@ -404,7 +405,7 @@ func (m *Manager) Create(spec CreateSpec) (*state.Volume, error) {
 	}
 	err = m.st.Update(func(tx *state.Tx) error {
 		if spec.Name != "" && tx.VolumeIDByName(spec.Name) != "" {
-			return fmt.Errorf("%w: volume name %q", ErrExists, spec.Name)
+			return fmt.Errorf("%w: volume name %q", contract.ErrExists, spec.Name)
 		}
 		return tx.PutVolume(v)
 	})
@@ -435,8 +436,8 @@ func (m *Manager) land(tmp, dst string) error {
 
 // holdSource takes a read hold on the snapshot or volume a create copies
 // from, checks it, and returns its data path and the release func (a no-op
-// without a source). Errors: ErrBusy (being deleted or changed),
-// ErrNotFound, ErrInvalid, ErrOutOfRange.
+// without a source). Errors: contract.ErrBusy (being deleted or changed),
+// contract.ErrNotFound, contract.ErrInvalid, contract.ErrOutOfRange.
 func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	nop := func() {}
 	if spec.SourceSnapshotID == "" && spec.SourceVolumeID == "" {
@@ -453,12 +454,12 @@ func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	var p, accessType string
 	var size int64
 	if kind == "snapshot" {
-		var s *state.Snapshot
+		var s *contract.Snapshot
 		if s, err = m.GetSnapshot(id); err == nil {
 			p, accessType, size = m.snapPath(s), s.AccessType, s.SizeBytes
 		}
 	} else {
-		var v *state.Volume
+		var v *contract.Volume
 		if v, err = m.Get(id); err == nil {
 			p, accessType, size = m.dataPath(v), v.AccessType, v.CapacityBytes
 		}
@@ -475,10 +476,10 @@ func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 
 func checkSource(kind, id, accessType string, size int64, spec CreateSpec) error {
 	if accessType != spec.AccessType {
-		return fmt.Errorf("%w: source %s %s holds a %s volume, the request asks for %s", ErrInvalid, kind, id, accessType, spec.AccessType)
+		return fmt.Errorf("%w: source %s %s holds a %s volume, the request asks for %s", contract.ErrInvalid, kind, id, accessType, spec.AccessType)
 	}
 	if spec.SizeBytes < size {
-		return fmt.Errorf("%w: requested %d bytes, smaller than the %d bytes of source %s %s", ErrOutOfRange, spec.SizeBytes, size, kind, id)
+		return fmt.Errorf("%w: requested %d bytes, smaller than the %d bytes of source %s %s", contract.ErrOutOfRange, spec.SizeBytes, size, kind, id)
 	}
 	return nil
 }
@@ -540,14 +541,14 @@ func syncFS(p string) error {
 
 func mapNoSpace(err error) error {
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+		return fmt.Errorf("%w: %v", contract.ErrNoSpace, err)
 	}
 	return err
 }
 
 // LookupByName returns the volume created for a CSI name, or nil.
-func (m *Manager) LookupByName(name string) (*state.Volume, error) {
-	var v *state.Volume
+func (m *Manager) LookupByName(name string) (*contract.Volume, error) {
+	var v *contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
 		id := tx.VolumeIDByName(name)
 		if id == "" {
@@ -560,33 +561,33 @@ func (m *Manager) LookupByName(name string) (*state.Volume, error) {
 	return v, err
 }
 
-// Get returns the volume with this id. Errors: ErrNotFound (also for any id
+// Get returns the volume with this id. Errors: contract.ErrNotFound (also for any id
 // that is not of the driver's shape).
-func (m *Manager) Get(id string) (*state.Volume, error) {
+func (m *Manager) Get(id string) (*contract.Volume, error) {
 	if !ValidVolumeID(id) {
-		return nil, fmt.Errorf("%w: volume %q", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
-	var v *state.Volume
+	var v *contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
 		var err error
 		v, err = tx.Volume(id)
 		return err
 	})
 	if err == nil && v == nil {
-		err = fmt.Errorf("%w: volume %q", ErrNotFound, id)
+		err = fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	return v, err
 }
 
 // Resolve returns the volume a node call names: a driver-issued volume_id,
-// or the CO-chosen id of an ephemeral inline volume. Errors: ErrNotFound.
-func (m *Manager) Resolve(id string) (*state.Volume, error) {
+// or the CO-chosen id of an ephemeral inline volume. Errors: contract.ErrNotFound.
+func (m *Manager) Resolve(id string) (*contract.Volume, error) {
 	if ValidVolumeID(id) {
 		return m.Get(id)
 	}
 	v, err := m.LookupByName(EphemeralName(id))
 	if err == nil && v == nil {
-		err = fmt.Errorf("%w: volume %q", ErrNotFound, id)
+		err = fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	return v, err
 }
@@ -594,11 +595,11 @@ func (m *Manager) Resolve(id string) (*state.Volume, error) {
 // List returns up to limit volumes (all when limit <= 0) whose ids sort
 // after `after`, in id order, and the id to continue after ("" at the end).
 // Ephemeral inline volumes are not listed: the CO did not create them.
-func (m *Manager) List(after string, limit int) ([]*state.Volume, string, error) {
-	var out []*state.Volume
+func (m *Manager) List(after string, limit int) ([]*contract.Volume, string, error) {
+	var out []*contract.Volume
 	next := ""
 	err := m.st.View(func(tx *state.Tx) error {
-		return tx.ForEachVolume(after, func(v *state.Volume) bool {
+		return tx.ForEachVolume(after, func(v *contract.Volume) bool {
 			if v.Ephemeral {
 				return true
 			}
@@ -615,8 +616,8 @@ func (m *Manager) List(after string, limit int) ([]*state.Volume, string, error)
 
 // Delete removes a volume: its record is removed durably first, then its
 // data. Deleting an unknown id succeeds. Snapshots of the volume are
-// independent copies and stay usable. Errors: ErrPrecondition when the
-// volume is mounted or attached anywhere on this node, ErrBusy while a
+// independent copies and stay usable. Errors: contract.ErrPrecondition when the
+// volume is mounted or attached anywhere on this node, contract.ErrBusy while a
 // clone, snapshot or stage reads it or another call changes it.
 func (m *Manager) Delete(id string) error {
 	if !ValidVolumeID(id) {
@@ -628,7 +629,7 @@ func (m *Manager) Delete(id string) error {
 	}
 	defer release()
 	v, err := m.Get(id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -654,17 +655,17 @@ func (m *Manager) Delete(id string) error {
 	return nil
 }
 
-// checkUnused fails with ErrPrecondition when v is mounted (mount volume) or
+// checkUnused fails with contract.ErrPrecondition when v is mounted (mount volume) or
 // attached to a loop device (block volume).
-func (m *Manager) checkUnused(v *state.Volume) error {
+func (m *Manager) checkUnused(v *contract.Volume) error {
 	p := m.dataPath(v)
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		dev, err := block.Find(p)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		if dev != "" {
-			return fmt.Errorf("%w: volume %s is still attached as %s (staged); unpublish and unstage it first", ErrPrecondition, v.ID, dev)
+			return fmt.Errorf("%w: volume %s is still attached as %s (staged); unpublish and unstage it first", contract.ErrPrecondition, v.ID, dev)
 		}
 		return nil
 	}
@@ -673,7 +674,7 @@ func (m *Manager) checkUnused(v *state.Volume) error {
 		return err
 	}
 	if busy {
-		return fmt.Errorf("%w: volume %s is still mounted (staged or published); unpublish and unstage it first", ErrPrecondition, v.ID)
+		return fmt.Errorf("%w: volume %s is still mounted (staged or published); unpublish and unstage it first", contract.ErrPrecondition, v.ID)
 	}
 	return nil
 }
@@ -682,8 +683,8 @@ func (m *Manager) checkUnused(v *state.Volume) error {
 // capacity is reserved, the btrfs qgroup limit raised or the image file
 // grown (an attached loop device is refreshed by NodeExpand), and the new
 // size committed. A newSize at or below the current size changes nothing.
-// It returns the volume's capacity afterwards. Errors: ErrNotFound,
-// ErrNoSpace, ErrBusy (a snapshot or clone of it, or another change, is in
+// It returns the volume's capacity afterwards. Errors: contract.ErrNotFound,
+// contract.ErrNoSpace, contract.ErrBusy (a snapshot or clone of it, or another change, is in
 // progress).
 func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 	release, err := m.holds.change(id, "an expansion")
@@ -717,8 +718,8 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 	return newSize, nil
 }
 
-func (m *Manager) resizeData(v *state.Volume, size int64) error {
-	if v.AccessType == state.AccessBlock {
+func (m *Manager) resizeData(v *contract.Volume, size int64) error {
+	if v.AccessType == contract.AccessBlock {
 		img := m.imagePath(v.ID)
 		fi, err := os.Stat(img)
 		if err != nil {
@@ -746,7 +747,7 @@ func (m *Manager) resizeData(v *state.Volume, size int64) error {
 // qgroup limit of a btrfs volume re-applied. volumePath must exist. It
 // returns the capacity in bytes. It holds the volume (a read hold), so an
 // expansion recorded meanwhile cannot be undone by this call re-applying
-// the size it read before. Errors: ErrNotFound, ErrBusy (an expansion or
+// the size it read before. Errors: contract.ErrNotFound, contract.ErrBusy (an expansion or
 // delete is in progress).
 func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
 	v, err := m.Resolve(id)
@@ -762,10 +763,10 @@ func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
 		return 0, err
 	}
 	if !filepath.IsAbs(volumePath) {
-		return 0, fmt.Errorf("%w: volume_path %q is not an absolute path", ErrNotFound, volumePath)
+		return 0, fmt.Errorf("%w: volume_path %q is not an absolute path", contract.ErrNotFound, volumePath)
 	}
 	if _, err := os.Lstat(volumePath); err != nil {
-		return 0, fmt.Errorf("%w: volume_path %q: %v", ErrNotFound, volumePath, err)
+		return 0, fmt.Errorf("%w: volume_path %q: %v", contract.ErrNotFound, volumePath, err)
 	}
 	if err := m.resizeData(v, v.CapacityBytes); err != nil {
 		return 0, err
@@ -788,7 +789,7 @@ type Problem struct {
 }
 
 // Health checks volume id's data: missing data (DataLoss), and for the dir
-// engine usage beyond the capacity (Degraded). Errors: ErrNotFound.
+// engine usage beyond the capacity (Degraded). Errors: contract.ErrNotFound.
 func (m *Manager) Health(id string) (Health, error) {
 	v, err := m.Resolve(id)
 	if err != nil {
@@ -801,7 +802,7 @@ func (m *Manager) Health(id string) (Health, error) {
 		h.Problems = append(h.Problems, Problem{Kind: "DataLoss", Reason: "DataMissing", Message: fmt.Sprintf("volume data %s is missing: %v", p, err)})
 		return h, nil
 	}
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		if fi.Size() < v.CapacityBytes {
 			h.Problems = append(h.Problems, Problem{Kind: "Degraded", Reason: "ImageTooSmall", Message: fmt.Sprintf("image is %d bytes, volume size is %d", fi.Size(), v.CapacityBytes)})
 		}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
@@ -33,13 +33,13 @@ var mounter = mount.New("")
 // must be an existing directory that is not a symlink. A mount volume is
 // bind-mounted onto it: repeating a stage with the same flags succeeds,
 // while a different volume, other flags or a foreign filesystem already
-// mounted there give ErrExists (bindOnce). A block volume gets its
+// mounted there give contract.ErrExists (bindOnce). A block volume gets its
 // read-write loop device attached (found again by its image file if it
 // already is) and a device node of it made at <stagingPath>/<id> (mode
-// 0600; ErrExists when something else is there): that is how the staging
+// 0600; contract.ErrExists when something else is there): that is how the staging
 // path shows the volume (NodeGetVolumeStats). accessType is what the
-// request's capability asks for. Errors: ErrNotFound, ErrInvalid,
-// ErrExists, ErrPrecondition (capability of the other access type), ErrBusy
+// request's capability asks for. Errors: contract.ErrNotFound, contract.ErrInvalid,
+// contract.ErrExists, contract.ErrPrecondition (capability of the other access type), contract.ErrBusy
 // (the volume is being deleted or expanded).
 func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) error {
 	// Held while it mounts: a delete that checked the volume unused must
@@ -63,7 +63,7 @@ func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) erro
 	if err := checkDir(stagingPath, "staging_target_path", false); err != nil {
 		return err
 	}
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		return m.stageBlock(id, stagingPath)
 	}
 	src := m.volDir(id)
@@ -106,7 +106,7 @@ func stagedDevicePath(stagingPath, id string) string {
 // placeDeviceNode makes p a block device node (mode 0600) with the device
 // number of the device node dev. A node of another device number there is
 // stale (left from before a reboot, when loop numbers differed) and is
-// replaced; anything else at p is ErrExists.
+// replaced; anything else at p is contract.ErrExists.
 func placeDeviceNode(p, dev string) error {
 	rdev, err := block.Rdev(dev)
 	if err != nil {
@@ -125,7 +125,7 @@ func placeDeviceNode(p, dev string) error {
 			return fmt.Errorf("lstat %s: %w", p, err)
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-			return fmt.Errorf("%w: %s exists and is not a device node of the volume", ErrExists, p)
+			return fmt.Errorf("%w: %s exists and is not a device node of the volume", contract.ErrExists, p)
 		}
 		if st.Rdev == rdev {
 			return nil
@@ -150,9 +150,9 @@ func removeStagedDevice(stagingPath, id string) error {
 	return nil
 }
 
-func matchAccess(v *state.Volume, accessType string) error {
+func matchAccess(v *contract.Volume, accessType string) error {
 	if v.AccessType != accessType {
-		return fmt.Errorf("%w: volume %s is a %s volume; the capability asks for %s", ErrPrecondition, v.ID, v.AccessType, accessType)
+		return fmt.Errorf("%w: volume %s is a %s volume; the capability asks for %s", contract.ErrPrecondition, v.ID, v.AccessType, accessType)
 	}
 	return nil
 }
@@ -167,7 +167,7 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 		return err
 	}
 	v, err := m.Resolve(id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		if ValidVolumeID(id) {
 			return removeStagedDevice(stagingPath, id)
 		}
@@ -176,7 +176,7 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 	if err != nil {
 		return err
 	}
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		if err := removeStagedDevice(stagingPath, v.ID); err != nil {
 			return err
 		}
@@ -193,13 +193,13 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 // readonly a second, read-only loop device on the same image
 // (block.AttachReadOnly), so that writes fail at the device (EPERM), not
 // only at a mount flag a device node ignores. A symlink at targetPath is
-// refused with ErrInvalid. ErrPrecondition when the volume is not staged. A
+// refused with contract.ErrInvalid. contract.ErrPrecondition when the volume is not staged. A
 // repeated publish with the same readonly/flags succeeds; any other mount on
 // targetPath — another volume, or this one with another readonly or other
-// flags — gives ErrExists, for both access types (bindOnce).
+// flags — gives contract.ErrExists, for both access types (bindOnce).
 //
 // With singleWriter (SINGLE_NODE_SINGLE_WRITER) the volume may be published
-// at one target path only: ErrPrecondition when it is published elsewhere.
+// at one target path only: contract.ErrPrecondition when it is published elsewhere.
 func (m *Manager) Publish(id, stagingPath, targetPath, accessType string, readonly, singleWriter bool, flags []string) error {
 	v, err := m.Get(id)
 	if err != nil {
@@ -212,12 +212,12 @@ func (m *Manager) Publish(id, stagingPath, targetPath, accessType string, readon
 	if err != nil {
 		return err
 	}
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		return m.publishBlock(id, stagingPath, targetPath, readonly, singleWriter)
 	}
 	src := m.volDir(id)
 	if ok, err := holds(stagingPath, src); err != nil || !ok {
-		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", ErrPrecondition, id, stagingPath)
+		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", contract.ErrPrecondition, id, stagingPath)
 	}
 	if singleWriter {
 		if err := onlyAt(id, []string{src}, stagingPath, targetPath); err != nil {
@@ -245,7 +245,7 @@ func onlyAt(id string, srcs []string, paths ...string) error {
 		}
 		for _, p := range points {
 			if !allowed[p] {
-				return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", ErrPrecondition, id, p)
+				return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", contract.ErrPrecondition, id, p)
 			}
 		}
 	}
@@ -260,7 +260,7 @@ func (m *Manager) publishBlock(id, stagingPath, targetPath string, readonly, sin
 	img := m.imagePath(id)
 	rw, err := block.FindMode(img, false)
 	if err != nil || rw == "" {
-		return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", ErrPrecondition, id)
+		return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", contract.ErrPrecondition, id)
 	}
 	if singleWriter {
 		devs, err := block.Devices(img)
@@ -317,7 +317,7 @@ func releaseReadOnly(img string) error {
 
 // PublishEphemeral bind-mounts the ephemeral volume v (no staging) onto
 // targetPath, created as for Publish. Errors as for Publish.
-func (m *Manager) PublishEphemeral(v *state.Volume, targetPath string, readonly bool, flags []string) error {
+func (m *Manager) PublishEphemeral(v *contract.Volume, targetPath string, readonly bool, flags []string) error {
 	mf, err := ParseMountFlags(flags)
 	if err != nil {
 		return err
@@ -332,11 +332,11 @@ func (m *Manager) PublishEphemeral(v *state.Volume, targetPath string, readonly 
 // prepareDeviceFile makes the target_path p ready to receive a bind mount
 // of a device node: a regular file, created when missing (mode 0600; its
 // parent must exist). A dead mount on it is removed first. A symlink or a
-// directory at p is ErrInvalid. An existing mount is left for bindOnce to
+// directory at p is contract.ErrInvalid. An existing mount is left for bindOnce to
 // judge.
 func prepareDeviceFile(p string) error {
 	if c := filepath.Clean(p); !filepath.IsAbs(p) || c != p {
-		return fmt.Errorf("%w: target_path %q must be an absolute, clean path", ErrInvalid, p)
+		return fmt.Errorf("%w: target_path %q must be an absolute, clean path", contract.ErrInvalid, p)
 	}
 	for i := 0; ; i++ {
 		fi, err := os.Lstat(p)
@@ -344,7 +344,7 @@ func prepareDeviceFile(p string) error {
 		case errors.Is(err, os.ErrNotExist):
 			fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 			if errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("%w: parent directory of target_path %q does not exist", ErrInvalid, p)
+				return fmt.Errorf("%w: parent directory of target_path %q does not exist", contract.ErrInvalid, p)
 			}
 			if err != nil {
 				return fmt.Errorf("create %s: %w", p, err)
@@ -359,9 +359,9 @@ func prepareDeviceFile(p string) error {
 		case err != nil:
 			return fmt.Errorf("lstat %s: %w", p, err)
 		case fi.Mode()&os.ModeSymlink != 0:
-			return fmt.Errorf("%w: target_path %q is a symlink; refusing to mount over it", ErrInvalid, p)
+			return fmt.Errorf("%w: target_path %q is a symlink; refusing to mount over it", contract.ErrInvalid, p)
 		case fi.IsDir():
-			return fmt.Errorf("%w: target_path %q is a directory; a block volume is published as a device file", ErrInvalid, p)
+			return fmt.Errorf("%w: target_path %q is a directory; a block volume is published as a device file", contract.ErrInvalid, p)
 		}
 		return nil
 	}
@@ -371,20 +371,20 @@ func prepareDeviceFile(p string) error {
 // package-level Unpublish of targetPath, then, when id names a block volume,
 // its read-only loop device is detached if no mount shows it any more (its
 // last read-only publication is gone). An unknown id is fine (nothing to
-// release). Errors: as for Unpublish (ErrPrecondition for a non-empty
+// release). Errors: as for Unpublish (contract.ErrPrecondition for a non-empty
 // directory that is not a mount).
 func (m *Manager) Unpublish(id, targetPath string) error {
 	if err := Unpublish(targetPath); err != nil {
 		return err
 	}
 	v, err := m.Resolve(id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if v.AccessType != state.AccessBlock {
+	if v.AccessType != contract.AccessBlock {
 		return nil
 	}
 	return releaseReadOnly(m.imagePath(v.ID))
@@ -394,7 +394,7 @@ func (m *Manager) Unpublish(id, targetPath string) error {
 // mounts included) and removes it (CSI NodeUnpublishVolume). A missing path
 // or one that is not mounted is success; a symlink is removed without being
 // followed. It needs no record: it works for volumes the driver no longer
-// knows. ErrPrecondition when the path is a non-empty directory that is not
+// knows. contract.ErrPrecondition when the path is a non-empty directory that is not
 // a mount: that is not ours to delete.
 func Unpublish(targetPath string) error {
 	if err := cleanupPath(targetPath); err != nil {
@@ -402,7 +402,7 @@ func Unpublish(targetPath string) error {
 	}
 	if err := os.Remove(targetPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("%w: %s is not a mount point and not empty; refusing to remove it", ErrPrecondition, targetPath)
+			return fmt.Errorf("%w: %s is not a mount point and not empty; refusing to remove it", contract.ErrPrecondition, targetPath)
 		}
 		return fmt.Errorf("remove %s: %w", targetPath, err)
 	}
@@ -413,7 +413,7 @@ func Unpublish(targetPath string) error {
 // (never followed); a missing p is fine.
 func cleanupPath(p string) error {
 	if !filepath.IsAbs(p) {
-		return fmt.Errorf("%w: path %q must be absolute", ErrInvalid, p)
+		return fmt.Errorf("%w: path %q must be absolute", contract.ErrInvalid, p)
 	}
 	fi, err := os.Lstat(p)
 	switch {
@@ -451,7 +451,7 @@ func unmountAll(p string) error {
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
 			return nil
 		case errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("%w: %s is busy: %v", ErrPrecondition, p, err)
+			return fmt.Errorf("%w: %s is busy: %v", contract.ErrPrecondition, p, err)
 		default:
 			// A broken mount (dead FUSE daemon) may refuse a plain unmount.
 			if derr := unix.Unmount(p, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH); derr == nil {
@@ -468,16 +468,16 @@ func unmountAll(p string) error {
 // (mode 0750); its parent must exist.
 func checkDir(p, field string, create bool) error {
 	if c := filepath.Clean(p); !filepath.IsAbs(p) || (c != p && c+"/" != p) {
-		return fmt.Errorf("%w: %s %q must be an absolute, clean path", ErrInvalid, field, p)
+		return fmt.Errorf("%w: %s %q must be an absolute, clean path", contract.ErrInvalid, field, p)
 	}
 	fi, err := os.Lstat(p)
 	if errors.Is(err, os.ErrNotExist) {
 		if !create {
-			return fmt.Errorf("%w: %s %q does not exist", ErrInvalid, field, p)
+			return fmt.Errorf("%w: %s %q does not exist", contract.ErrInvalid, field, p)
 		}
 		if err := os.Mkdir(p, 0o750); err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("%w: parent directory of %s %q does not exist", ErrInvalid, field, p)
+				return fmt.Errorf("%w: parent directory of %s %q does not exist", contract.ErrInvalid, field, p)
 			}
 			if !errors.Is(err, os.ErrExist) {
 				return fmt.Errorf("create %s: %w", p, err)
@@ -497,10 +497,10 @@ func checkDir(p, field string, create bool) error {
 		return fmt.Errorf("lstat %s: %w", p, err)
 	}
 	if fi.Mode()&os.ModeSymlink != 0 {
-		return fmt.Errorf("%w: %s %q is a symlink; refusing to mount over it", ErrInvalid, field, p)
+		return fmt.Errorf("%w: %s %q is a symlink; refusing to mount over it", contract.ErrInvalid, field, p)
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("%w: %s %q is not a directory", ErrInvalid, field, p)
+		return fmt.Errorf("%w: %s %q is not a directory", contract.ErrInvalid, field, p)
 	}
 	return nil
 }
@@ -558,7 +558,7 @@ func statfsFlags(p string) (uintptr, error) {
 // mount restricts) — or, when target already is a mount, checks that it is
 // exactly what this request would have made: it shows vol (the same
 // directory, or the same device) with the same flags. Anything else there
-// is ErrExists. This is the one check of a repeated stage or publish, for
+// is contract.ErrExists. This is the one check of a repeated stage or publish, for
 // mount and block volumes alike (CSI NodeStageVolume / NodePublishVolume:
 // "already exists but is incompatible" is ALREADY_EXISTS). The caller has
 // made target of the right type (checkDir, prepareDeviceFile).
@@ -577,20 +577,20 @@ func bindOnce(vol, src, target string, mf mountFlags, readonly bool) error {
 			return fmt.Errorf("stat %s: %w", target, err)
 		}
 		if !same {
-			return fmt.Errorf("%w: something else is already mounted at %q (another volume or filesystem, or this block volume published with the other readonly)", ErrExists, target)
+			return fmt.Errorf("%w: something else is already mounted at %q (another volume or filesystem, or this block volume published with the other readonly)", contract.ErrExists, target)
 		}
 		actual, err := statfsFlags(target)
 		if err != nil {
 			return fmt.Errorf("statfs %s: %w", target, err)
 		}
 		if !mf.matches(actual, inherited, readonly) {
-			return fmt.Errorf("%w: volume is already mounted at %q with other flags (readonly or mount_flags differ)", ErrExists, target)
+			return fmt.Errorf("%w: volume is already mounted at %q with other flags (readonly or mount_flags differ)", contract.ErrExists, target)
 		}
 		return nil
 	}
 	fd, err := openTarget(target, vol)
 	if err != nil {
-		return fmt.Errorf("%w: open %s: %v", ErrInvalid, target, err)
+		return fmt.Errorf("%w: open %s: %v", contract.ErrInvalid, target, err)
 	}
 	err = unix.Mount(src, fdPath(fd), "", unix.MS_BIND, "")
 	_ = unix.Close(fd)

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Per-mount flags that a bind remount can set (mount(2), MS_REMOUNT|MS_BIND).
@@ -54,7 +56,7 @@ var flagTable = map[string]struct {
 
 // ParseMountFlags validates CSI mount_flags (each entry may itself hold a
 // comma-separated list, as kubelet passes StorageClass mountOptions).
-// Errors: ErrInvalid naming the first flag a bind mount cannot apply.
+// Errors: contract.ErrInvalid naming the first flag a bind mount cannot apply.
 func ParseMountFlags(flags []string) (mountFlags, error) {
 	var mf mountFlags
 	for _, entry := range flags {
@@ -65,12 +67,12 @@ func ParseMountFlags(flags []string) (mountFlags, error) {
 			}
 			e, ok := flagTable[f]
 			if !ok {
-				return mountFlags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts apply: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime; rw, suid, dev, exec, atime, diratime, defaults, bind and rbind are accepted and change nothing)", ErrInvalid, f)
+				return mountFlags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts apply: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime; rw, suid, dev, exec, atime, diratime, defaults, bind and rbind are accepted and change nothing)", contract.ErrInvalid, f)
 			}
 			mf.set |= e.set
 			if e.atime != 0 {
 				if mf.atimeSet && mf.atime != e.atime {
-					return mountFlags{}, fmt.Errorf("%w: conflicting atime mount flags in %v", ErrInvalid, flags)
+					return mountFlags{}, fmt.Errorf("%w: conflicting atime mount flags in %v", contract.ErrInvalid, flags)
 				}
 				mf.atime, mf.atimeSet = e.atime, true
 			}

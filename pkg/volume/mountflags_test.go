@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 func TestParseMountFlags(t *testing.T) {
@@ -17,7 +19,7 @@ func TestParseMountFlags(t *testing.T) {
 		atime    uintptr
 		atimeSet bool
 		list     []string
-		errPart  string // non-empty: want ErrInvalid with this in the message
+		errPart  string // non-empty: want contract.ErrInvalid with this in the message
 	}{
 		{name: "nil", in: nil},
 		{name: "empty entries", in: []string{"", " ", ",", " , ,"}},
@@ -55,8 +57,8 @@ func TestParseMountFlags(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mf, err := ParseMountFlags(tc.in)
 			if tc.errPart != "" {
-				if !errors.Is(err, ErrInvalid) {
-					t.Fatalf("ParseMountFlags(%q) = %+v, %v; want ErrInvalid", tc.in, mf, err)
+				if !errors.Is(err, contract.ErrInvalid) {
+					t.Fatalf("ParseMountFlags(%q) = %+v, %v; want contract.ErrInvalid", tc.in, mf, err)
 				}
 				if !strings.Contains(err.Error(), tc.errPart) {
 					t.Fatalf("error %q does not contain %q", err, tc.errPart)

@@ -5,9 +5,11 @@ import (
 	"path/filepath"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// CheckOutside refuses, with ErrInvalid, a staging or target path given by
+// CheckOutside refuses, with contract.ErrInvalid, a staging or target path given by
 // the CO that would let a node call mount over, unmount or remove the
 // driver's own data: the data root itself, anything inside it, any
 // directory above it, and any path whose parent directory lies inside a
@@ -19,17 +21,17 @@ func (m *Manager) CheckOutside(field, p string) error {
 	parent := ResolveExisting(filepath.Dir(filepath.Clean(p)))
 	rp := filepath.Join(parent, filepath.Base(p))
 	if within(rp, m.root) {
-		return fmt.Errorf("%w: %s %q is inside the data root %s", ErrInvalid, field, p, m.root)
+		return fmt.Errorf("%w: %s %q is inside the data root %s", contract.ErrInvalid, field, p, m.root)
 	}
 	if within(m.root, rp) {
-		return fmt.Errorf("%w: %s %q contains the data root %s", ErrInvalid, field, p, m.root)
+		return fmt.Errorf("%w: %s %q contains the data root %s", contract.ErrInvalid, field, p, m.root)
 	}
 	inside, err := m.onDataRootMount(parent)
 	if err != nil {
 		return err
 	}
 	if inside {
-		return fmt.Errorf("%w: %s %q lies inside a volume (its parent %s is on a mount of the data root %s)", ErrInvalid, field, p, parent, m.root)
+		return fmt.Errorf("%w: %s %q lies inside a volume (its parent %s is on a mount of the data root %s)", contract.ErrInvalid, field, p, parent, m.root)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
@@ -70,9 +71,9 @@ func (m *Manager) leftover(path string, err error) {
 func (m *Manager) recover() error {
 	known := map[string]bool{}
 	var total int64
-	var ephemeral []*state.Volume
+	var ephemeral []*contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
-		if err := tx.ForEachVolume("", func(v *state.Volume) bool {
+		if err := tx.ForEachVolume("", func(v *contract.Volume) bool {
 			known[v.ID] = true
 			total += v.CapacityBytes
 			if v.Ephemeral {
@@ -82,7 +83,7 @@ func (m *Manager) recover() error {
 		}); err != nil {
 			return err
 		}
-		return tx.ForEachSnapshot("", func(s *state.Snapshot) bool {
+		return tx.ForEachSnapshot("", func(s *contract.Snapshot) bool {
 			known[s.ID] = true
 			return true
 		})

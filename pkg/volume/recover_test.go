@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 )
 
@@ -18,9 +19,9 @@ func openTest(t *testing.T, root string) *Manager {
 	return m
 }
 
-func create(t *testing.T, m *Manager, name string) *state.Volume {
+func create(t *testing.T, m *Manager, name string) *contract.Volume {
 	t.Helper()
-	v, err := m.Create(CreateSpec{Name: name, SizeBytes: 1 << 20, AccessType: state.AccessMount, DirMode: 0o755})
+	v, err := m.Create(CreateSpec{Name: name, SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestUnclaimedDataOfTheSameIDTwice(t *testing.T) {
 				t.Fatalf("the first attempt's data was not moved aside: %v", err)
 			}
 		}
-		v, err := m.Create(CreateSpec{ID: id, Name: "same", SizeBytes: 1 << 20, AccessType: state.AccessMount, DirMode: 0o755})
+		v, err := m.Create(CreateSpec{ID: id, Name: "same", SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +125,7 @@ func TestInterruptedDeletesAreRolledBackOrFinished(t *testing.T) {
 	if lost, _ := os.ReadDir(filepath.Join(root, "orphaned")); len(lost) != 0 {
 		t.Fatalf("a committed delete's data went to orphaned/: %v", lost)
 	}
-	if _, err := m.Get(gone.ID); !errors.Is(err, ErrNotFound) {
+	if _, err := m.Get(gone.ID); !errors.Is(err, contract.ErrNotFound) {
 		t.Fatalf("deleted volume back: %v", err)
 	}
 }
@@ -196,9 +197,9 @@ func TestInterruptedCreatesAreFinishedOrRemoved(t *testing.T) {
 }
 
 // Case C34: an operation that reads a snapshot or volume holds it; a delete
-// or expansion meanwhile fails with ErrBusy and changes nothing, and a
+// or expansion meanwhile fails with contract.ErrBusy and changes nothing, and a
 // restore, clone or snapshot that finds its source being deleted fails with
-// ErrBusy instead of copying part of it. (Before, nothing held the source:
+// contract.ErrBusy instead of copying part of it. (Before, nothing held the source:
 // a snapshot deleted during a restore left the restored volume with part of
 // its files.)
 func TestOperationsHoldWhatTheyRead(t *testing.T) {
@@ -217,15 +218,15 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 			t.Fatal(err)
 		}
 		if reader.id == snap.ID {
-			if err := m.DeleteSnapshot(snap.ID); !errors.Is(err, ErrBusy) {
-				t.Errorf("DeleteSnapshot during %s: %v, want ErrBusy", reader.what, err)
+			if err := m.DeleteSnapshot(snap.ID); !errors.Is(err, contract.ErrBusy) {
+				t.Errorf("DeleteSnapshot during %s: %v, want contract.ErrBusy", reader.what, err)
 			}
 		} else {
-			if err := m.Delete(v.ID); !errors.Is(err, ErrBusy) {
-				t.Errorf("Delete during %s: %v, want ErrBusy", reader.what, err)
+			if err := m.Delete(v.ID); !errors.Is(err, contract.ErrBusy) {
+				t.Errorf("Delete during %s: %v, want contract.ErrBusy", reader.what, err)
 			}
-			if _, err := m.Expand(v.ID, 2<<20); !errors.Is(err, ErrBusy) {
-				t.Errorf("Expand during %s: %v, want ErrBusy", reader.what, err)
+			if _, err := m.Expand(v.ID, 2<<20); !errors.Is(err, contract.ErrBusy) {
+				t.Errorf("Expand during %s: %v, want contract.ErrBusy", reader.what, err)
 			}
 		}
 		release()
@@ -244,19 +245,19 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: state.AccessMount, SourceSnapshotID: snap.ID}); !errors.Is(err, ErrBusy) {
-		t.Errorf("restore during DeleteSnapshot: %v, want ErrBusy", err)
+	if _, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceSnapshotID: snap.ID}); !errors.Is(err, contract.ErrBusy) {
+		t.Errorf("restore during DeleteSnapshot: %v, want contract.ErrBusy", err)
 	}
 	release()
 	release, err = m.holds.change(v.ID, "a delete")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(CreateSpec{Name: "c", SizeBytes: 1 << 20, AccessType: state.AccessMount, SourceVolumeID: v.ID}); !errors.Is(err, ErrBusy) {
-		t.Errorf("clone during Delete: %v, want ErrBusy", err)
+	if _, err := m.Create(CreateSpec{Name: "c", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
+		t.Errorf("clone during Delete: %v, want contract.ErrBusy", err)
 	}
-	if _, err := m.CreateSnapshot(SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, ErrBusy) {
-		t.Errorf("snapshot during Delete: %v, want ErrBusy", err)
+	if _, err := m.CreateSnapshot(SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
+		t.Errorf("snapshot during Delete: %v, want contract.ErrBusy", err)
 	}
 	release()
 	for _, d := range []string{"volumes", "snapshots"} {
@@ -265,7 +266,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 		}
 	}
 	// Free again: both succeed.
-	r, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: state.AccessMount, SourceSnapshotID: snap.ID})
+	r, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceSnapshotID: snap.ID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,27 +9,28 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
 // SnapshotPath is where snapshot s's data lives on this node.
-func (m *Manager) SnapshotPath(s *state.Snapshot) string { return m.snapPath(s) }
+func (m *Manager) SnapshotPath(s *contract.Snapshot) string { return m.snapPath(s) }
 
 // snapPath is where snapshot s's data lives.
-func (m *Manager) snapPath(s *state.Snapshot) string {
+func (m *Manager) snapPath(s *contract.Snapshot) string {
 	if !ValidSnapshotID(s.ID) {
 		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))
 	}
-	if s.AccessType == state.AccessBlock {
+	if s.AccessType == contract.AccessBlock {
 		return filepath.Join(m.snapRoot, s.ID+".img")
 	}
 	return filepath.Join(m.snapRoot, s.ID)
 }
 
 // LookupSnapshotByName returns the snapshot created for a CSI name, or nil.
-func (m *Manager) LookupSnapshotByName(name string) (*state.Snapshot, error) {
-	var s *state.Snapshot
+func (m *Manager) LookupSnapshotByName(name string) (*contract.Snapshot, error) {
+	var s *contract.Snapshot
 	err := m.st.View(func(tx *state.Tx) error {
 		id := tx.SnapshotIDByName(name)
 		if id == "" {
@@ -42,20 +43,20 @@ func (m *Manager) LookupSnapshotByName(name string) (*state.Snapshot, error) {
 	return s, err
 }
 
-// GetSnapshot returns the snapshot with this id. Errors: ErrNotFound (also
+// GetSnapshot returns the snapshot with this id. Errors: contract.ErrNotFound (also
 // for ids not of the driver's shape).
-func (m *Manager) GetSnapshot(id string) (*state.Snapshot, error) {
+func (m *Manager) GetSnapshot(id string) (*contract.Snapshot, error) {
 	if !ValidSnapshotID(id) {
-		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
-	var s *state.Snapshot
+	var s *contract.Snapshot
 	err := m.st.View(func(tx *state.Tx) error {
 		var err error
 		s, err = tx.Snapshot(id)
 		return err
 	})
 	if err == nil && s == nil {
-		err = fmt.Errorf("%w: snapshot %q", ErrNotFound, id)
+		err = fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
 	return s, err
 }
@@ -74,19 +75,19 @@ type SnapshotSpec struct {
 // read-only subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents
 // shared on reflink filesystems); block volumes a copy of the image. The
 // source is held for the whole copy (deleting or expanding it meanwhile
-// fails with ErrBusy), and the data is written under a .creating- name
+// fails with contract.ErrBusy), and the data is written under a .creating- name
 // that becomes final after the record is committed (see Create). The
 // snapshot is independent of its source: deleting the volume leaves it
 // usable. Its size is the source's capacity (the restore size). Errors:
-// ErrNotFound (source), ErrNoSpace, ErrExists (name taken by a concurrent
-// call), ErrBusy.
-func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
+// contract.ErrNotFound (source), contract.ErrNoSpace, contract.ErrExists (name taken by a concurrent
+// call), contract.ErrBusy.
+func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) {
 	name := spec.Name
 	given := spec.ID != ""
 	if !given {
 		spec.ID = NewSnapshotID()
 	} else if !ValidSnapshotID(spec.ID) {
-		return nil, fmt.Errorf("%w: snapshot id %q", ErrInvalid, spec.ID)
+		return nil, fmt.Errorf("%w: snapshot id %q", contract.ErrInvalid, spec.ID)
 	}
 	release, err := m.holds.change(spec.ID, "a snapshot")
 	if err != nil {
@@ -107,7 +108,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &state.Snapshot{
+	s := &contract.Snapshot{
 		ID:             spec.ID,
 		Name:           name,
 		SourceVolumeID: v.ID,
@@ -118,7 +119,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	}
 	dst := m.snapPath(s)
 	tmp := inFlight(creatingPrefix, dst)
-	fail := func(err error) (*state.Snapshot, error) {
+	fail := func(err error) (*contract.Snapshot, error) {
 		if rerr := engine.Remove(tmp); rerr != nil {
 			klog.ErrorS(rerr, "Could not remove data of a failed snapshot; it is removed at restart", "path", tmp)
 		}
@@ -127,7 +128,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	if err := engine.Remove(tmp); err != nil { // a failed earlier attempt's
 		return fail(err)
 	}
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		err = writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
 	} else {
 		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
@@ -140,7 +141,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 	}
 	err = m.st.Update(func(tx *state.Tx) error {
 		if tx.SnapshotIDByName(name) != "" {
-			return fmt.Errorf("%w: snapshot name %q", ErrExists, name)
+			return fmt.Errorf("%w: snapshot name %q", contract.ErrExists, name)
 		}
 		return tx.PutSnapshot(s)
 	})
@@ -159,7 +160,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*state.Snapshot, error) {
 
 // DeleteSnapshot removes a snapshot (record first, then data). Unknown ids
 // succeed. Volumes restored from it are independent and stay. Errors:
-// ErrBusy while a restore reads it (case C34).
+// contract.ErrBusy while a restore reads it (case C34).
 func (m *Manager) DeleteSnapshot(id string) error {
 	if !ValidSnapshotID(id) {
 		return nil
@@ -170,7 +171,7 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	}
 	defer release()
 	s, err := m.GetSnapshot(id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -194,11 +195,11 @@ func (m *Manager) DeleteSnapshot(id string) error {
 // ListSnapshots returns up to limit snapshots (all when limit <= 0) whose
 // ids sort after `after`, optionally only those of one source volume, in id
 // order, and the id to continue after ("" at the end).
-func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) ([]*state.Snapshot, string, error) {
-	var out []*state.Snapshot
+func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error) {
+	var out []*contract.Snapshot
 	next := ""
 	err := m.st.View(func(tx *state.Tx) error {
-		return tx.ForEachSnapshot(after, func(s *state.Snapshot) bool {
+		return tx.ForEachSnapshot(after, func(s *contract.Snapshot) bool {
 			if sourceVolumeID != "" && s.SourceVolumeID != sourceVolumeID {
 				return true
 			}

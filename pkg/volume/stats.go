@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
@@ -35,7 +35,7 @@ type Usage struct {
 // and Publish made it: for a mount volume a bind mount of its directory;
 // for a block volume a bind mount of one of its loop device nodes (a
 // publish path), or a directory holding the staged device node
-// <volumePath>/<id> (a staging path). Errors: ErrNotFound for an unknown
+// <volumePath>/<id> (a staging path). Errors: contract.ErrNotFound for an unknown
 // volume, a relative or missing path, or a path that does not show this
 // volume (CSI NodeGetVolumeStats: NOT_FOUND, "does not exist on the
 // specified volume_path").
@@ -45,14 +45,14 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 		return Usage{}, err
 	}
 	if !filepath.IsAbs(volumePath) {
-		return Usage{}, fmt.Errorf("%w: volume_path %q is not an absolute path", ErrNotFound, volumePath)
+		return Usage{}, fmt.Errorf("%w: volume_path %q is not an absolute path", contract.ErrNotFound, volumePath)
 	}
-	notHere := fmt.Errorf("%w: volume %s is not mounted at %q", ErrNotFound, id, volumePath)
+	notHere := fmt.Errorf("%w: volume %s is not mounted at %q", contract.ErrNotFound, id, volumePath)
 	if _, err := os.Stat(volumePath); err != nil {
 		// Missing, a NUL byte, too long, a dead mount: not found there.
-		return Usage{}, fmt.Errorf("%w: volume_path %q: %v", ErrNotFound, volumePath, err)
+		return Usage{}, fmt.Errorf("%w: volume_path %q: %v", contract.ErrNotFound, volumePath, err)
 	}
-	if v.AccessType == state.AccessBlock {
+	if v.AccessType == contract.AccessBlock {
 		return m.blockStats(v, volumePath, notHere)
 	}
 	// A mount volume is where a bind mount of its directory is (a staging
@@ -92,7 +92,7 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 // holding the device node <volumePath>/<id> of the read-write device.
 // Anything else — an empty directory, the /dev node itself, a mount of
 // another device — is notHere, even while the volume is attached.
-func (m *Manager) blockStats(v *state.Volume, volumePath string, notHere error) (Usage, error) {
+func (m *Manager) blockStats(v *contract.Volume, volumePath string, notHere error) (Usage, error) {
 	img := m.imagePath(v.ID)
 	devs, err := block.Devices(img)
 	if err != nil || len(devs) == 0 {

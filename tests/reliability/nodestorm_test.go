@@ -13,6 +13,7 @@ import (
 
 	lcluster "github.com/localdir-csi/localdir/pkg/cluster"
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
 )
@@ -182,9 +183,9 @@ func (s *nodeStorm) afterNodeRestart() {
 }
 
 // records reads the node's state file (the node plugin must be down).
-func (s *nodeStorm) records() (vols map[string]*state.Volume, snaps map[string]*state.Snapshot) {
+func (s *nodeStorm) records() (vols map[string]*contract.Volume, snaps map[string]*contract.Snapshot) {
 	t := s.t
-	vols, snaps = map[string]*state.Volume{}, map[string]*state.Snapshot{}
+	vols, snaps = map[string]*contract.Volume{}, map[string]*contract.Snapshot{}
 	path := filepath.Join(s.root, state.FileName)
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return vols, snaps // killed before it was ever created
@@ -195,10 +196,10 @@ func (s *nodeStorm) records() (vols map[string]*state.Volume, snaps map[string]*
 	}
 	defer st.Close()
 	err = st.View(func(tx *state.Tx) error {
-		if err := tx.ForEachVolume("", func(v *state.Volume) bool { vols[v.ID] = v; return true }); err != nil {
+		if err := tx.ForEachVolume("", func(v *contract.Volume) bool { vols[v.ID] = v; return true }); err != nil {
 			return err
 		}
-		return tx.ForEachSnapshot("", func(sn *state.Snapshot) bool { snaps[sn.ID] = sn; return true })
+		return tx.ForEachSnapshot("", func(sn *contract.Snapshot) bool { snaps[sn.ID] = sn; return true })
 	})
 	if err != nil {
 		t.Fatalf("read the node's state file: %v", err)

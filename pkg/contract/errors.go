@@ -1,10 +1,10 @@
-package volume
+package contract
 
 import "errors"
 
-// Sentinel errors of the data plane. Every error this package returns for a
+// Sentinel errors of the data plane. Every error pkg/volume and pkg/cluster return for a
 // caller mistake or a state conflict wraps exactly one of them (errors.Is);
-// pkg/driver maps them to gRPC codes in one place. Anything else is an
+// ToStatus maps them to gRPC codes in one place. Anything else is an
 // internal failure.
 var (
 	// ErrNotFound: the volume, snapshot or path does not exist (NOT_FOUND).

@@ -1,0 +1,63 @@
+package contract
+
+import "time"
+
+// AccessType values of Volume.AccessType and Snapshot.AccessType, after the
+// access_type oneof of CSI VolumeCapability.
+const (
+	AccessMount = "mount"
+	AccessBlock = "block"
+)
+
+// Volume is one CSI volume as the backends hand it to the CSI services: the
+// node-local store (pkg/state, through pkg/volume) in all and node mode, a
+// LocalVolume object (pkg/cluster) in controller mode. How each stores it is
+// its own business.
+type Volume struct {
+	// ID is the driver-issued volume_id (see pkg/volume for its pattern).
+	ID string
+	// Name is the CSI CreateVolumeRequest.name it was created for; empty for
+	// ephemeral inline volumes.
+	Name string
+	// CapacityBytes is the provisioned size in bytes.
+	CapacityBytes int64
+	// AccessType is AccessMount or AccessBlock.
+	AccessType string
+	// Parameters are the StorageClass parameters the volume was created with
+	// (the csi.storage.k8s.io/ ones excluded).
+	Parameters map[string]string
+	// SourceSnapshotID / SourceVolumeID name the content source, if any.
+	SourceSnapshotID string
+	SourceVolumeID   string
+	// Ephemeral marks a CSI ephemeral inline volume; EphemeralID is the
+	// volume_id the CO chose for it.
+	Ephemeral   bool
+	EphemeralID string
+	// Engine is the storage engine holding the data ("dir", "btrfs").
+	Engine string
+	// CreatedAt is when the create was committed (UTC).
+	CreatedAt time.Time
+	// Node is the node id holding the volume (filled in by the controller
+	// side; a node does not store it).
+	Node string
+}
+
+// Snapshot is one CSI snapshot as the backends hand it to the CSI services.
+type Snapshot struct {
+	// ID is the driver-issued snapshot_id.
+	ID string
+	// Name is the CSI CreateSnapshotRequest.name.
+	Name string
+	// SourceVolumeID is the volume_id it was taken of.
+	SourceVolumeID string
+	// SizeBytes is the source volume's capacity in bytes when it was taken.
+	SizeBytes int64
+	// AccessType is the source volume's access type.
+	AccessType string
+	// Engine is the storage engine holding the data.
+	Engine string
+	// CreatedAt is when the snapshot was cut (UTC).
+	CreatedAt time.Time
+	// Node is the node id holding the snapshot (controller side only).
+	Node string
+}
