@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
+	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/app"
@@ -18,19 +19,18 @@ import (
 )
 
 func main() {
-	fs := flag.NewFlagSet("localdir-csi", flag.ExitOnError)
+	fs := pflag.NewFlagSet("localdir-csi", pflag.ExitOnError)
 	var opts driver.Options
-	opts.AddFlags(fs)
-	showVersion := fs.Bool("version", false, "[all modes] print the version and exit")
-	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
-	klog.InitFlags(klogFlags)
-	klogFlags.VisitAll(func(f *flag.Flag) {
-		if f.Name == "v" || f.Name == "vmodule" || f.Name == "logtostderr" {
-			f.Usage = "[logging] " + f.Usage
-			fs.Var(f.Value, f.Name, f.Usage)
-		}
-	})
-	fs.Usage = func() { usage(fs) }
+	fss := opts.AddFlags(fs)
+	showVersion := fss.FlagSet(driver.FlagsAllModes).Bool("version", false, "print the version and exit")
+	fs.AddFlagSet(fss.FlagSet(driver.FlagsAllModes))
+	addLogFlags(fss.FlagSet("Logging"))
+	fs.AddFlagSet(fss.FlagSet("Logging"))
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage: localdir-csi [flags]\n\nlocaldir CSI driver %s.\n", driver.Version())
+		cliflag.PrintSections(out, *fss, 0)
+	}
 	_ = fs.Parse(os.Args[1:])
 	opts.ApplyModeDefaults(fs)
 	if *showVersion {
@@ -51,39 +51,16 @@ func main() {
 	klog.Flush()
 }
 
-// usage prints the flags grouped by the modes they apply to; every flag's
-// help starts with its modes in brackets ("[node, all] …").
-func usage(fs *flag.FlagSet) {
-	out := fs.Output()
-	fmt.Fprintf(out, "Usage: localdir-csi [flags]\n\nlocaldir CSI driver %s.\n", driver.Version())
-	groups := []struct{ tag, title string }{
-		{"[all modes]", "All modes"},
-		{"[controller, all]", "Controller service (controller and all mode)"},
-		{"[controller, node]", "Cluster modes (controller and node)"},
-		{"[node, all]", "Node service and data root (node and all mode)"},
-		{"[logging]", "Logging"},
-	}
-	shown := map[string]bool{}
-	groups = append(groups, struct{ tag, title string }{"", "Other"})
-	for _, g := range groups {
-		var lines []string
-		fs.VisitAll(func(f *flag.Flag) {
-			help, ok := strings.CutPrefix(f.Usage, g.tag+" ")
-			if g.tag == "" {
-				help, ok = f.Usage, !shown[f.Name]
-			}
-			if !ok || shown[f.Name] {
-				return
-			}
-			shown[f.Name] = true
-			def := ""
-			if !strings.Contains(help, "(default") && f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
-				def = fmt.Sprintf(" (default %q)", f.DefValue)
-			}
-			lines = append(lines, fmt.Sprintf("  --%s\n      %s%s\n", f.Name, help, def))
-		})
-		if len(lines) > 0 {
-			fmt.Fprintf(out, "\n%s:\n%s", g.title, strings.Join(lines, ""))
+// addLogFlags adds klog's -v, --vmodule and --logtostderr to fs; -v keeps
+// its one-dash form (-v=2), as in every Kubernetes component.
+func addLogFlags(fs *pflag.FlagSet) {
+	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	for _, name := range []string{"v", "vmodule", "logtostderr"} {
+		f := pflag.PFlagFromGoFlag(klogFlags.Lookup(name))
+		if name == "v" {
+			f.Shorthand = "v"
 		}
+		fs.AddFlag(f)
 	}
 }

@@ -1,11 +1,12 @@
 package driver
 
 import (
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"google.golang.org/grpc/codes"
 )
@@ -25,7 +26,7 @@ func TestApplyModeDefaultsKubeletRoot(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var o Options
-			fs := flag.NewFlagSet("t", flag.ContinueOnError)
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 			o.AddFlags(fs)
 			if err := fs.Parse(tc.args); err != nil {
 				t.Fatal(err)
@@ -37,7 +38,7 @@ func TestApplyModeDefaultsKubeletRoot(t *testing.T) {
 		})
 	}
 	var o Options
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 	o.AddFlags(fs)
 	o.NodeID, o.DataRoot, o.Endpoint = "n", "/d", "unix:///s.sock"
 	o.KubeletRoot = "var/lib/kubelet"

@@ -1,13 +1,15 @@
 package driver
 
 import (
-	"flag"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -89,6 +91,9 @@ func (q quantityFlag) String() string {
 	return resource.NewQuantity(*q.v, resource.BinarySI).String()
 }
 
+// Type names the flag's value in --help (pflag.Value).
+func (q quantityFlag) Type() string { return "quantity" }
+
 func (q quantityFlag) Set(s string) error {
 	n, err := ParseBytes(s)
 	if err != nil {
@@ -120,35 +125,52 @@ func ParseBytes(s string) (int64, error) {
 	return n, nil
 }
 
-// AddFlags registers the driver's flags on fs, with their defaults.
-func (o *Options) AddFlags(fs *flag.FlagSet) {
+// Flag sections, in the order --help prints them: the modes each flag
+// applies to.
+const (
+	FlagsAllModes   = "All modes"
+	FlagsController = "Controller service (controller and all mode)"
+	FlagsCluster    = "Cluster modes (controller and node)"
+	FlagsNode       = "Node service and data root (node and all mode)"
+)
+
+// AddFlags registers the driver's flags, with their defaults, on fs and
+// returns them grouped in the sections above (component-base's
+// NamedFlagSets, for --help). A caller may add sections of its own.
+func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	host, _ := os.Hostname()
 	o.DefaultVolumeBytes = 1 << 30
 	o.capacity = quantityFlag{&o.CapacityBytes}
 	o.maxVolume = quantityFlag{&o.MaxVolumeBytes}
 	o.defaultVolume = quantityFlag{&o.DefaultVolumeBytes}
-	fs.StringVar(&o.Mode, "mode", ModeAll, "[all modes] which CSI services to serve: controller (Identity+Controller, in the cluster Deployment), node (Identity+Node, in the DaemonSet) or all (every service in one process, no Kubernetes)")
-	fs.StringVar(&o.Endpoint, "endpoint", "unix:///csi/csi.sock", "[all modes] gRPC endpoint to listen on, unix:///path/to/csi.sock (the socket is created with mode 0660)")
-	fs.StringVar(&o.DriverName, "driver-name", DefaultDriverName, "[all modes] CSI driver name, as in the StorageClass provisioner field")
-	fs.StringVar(&o.NodeID, "node-id", host, "[node, all] this node's id, also the value of the "+TopologyKey+" topology key")
-	fs.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "[node, all] absolute directory holding the volumes and the state file")
-	fs.Var(o.capacity, "capacity", "[node, all] bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
-	fs.Var(o.maxVolume, "max-volume-size", "[controller, all] largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
-	fs.Var(o.defaultVolume, "default-volume-size", "[controller, all] size of a new empty volume requested without capacity_range.required_bytes (a restore or clone gets its source's size), in bytes or e.g. 1Gi")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "[all modes] host:port to serve Prometheus metrics on at /metrics, e.g. :9810 (default: off)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "[controller, node] kubeconfig file for the API server (default: in-cluster configuration)")
-	fs.StringVar(&o.Engine, "engine", "auto", "[node, all] storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
-	fs.StringVar(&o.KubeletRoot, "kubelet-root", "", "[node, all] the kubelet's root directory: staging and target paths not below it (symlinks resolved) are refused with INVALID_ARGUMENT (default "+DefaultKubeletRoot+" in node mode, no check in all mode; --kubelet-root= turns the check off)")
-	fs.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "[node, all] NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
+	fss := &cliflag.NamedFlagSets{}
+	all := fss.FlagSet(FlagsAllModes)
+	all.StringVar(&o.Mode, "mode", ModeAll, "which CSI services to serve: controller (Identity+Controller, in the cluster Deployment), node (Identity+Node, in the DaemonSet) or all (every service in one process, no Kubernetes)")
+	all.StringVar(&o.Endpoint, "endpoint", "unix:///csi/csi.sock", "gRPC endpoint to listen on, unix:///path/to/csi.sock (the socket is created with mode 0660)")
+	all.StringVar(&o.DriverName, "driver-name", DefaultDriverName, "CSI driver name, as in the StorageClass provisioner field")
+	all.StringVar(&o.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. :9810 (default: off)")
+	ctl := fss.FlagSet(FlagsController)
+	ctl.Var(o.maxVolume, "max-volume-size", "largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
+	ctl.Var(o.defaultVolume, "default-volume-size", "size of a new empty volume requested without capacity_range.required_bytes (a restore or clone gets its source's size), in bytes or e.g. 1Gi")
+	fss.FlagSet(FlagsCluster).StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the API server (default: in-cluster configuration)")
+	node := fss.FlagSet(FlagsNode)
+	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
+	node.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "absolute directory holding the volumes and the state file")
+	node.Var(o.capacity, "capacity", "bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
+	node.StringVar(&o.Engine, "engine", "auto", "storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
+	node.StringVar(&o.KubeletRoot, "kubelet-root", "", "the kubelet's root directory: staging and target paths not below it (symlinks resolved) are refused with INVALID_ARGUMENT (default "+DefaultKubeletRoot+" in node mode, no check in all mode; --kubelet-root= turns the check off)")
+	node.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
+	for _, name := range fss.Order {
+		fs.AddFlagSet(fss.FlagSet(name))
+	}
+	return fss
 }
 
 // ApplyModeDefaults sets the defaults that depend on --mode for the flags
 // fs did not set (call it after fs.Parse): --kubelet-root is
 // DefaultKubeletRoot in node mode.
-func (o *Options) ApplyModeDefaults(fs *flag.FlagSet) {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "kubelet-root" })
-	if !set && o.Mode == ModeNode {
+func (o *Options) ApplyModeDefaults(fs *pflag.FlagSet) {
+	if !fs.Changed("kubelet-root") && o.Mode == ModeNode {
 		o.KubeletRoot = DefaultKubeletRoot
 	}
 }

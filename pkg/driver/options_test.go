@@ -1,11 +1,12 @@
 package driver
 
 import (
-	"flag"
 	"io"
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func validOptions() Options {
@@ -168,7 +169,7 @@ func TestParseBytes(t *testing.T) {
 
 func TestAddFlags(t *testing.T) {
 	var o Options
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o.AddFlags(fs)
 	if err := fs.Parse([]string{"--capacity=100Gi", "--max-volume-size=10Gi", "--default-volume-size=512Mi", "--node-id=n1", "--data-root=/data"}); err != nil {

@@ -6,13 +6,14 @@ package testdriver
 
 import (
 	"context"
-	"flag"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
@@ -49,7 +50,7 @@ func RequireRoot(t testing.TB) {
 // DefaultOptions returns the driver's flag defaults for all mode on dir.
 func DefaultOptions(dir string) driver.Options {
 	var o driver.Options
-	o.AddFlags(flag.NewFlagSet("test", flag.PanicOnError))
+	o.AddFlags(pflag.NewFlagSet("test", pflag.PanicOnError))
 	o.Mode = driver.ModeAll
 	o.NodeID = "test-node"
 	o.DataRoot = filepath.Join(dir, "data")

@@ -132,26 +132,7 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 	}
 	switch s.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
-		if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
-			return fmt.Errorf("mkdir %s: %w", rel, err)
-		}
-		cfd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open %s: %w", rel, err)
-		}
-		defer unix.Close(cfd)
-		nfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(nfd)
-		if s.Dev == c.rootDev {
-			if err := c.dir(cfd, nfd, rel); err != nil {
-				return err
-			}
-		}
-		c.st.Dirs++
-		return c.attrsFd(cfd, nfd, &s)
+		return c.subdir(sfd, dfd, name, rel, &s)
 	case unix.S_IFREG:
 		return c.file(sfd, dfd, name, rel, &s)
 	case unix.S_IFLNK:
@@ -171,6 +152,32 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		c.st.Specials++
 		return c.attrsAt(sfd, dfd, name, &s)
 	}
+}
+
+// subdir copies the directory name of sfd into dfd: its entries when it is
+// on the source's filesystem (a mount point below is copied empty), then
+// its attributes.
+func (c *copier) subdir(sfd, dfd int, name, rel string, s *unix.Stat_t) error {
+	if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
+		return fmt.Errorf("mkdir %s: %w", rel, err)
+	}
+	cfd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", rel, err)
+	}
+	defer unix.Close(cfd)
+	nfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(nfd)
+	if s.Dev == c.rootDev {
+		if err := c.dir(cfd, nfd, rel); err != nil {
+			return err
+		}
+	}
+	c.st.Dirs++
+	return c.attrsFd(cfd, nfd, s)
 }
 
 func (c *copier) file(sfd, dfd int, name, rel string, s *unix.Stat_t) error {

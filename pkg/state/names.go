@@ -1,0 +1,162 @@
+package state
+
+import (
+	"encoding/json"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// recordName is what the index needs of a stored volume record.
+type recordName struct {
+	Name      string `json:"name"`
+	NameTaken bool   `json:"nameTaken"`
+}
+
+func decodeName(k, raw []byte) (recordName, error) {
+	var r recordName
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return r, fmt.Errorf("record %q in %s: %v", k, bucketVolumes, err)
+	}
+	return r, nil
+}
+
+// namesOf builds the name index of a format 2 file from its volume records
+// (vols nil: none). Two records holding one name cannot be told apart: the
+// file is refused.
+func namesOf(vols *bolt.Bucket) (map[string]string, error) {
+	names := map[string]string{}
+	if vols == nil {
+		return names, nil
+	}
+	err := vols.ForEach(func(k, raw []byte) error {
+		r, err := decodeName(k, raw)
+		if err != nil || r.Name == "" || r.NameTaken {
+			return err
+		}
+		if other, ok := names[r.Name]; ok {
+			return fmt.Errorf("volume records %s and %s both hold the name %q", other, k, r.Name)
+		}
+		names[r.Name] = string(k)
+		return nil
+	})
+	return names, err
+}
+
+// namesV1 reads the index of a format 1 file: its names bucket, each entry
+// checked against the record it names (which must exist and carry that
+// name: otherwise the migration would lose or change a name, and the file
+// is refused). It also returns the records whose name maps to another
+// volume (a later PutVolume of the same name took it over), which the
+// migration marks as such.
+func namesV1(names, vols *bolt.Bucket) (map[string]string, []string, error) {
+	index := map[string]string{}
+	if names != nil {
+		err := names.ForEach(func(k, v []byte) error {
+			var raw []byte
+			if vols != nil {
+				raw = vols.Get(v)
+			}
+			if raw == nil {
+				return fmt.Errorf("names bucket maps %q to %q, which has no record", k, v)
+			}
+			r, err := decodeName(v, raw)
+			if err != nil {
+				return err
+			}
+			if r.Name != string(k) {
+				return fmt.Errorf("names bucket maps %q to %q, whose record has the name %q", k, v, r.Name)
+			}
+			index[string(k)] = string(v)
+			return nil
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	var taken []string
+	if vols != nil {
+		err := vols.ForEach(func(k, raw []byte) error {
+			r, err := decodeName(k, raw)
+			if err == nil && r.Name != "" && index[r.Name] != string(k) {
+				taken = append(taken, string(k))
+			}
+			return err
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return index, taken, nil
+}
+
+// applyNames makes a committed transaction's name changes (name → id, ""
+// for a name that went) part of the index.
+func (s *Store) applyNames(changes map[string]string) {
+	if len(changes) == 0 {
+		return
+	}
+	s.namesMu.Lock()
+	defer s.namesMu.Unlock()
+	for name, id := range changes {
+		if id == "" {
+			delete(s.names, name)
+		} else {
+			s.names[name] = id
+		}
+	}
+}
+
+// VolumeIDByName returns the volume_id recorded for a CSI name, or "".
+//
+// The answer is always a record this transaction sees, of that name: the
+// index (the last commit, plus this transaction's own changes) gives the
+// candidate, and the record is checked. A read transaction that began
+// before the latest commits gets "" for a name created by them, as it
+// does not see their records.
+func (t *Tx) VolumeIDByName(name string) string {
+	id, ok := t.names[name]
+	if !ok {
+		t.s.namesMu.RLock()
+		id = t.s.names[name]
+		t.s.namesMu.RUnlock()
+	}
+	if id == "" || t.indexedName(id) != name {
+		return ""
+	}
+	return id
+}
+
+// indexedName is the name under which the record of volume id is found
+// ("" when there is no record, it has no name, or another volume took its
+// name over; a damaged record shows in Volume).
+func (t *Tx) indexedName(id string) string {
+	raw := t.tx.Bucket(bucketVolumes).Get([]byte(id))
+	if raw == nil {
+		return ""
+	}
+	r, err := decodeName(nil, raw)
+	if err != nil || r.NameTaken {
+		return ""
+	}
+	return r.Name
+}
+
+// markNameTaken rewrites the record of volume id as no longer found by its
+// name, which another volume's record now holds. The name stays in it.
+func (t *Tx) markNameTaken(id string) error {
+	b := t.tx.Bucket(bucketVolumes)
+	rec := volumeRecord{volumeJSON: &volumeJSON{}}
+	if ok, err := get(b, id, &rec); !ok || err != nil {
+		return err
+	}
+	rec.NameTaken = true
+	return put(b, id, rec)
+}
+
+func (t *Tx) setName(name, id string) {
+	if t.names == nil {
+		t.names = map[string]string{}
+	}
+	t.names[name] = id
+}

@@ -1,0 +1,308 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// CreateSpec describes a new volume.
+type CreateSpec struct {
+	// ID is the volume_id to use; empty means a fresh random one. The
+	// cluster controller chooses ids, and a node creating an id it already
+	// holds gets the existing volume back (the reconciler's idempotency).
+	ID string
+	// Name is the CSI name (stored, never used in a path).
+	Name string
+	// SizeBytes is the capacity to reserve, in bytes (> 0).
+	SizeBytes int64
+	// AccessType is contract.AccessMount or contract.AccessBlock.
+	AccessType string
+	// Parameters are stored with the record.
+	Parameters map[string]string
+	// DirMode is the permission of a mount volume's root directory (chmod(2)
+	// bits, e.g. 0o2770).
+	DirMode uint32
+	// SourceSnapshotID / SourceVolumeID fill the new volume with a copy of
+	// a snapshot or another volume (at most one is set).
+	SourceSnapshotID, SourceVolumeID string
+	// Ephemeral marks a CSI ephemeral inline volume created for the
+	// CO-chosen EphemeralID; Name must be EphemeralName(EphemeralID).
+	Ephemeral   bool
+	EphemeralID string
+}
+
+// EphemeralName is the name key under which the ephemeral volume for a
+// CO-chosen volume_id is recorded. It starts with a NUL byte, which no CSI
+// name may contain, so it never collides with a CreateVolume name.
+func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
+
+// Create makes a new volume, filled from a snapshot or volume when the spec
+// names one, and commits its record durably before it returns. The source
+// is held for the whole copy: deleting it meanwhile fails with contract.ErrBusy, and
+// a create that finds it being deleted fails with contract.ErrBusy too (case C34). The
+// data is written under a .creating- name and gets its final name only
+// after the record is committed, so a crash never leaves unacknowledged
+// data that recovery cannot tell from data it must keep. On any failure
+// nothing is left behind: no data, no record, no reserved capacity.
+// Errors: contract.ErrNoSpace (capacity or disk full), contract.ErrNotFound (source),
+// contract.ErrInvalid (source of another access type), contract.ErrOutOfRange (size below the
+// source's), contract.ErrExists (name taken by a concurrent create), contract.ErrBusy.
+func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
+	given := spec.ID != ""
+	if err := checkCreateSpec(&spec); err != nil {
+		return nil, err
+	}
+	release, err := m.holds.change(spec.ID, "a create")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if given { // the node already holds it: the reconciler's idempotency
+		if v, err := m.Get(spec.ID); err == nil {
+			return v, nil
+		}
+	}
+	srcPath, releaseSrc, err := m.holdSource(spec)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseSrc()
+	if err := m.reserve(spec.SizeBytes); err != nil {
+		return nil, err
+	}
+	v := m.newRecord(spec)
+	dst := m.dataPath(v)
+	tmp := inFlight(creatingPrefix, dst)
+	fail := func(err error) (*contract.Volume, error) {
+		if rerr := engine.Remove(tmp); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", tmp)
+		}
+		m.release(spec.SizeBytes)
+		return nil, mapNoSpace(err)
+	}
+	// A failed earlier attempt for the same id (cluster mode retries a
+	// create under its id) may have left its data; nobody was told of it.
+	if err := engine.Remove(tmp); err != nil {
+		m.settle(spec.SizeBytes)
+		return fail(err)
+	}
+	err = m.writeData(v, tmp, srcPath, spec.DirMode)
+	m.settle(spec.SizeBytes)
+	if err != nil {
+		return fail(fmt.Errorf("create volume data: %w", err))
+	}
+	if err := m.st.Update(func(tx *state.Tx) error {
+		if spec.Name != "" && tx.VolumeIDByName(spec.Name) != "" {
+			return fmt.Errorf("%w: volume name %q", contract.ErrExists, spec.Name)
+		}
+		return tx.PutVolume(v)
+	}); err != nil {
+		return fail(err)
+	}
+	if err := m.land(tmp, dst); err != nil {
+		if rerr := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) }); rerr != nil {
+			// The record stays: so do its data and its reservation; the
+			// next start finishes the create (recover).
+			return nil, fmt.Errorf("%w; and its record could not be taken back (%v): the create is finished at restart", err, rerr)
+		}
+		return fail(err)
+	}
+	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
+		"engine", v.Engine, "sourceSnapshot", v.SourceSnapshotID, "sourceVolume", v.SourceVolumeID)
+	return v, nil
+}
+
+// checkCreateSpec refuses a size or access type no create can make
+// (contract.ErrInvalid) and gives a spec without an id a fresh one.
+func checkCreateSpec(spec *CreateSpec) error {
+	if spec.SizeBytes <= 0 {
+		return fmt.Errorf("%w: size %d", contract.ErrInvalid, spec.SizeBytes)
+	}
+	if spec.AccessType != contract.AccessMount && spec.AccessType != contract.AccessBlock {
+		return fmt.Errorf("%w: access type %q", contract.ErrInvalid, spec.AccessType)
+	}
+	if spec.ID == "" {
+		spec.ID = NewVolumeID()
+	} else if !ValidVolumeID(spec.ID) {
+		return fmt.Errorf("%w: volume id %q", contract.ErrInvalid, spec.ID)
+	}
+	return nil
+}
+
+// newRecord is the record a create of spec commits once its data is
+// written.
+func (m *Manager) newRecord(spec CreateSpec) *contract.Volume {
+	v := &contract.Volume{
+		ID:               spec.ID,
+		Name:             spec.Name,
+		CapacityBytes:    spec.SizeBytes,
+		AccessType:       spec.AccessType,
+		Parameters:       spec.Parameters,
+		SourceSnapshotID: spec.SourceSnapshotID,
+		SourceVolumeID:   spec.SourceVolumeID,
+		Ephemeral:        spec.Ephemeral,
+		EphemeralID:      spec.EphemeralID,
+		Engine:           m.eng.Name(),
+		CreatedAt:        time.Now().UTC().Truncate(time.Second),
+	}
+	if v.AccessType == contract.AccessBlock {
+		v.Engine = "image"
+	}
+	return v
+}
+
+// writeData makes volume v's data at tmp: an image file for a block
+// volume (a copy of srcPath's image when set), else the engine's restore,
+// clone or empty directory (mode dirMode). Data copied from a source, and
+// an image, is synced to disk before it returns.
+func (m *Manager) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint32) error {
+	var err error
+	switch {
+	case v.AccessType == contract.AccessBlock:
+		err = writeImage(tmp, srcPath, v.CapacityBytes)
+		if err == nil {
+			err = preallocate(tmp, v.CapacityBytes)
+		}
+	case v.SourceSnapshotID != "":
+		err = m.eng.Restore(srcPath, tmp, v.CapacityBytes)
+	case srcPath != "":
+		err = m.eng.Clone(srcPath, tmp, v.CapacityBytes)
+	default:
+		err = m.eng.Create(tmp, v.CapacityBytes, dirMode)
+	}
+	if err == nil && (srcPath != "" || v.AccessType == contract.AccessBlock) {
+		// A restore, clone or image holds data: on disk before the record
+		// that acknowledges it.
+		err = syncFS(tmp)
+	}
+	return err
+}
+
+// land gives data written under its .creating- name its final name, once
+// its record is committed (a crash before this is finished at start).
+func (m *Manager) land(tmp, dst string) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", tmp, dst, err)
+	}
+	return nil
+}
+
+// holdSource takes a read hold on the snapshot or volume a create copies
+// from, checks it, and returns its data path and the release func (a no-op
+// without a source). Errors: contract.ErrBusy (being deleted or changed),
+// contract.ErrNotFound, contract.ErrInvalid, contract.ErrOutOfRange.
+func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
+	nop := func() {}
+	if spec.SourceSnapshotID == "" && spec.SourceVolumeID == "" {
+		return "", nop, nil
+	}
+	kind, id, what := "volume", spec.SourceVolumeID, "a clone"
+	if spec.SourceSnapshotID != "" {
+		kind, id, what = "snapshot", spec.SourceSnapshotID, "a restore"
+	}
+	release, err := m.holds.read(id, what)
+	if err != nil {
+		return "", nop, err
+	}
+	var p, accessType string
+	var size int64
+	if kind == "snapshot" {
+		var s *contract.Snapshot
+		if s, err = m.GetSnapshot(id); err == nil {
+			p, accessType, size = m.snapPath(s), s.AccessType, s.SizeBytes
+		}
+	} else {
+		var v *contract.Volume
+		if v, err = m.Get(id); err == nil {
+			p, accessType, size = m.dataPath(v), v.AccessType, v.CapacityBytes
+		}
+	}
+	if err == nil {
+		err = checkSource(kind, id, accessType, size, spec)
+	}
+	if err != nil {
+		release()
+		return "", nop, err
+	}
+	return p, release, nil
+}
+
+func checkSource(kind, id, accessType string, size int64, spec CreateSpec) error {
+	if accessType != spec.AccessType {
+		return fmt.Errorf("%w: source %s %s holds a %s volume, the request asks for %s", contract.ErrInvalid, kind, id, accessType, spec.AccessType)
+	}
+	if spec.SizeBytes < size {
+		return fmt.Errorf("%w: requested %d bytes, smaller than the %d bytes of source %s %s", contract.ErrOutOfRange, spec.SizeBytes, size, kind, id)
+	}
+	return nil
+}
+
+// writeImage creates the image file dst of size bytes: sparse and empty, or
+// a copy of the image src (reflinked where possible) grown to size.
+func writeImage(dst, src string, size int64) error {
+	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(out)
+	if src != "" {
+		in, err := unix.Open(src, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(in)
+		if _, _, err := engine.CopyData(out, in); err != nil {
+			return err
+		}
+	}
+	return unix.Ftruncate(out, size)
+}
+
+// preallocate allocates disk blocks for the whole image at path
+// (fallocate(2) mode 0: data kept, holes filled, extents shared with a
+// snapshot stay shared). A raw block volume must own its space: with a
+// sparse image the data root can fill up under a pod's loop device, and its
+// writes turn into I/O errors; and a create must fail (ENOSPC) when the disk
+// cannot hold it. Filesystems without fallocate keep the image sparse.
+func preallocate(path string, size int64) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("allocate %d bytes for %s: %w", size, path, err)
+	}
+	return nil
+}
+
+// syncFS writes the dirty data of the filesystem holding p to disk
+// (syncfs(2)): one call for a whole copied tree, instead of an fsync per
+// file. It runs before the record that acknowledges copied data is
+// committed, so a crash never leaves a record whose files are empty.
+func syncFS(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", p, err)
+	}
+	return nil
+}
+
+func mapNoSpace(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("%w: %v", contract.ErrNoSpace, err)
+	}
+	return err
+}

@@ -1,0 +1,75 @@
+package volume
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+)
+
+// Expand grows volume id to newSize bytes (CSI ControllerExpandVolume): the
+// capacity is reserved, the btrfs qgroup limit raised or the image file
+// grown (an attached loop device is refreshed by NodeExpand), and the new
+// size committed. A newSize at or below the current size changes nothing.
+// It returns the volume's capacity afterwards. Errors: contract.ErrNotFound,
+// contract.ErrNoSpace, contract.ErrBusy (a snapshot or clone of it, or another change, is in
+// progress).
+func (m *Manager) Expand(id string, newSize int64) (int64, error) {
+	release, err := m.holds.change(id, "an expansion")
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	v, err := m.Get(id)
+	if err != nil {
+		return 0, err
+	}
+	if newSize <= v.CapacityBytes {
+		return v.CapacityBytes, nil
+	}
+	delta := newSize - v.CapacityBytes
+	if err := m.reserve(delta); err != nil {
+		return 0, err
+	}
+	err = m.resizeData(v, newSize)
+	m.settle(delta)
+	if err != nil {
+		m.release(delta)
+		return 0, mapNoSpace(err)
+	}
+	v.CapacityBytes = newSize
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
+		m.release(delta)
+		return 0, err
+	}
+	klog.V(2).InfoS("Volume expanded", "volumeID", id, "size", newSize)
+	return newSize, nil
+}
+
+func (m *Manager) resizeData(v *contract.Volume, size int64) error {
+	if v.AccessType == contract.AccessBlock {
+		img := m.imagePath(v.ID)
+		fi, err := os.Stat(img)
+		if err != nil {
+			return err
+		}
+		if size <= fi.Size() { // never shrink: an image only grows
+			_, err = block.Refresh(img)
+			return err
+		}
+		if err := unix.Truncate(img, size); err != nil {
+			return err
+		}
+		if err := preallocate(img, size); err != nil {
+			_ = unix.Truncate(img, fi.Size()) // give back what was allocated past the old size
+			return err
+		}
+		_, err = block.Refresh(img)
+		return err
+	}
+	return m.eng.Resize(m.volDir(v.ID), size)
+}
