@@ -2,79 +2,167 @@ package volume
 
 import (
 	"fmt"
+	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
 )
+
+// useRefresh is how old the measured use of the volumes may get before
+// Capacity measures it again (in the background).
+const useRefresh = 30 * time.Second
 
 // CapacityInfo is the capacity of the data root, in bytes.
 type CapacityInfo struct {
 	// Total is the configured capacity, or the filesystem's size.
 	Total int64
-	// Allocated is the sum of the sizes of existing volumes.
+	// Allocated is the sum of the sizes of existing volumes (and of the
+	// creates and expansions in progress).
 	Allocated int64
 	// Free is the free space of the filesystem (statfs f_bavail).
 	Free int64
-	// Available is what a new volume may still reserve:
-	// min(Total - Allocated, Free - space reserved by creates and
-	// expansions still writing), never negative.
+	// Headroom is what existing volumes may still write: the sum over them
+	// of their size minus the bytes they use (never below 0 per volume), as
+	// last measured.
+	Headroom int64
+	// Available is what a new volume can still be guaranteed:
+	// min(Total - Allocated, Free - Headroom), never negative. Creating a
+	// volume of S bytes lowers it by S; deleting it gives S back.
 	Available int64
 }
 
-// Capacity reports the data root's capacity (statfs(2) on the data root).
+// volUse is what capacity accounting knows of one volume: its size and
+// the bytes it used when last measured (0 until then: a volume counts as
+// empty, so its whole size is held back from the free space).
+type volUse struct{ size, used int64 }
+
+// Capacity reports the data root's capacity (statfs(2) on the data root),
+// never more than every existing volume can still be filled to its size
+// alongside a new one. It starts a background re-measure of the volumes'
+// use when the last one is older than useRefresh.
 func (m *Manager) Capacity() (CapacityInfo, error) {
 	m.mu.Lock()
-	alloc, inflight := m.allocated, m.inflight
+	ci, err := m.capacityLocked()
+	stale := !m.measuring && time.Since(m.measuredAt) > useRefresh
+	if stale {
+		m.measuring = true
+	}
 	m.mu.Unlock()
-	return m.capacityWith(alloc, inflight)
+	if stale {
+		go m.measureUse()
+	}
+	return ci, err
 }
 
-func (m *Manager) capacityWith(alloc, inflight int64) (CapacityInfo, error) {
+// capacityLocked computes CapacityInfo with m.mu held.
+func (m *Manager) capacityLocked() (CapacityInfo, error) {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(m.root, &sfs); err != nil {
 		return CapacityInfo{}, fmt.Errorf("statfs %s: %w", m.root, err)
 	}
 	ci := CapacityInfo{
-		Total:     int64(sfs.Blocks) * sfs.Bsize,
-		Free:      int64(sfs.Bavail) * sfs.Bsize,
-		Allocated: alloc,
+		Total: int64(sfs.Blocks) * sfs.Bsize,
+		Free:  int64(sfs.Bavail) * sfs.Bsize,
 	}
 	if m.cfg.CapacityBytes > 0 {
 		ci.Total = m.cfg.CapacityBytes
 	}
-	ci.Available = max(min(ci.Total-alloc, ci.Free-inflight), 0)
+	for _, u := range m.use {
+		ci.Allocated += u.size
+		ci.Headroom += max(u.size-u.used, 0)
+	}
+	ci.Available = max(min(ci.Total-ci.Allocated, ci.Free-ci.Headroom), 0)
 	return ci, nil
 }
 
-// reserve takes n bytes of capacity or fails with contract.ErrNoSpace. The caller
-// calls settle(n) once the data is written (or failed), and release(n) if
-// the reservation is given up.
-func (m *Manager) reserve(n int64) error {
+// reserve takes n bytes of capacity for volume id (a new volume, or the
+// growth of an existing one) or fails with contract.ErrNoSpace. Until the
+// caller measures the written data (measured), the n bytes count as free
+// space the volume may still fill. unreserve gives them back.
+func (m *Manager) reserve(id string, n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ci, err := m.capacityWith(m.allocated, m.inflight)
+	ci, err := m.capacityLocked()
 	if err != nil {
 		return err
 	}
 	if n > ci.Available {
 		return fmt.Errorf("%w: %d bytes requested, %d available on node data root", contract.ErrNoSpace, n, ci.Available)
 	}
-	m.allocated += n
-	m.inflight += n
+	u := m.use[id]
+	u.size += n
+	m.use[id] = u
 	return nil
 }
 
-// settle ends the in-flight part of a reservation of n bytes: its data is
-// written, so statfs counts it now (or it failed and was removed).
-func (m *Manager) settle(n int64) {
+// unreserve gives back n bytes reserved for id; a volume left with no size
+// (a failed create, or a deleted volume when n is its size) is forgotten.
+func (m *Manager) unreserve(id string, n int64) {
 	m.mu.Lock()
-	m.inflight -= n
+	defer m.mu.Unlock()
+	u := m.use[id]
+	u.size -= n
+	if u.size <= 0 {
+		delete(m.use, id)
+		return
+	}
+	m.use[id] = u
+}
+
+// measured records the bytes volume v uses now (after its data was
+// written); a failed measurement keeps the last one.
+func (m *Manager) measured(v *contract.Volume) {
+	used, err := m.usedBytes(v)
+	if err != nil {
+		klog.V(4).InfoS("Could not measure a volume's use; capacity keeps its last figure", "volumeID", v.ID, "err", err)
+		return
+	}
+	m.mu.Lock()
+	if u, ok := m.use[v.ID]; ok {
+		u.used = used
+		m.use[v.ID] = u
+	}
 	m.mu.Unlock()
 }
 
-func (m *Manager) release(n int64) {
-	m.mu.Lock()
-	m.allocated -= n
-	m.mu.Unlock()
+// usedBytes is the disk space volume v's data holds on its own: the image
+// file's allocated blocks (st_blocks × 512) for a block volume, the
+// engine's Exclusive bytes else (qgroup exclusive bytes on btrfs, a du-like
+// walk on dir).
+func (m *Manager) usedBytes(v *contract.Volume) (int64, error) {
+	if v.AccessType == contract.AccessBlock {
+		var st unix.Stat_t
+		if err := unix.Lstat(m.imagePath(v.ID), &st); err != nil {
+			return 0, err
+		}
+		return st.Blocks * 512, nil
+	}
+	return m.eng.Exclusive(m.volDir(v.ID))
+}
+
+// measureUse measures the use of every recorded volume (outside m.mu)
+// and records it for the volumes still there. At most one runs at a time
+// (m.measuring).
+func (m *Manager) measureUse() {
+	defer func() {
+		m.mu.Lock()
+		m.measuring, m.measuredAt = false, time.Now()
+		m.mu.Unlock()
+	}()
+	var vols []*contract.Volume
+	if err := m.st.View(func(tx *state.Tx) error {
+		return tx.ForEachVolume("", func(v *contract.Volume) bool { vols = append(vols, v); return true })
+	}); err != nil {
+		klog.V(4).InfoS("Could not list volumes to measure their use", "err", err)
+		return
+	}
+	for _, v := range vols {
+		if _, err := os.Lstat(m.dataPath(v)); err == nil {
+			m.measured(v)
+		}
+	}
 }

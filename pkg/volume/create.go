@@ -75,7 +75,7 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 		return nil, err
 	}
 	defer releaseSrc()
-	if err := m.reserve(spec.SizeBytes); err != nil {
+	if err := m.reserve(spec.ID, spec.SizeBytes); err != nil {
 		return nil, err
 	}
 	v := m.newRecord(spec)
@@ -85,17 +85,15 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 		if rerr := engine.Remove(tmp); rerr != nil {
 			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", tmp)
 		}
-		m.release(spec.SizeBytes)
+		m.unreserve(spec.ID, spec.SizeBytes)
 		return nil, mapNoSpace(err)
 	}
 	// A failed earlier attempt for the same id (cluster mode retries a
 	// create under its id) may have left its data; nobody was told of it.
 	if err := engine.Remove(tmp); err != nil {
-		m.settle(spec.SizeBytes)
 		return fail(err)
 	}
 	err = m.writeData(v, tmp, srcPath, spec.DirMode)
-	m.settle(spec.SizeBytes)
 	if err != nil {
 		return fail(fmt.Errorf("create volume data: %w", err))
 	}
@@ -115,6 +113,7 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 		}
 		return fail(err)
 	}
+	m.measured(v)
 	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
 		"engine", v.Engine, "sourceSnapshot", v.SourceSnapshotID, "sourceVolume", v.SourceVolumeID)
 	return v, nil

@@ -32,20 +32,20 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 		return v.CapacityBytes, nil
 	}
 	delta := newSize - v.CapacityBytes
-	if err := m.reserve(delta); err != nil {
+	if err := m.reserve(id, delta); err != nil {
 		return 0, err
 	}
 	err = m.resizeData(v, newSize)
-	m.settle(delta)
 	if err != nil {
-		m.release(delta)
+		m.unreserve(id, delta)
 		return 0, mapNoSpace(err)
 	}
 	v.CapacityBytes = newSize
 	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
-		m.release(delta)
+		m.unreserve(id, delta)
 		return 0, err
 	}
+	m.measured(v)
 	klog.V(2).InfoS("Volume expanded", "volumeID", id, "size", newSize)
 	return newSize, nil
 }

@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -66,12 +67,13 @@ type Manager struct {
 	st        *state.Store
 	holds     *holdSet
 
-	mu        sync.Mutex // guards allocated and inflight; held for arithmetic, never across I/O
-	allocated int64      // sum of CapacityBytes of all recorded volumes, plus reservations
-	// inflight is the part of the reservations whose data is still being
-	// written (creates, expansions): statfs free space does not show it
-	// yet, so concurrent reservations must not count it as free.
-	inflight int64
+	mu sync.Mutex // guards use, measuring and measuredAt; held for arithmetic, never across I/O
+	// use is the size of every recorded volume (and of creates and
+	// expansions in progress) with its last measured use, by volume_id:
+	// what Capacity and reserve account (capacity.go).
+	use        map[string]volUse
+	measuring  bool      // a measureUse is running
+	measuredAt time.Time // when the last measureUse ended
 	// leftovers is what recovery at Open could not put in order.
 	leftovers []Leftover
 }
@@ -105,6 +107,7 @@ func Open(cfg Config) (*Manager, error) {
 		lostRoot:  filepath.Join(root, "orphaned"),
 		cfg:       cfg,
 		holds:     newHolds(),
+		use:       map[string]volUse{},
 	}
 	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -133,6 +136,8 @@ func Open(cfg Config) (*Manager, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	m.measuring = true
+	m.measureUse()
 	return m, nil
 }
 
@@ -239,7 +244,7 @@ func (m *Manager) Delete(id string) error {
 		_ = os.Rename(t, m.dataPath(v))
 		return err
 	}
-	m.release(v.CapacityBytes)
+	m.unreserve(id, v.CapacityBytes)
 	// The record is gone, so a crash from here on is finished by recover().
 	if err := engine.Remove(t); err != nil {
 		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id)

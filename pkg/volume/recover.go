@@ -70,12 +70,11 @@ func (m *Manager) leftover(path string, err error) {
 // listed in Leftovers. Only an unreadable state file or data root fails.
 func (m *Manager) recover() error {
 	known := map[string]bool{}
-	var total int64
 	var ephemeral []*contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
 		if err := tx.ForEachVolume("", func(v *contract.Volume) bool {
 			known[v.ID] = true
-			total += v.CapacityBytes
+			m.use[v.ID] = volUse{size: v.CapacityBytes}
 			if v.Ephemeral {
 				ephemeral = append(ephemeral, v)
 			}
@@ -91,7 +90,6 @@ func (m *Manager) recover() error {
 	if err != nil {
 		return err
 	}
-	m.allocated = total
 	for _, dir := range []string{m.volRoot, m.blockRoot, m.snapRoot} {
 		ents, err := os.ReadDir(dir)
 		if err != nil {

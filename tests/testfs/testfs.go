@@ -75,3 +75,10 @@ func run(t testing.TB, name string, args ...string) string {
 	}
 	return string(out)
 }
+
+// Sync commits the filesystem holding p (syncfs(2) through sync -f): on
+// btrfs, qgroup counters move at the commit.
+func Sync(t testing.TB, p string) {
+	t.Helper()
+	run(t, "sync", "-f", p)
+}

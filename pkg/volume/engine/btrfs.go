@@ -236,6 +236,20 @@ func (btrfsEngine) Resize(path string, size int64) error {
 // tree (TREE_SEARCH for its BTRFS_QGROUP_INFO item). btrfs has no inode
 // limit, so inodes are not counted (-1).
 func (btrfsEngine) Usage(path string) (int64, int64, error) {
+	rfer, _, err := qgroupInfo(path)
+	return rfer, -1, err
+}
+
+// Exclusive is the qgroup's exclusive bytes: what only this subvolume
+// holds, not shared with a snapshot or clone by reflink.
+func (btrfsEngine) Exclusive(path string) (int64, error) {
+	_, excl, err := qgroupInfo(path)
+	return excl, err
+}
+
+// qgroupInfo reads the referenced and exclusive bytes of the qgroup of the
+// subvolume at path (BTRFS_IOC_TREE_SEARCH on the quota tree).
+func qgroupInfo(path string) (rfer, excl int64, err error) {
 	fd, err := openDir(path)
 	if err != nil {
 		return 0, 0, err
@@ -261,8 +275,9 @@ func (btrfsEngine) Usage(path string) (int64, int64, error) {
 	}
 	// btrfs_ioctl_search_header (32 bytes), then btrfs_qgroup_info_item:
 	// generation, rfer, rfer_cmpr, excl, excl_cmpr (little endian u64).
-	rfer := binary.LittleEndian.Uint64(a.Buf[32+8 : 32+16])
-	return int64(rfer), -1, nil
+	rfer = int64(binary.LittleEndian.Uint64(a.Buf[32+8 : 32+16]))
+	excl = int64(binary.LittleEndian.Uint64(a.Buf[32+24 : 32+32]))
+	return rfer, excl, nil
 }
 
 // subvolumeID returns the id of the subvolume holding fd.

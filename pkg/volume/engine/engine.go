@@ -39,6 +39,11 @@ type Engine interface {
 	// Usage returns the bytes the volume at path uses and its inode count
 	// (-1 when the engine cannot count inodes cheaply).
 	Usage(path string) (bytes, inodes int64, err error)
+	// Exclusive returns the bytes only the volume at path holds (freed by
+	// deleting it): capacity counts what the volume may still write as its
+	// size minus these. dir: what Usage counts (on a reflink-capable
+	// filesystem a clone's shared extents count as its own).
+	Exclusive(path string) (int64, error)
 	// Enforced says whether the kernel enforces the capacity (a write past
 	// it fails with EDQUOT/ENOSPC).
 	Enforced() bool
@@ -118,3 +123,9 @@ func (dirEngine) Restore(src, dst string, _ int64) error {
 func (dirEngine) Resize(string, int64) error { return nil }
 
 func (dirEngine) Usage(path string) (int64, int64, error) { return DiskUsage(path) }
+
+// Exclusive is the bytes Usage counts.
+func (dirEngine) Exclusive(path string) (int64, error) {
+	b, _, err := DiskUsage(path)
+	return b, err
+}
