@@ -1,7 +1,8 @@
 // Package volume is localdir's node-local data plane: it owns one data root
 // and keeps there the volumes, snapshots, their durable records (pkg/state)
 // and the capacity accounting. It also performs the node-side work (stage,
-// publish, loop devices) on the paths the CO passes.
+// publish, loop devices) on the paths the CO passes, through a
+// mount.Interface (pkg/mount) that does the mounts.
 //
 // Layout of the data root:
 //
@@ -35,6 +36,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/keylock"
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
@@ -50,12 +53,18 @@ type Config struct {
 	CapacityBytes int64
 	// Engine is engine.Auto (default), engine.Dir or engine.Btrfs.
 	Engine string
+	// Mounter does the node mounts and answers what is mounted where
+	// (stage, publish, delete's in-use check); nil means mount.New(), the
+	// real one. Unit tests give a mount.Fake.
+	Mounter mount.Interface
 }
 
 // Manager is the data plane of one data root. Its methods are safe for
 // concurrent use. Operations that read a volume or snapshot (restore,
 // clone, snapshot, stage) hold it against operations that delete or change
 // it, whoever the caller is; the loser fails with contract.ErrBusy (see holdSet).
+// Node and data operations on one volume also take its per-volume lock
+// (locks.go).
 type Manager struct {
 	root      string // absolute, symlinks resolved
 	volRoot   string
@@ -66,6 +75,8 @@ type Manager struct {
 	eng       engine.Engine
 	st        *state.Store
 	holds     *holdSet
+	locks     *keylock.Set    // the per-volume lock (locks.go)
+	mnt       mount.Interface // node mounts and the mount table
 
 	mu        sync.Mutex // guards allocated and inflight; held for arithmetic, never across I/O
 	allocated int64      // sum of CapacityBytes of all recorded volumes, plus reservations
@@ -106,6 +117,11 @@ func Open(cfg Config) (*Manager, error) {
 		lostRoot:  filepath.Join(root, "orphaned"),
 		cfg:       cfg,
 		holds:     newHolds(),
+		locks:     keylock.New(),
+		mnt:       cfg.Mounter,
+	}
+	if m.mnt == nil {
+		m.mnt = mount.New()
 	}
 	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -334,6 +350,11 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 	} else if !ValidVolumeID(spec.ID) {
 		return nil, fmt.Errorf("%w: volume id %q", contract.ErrInvalid, spec.ID)
 	}
+	unlock, err := m.lock(spec.ID, spec.SourceVolumeID)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	release, err := m.holds.change(spec.ID, "a create")
 	if err != nil {
 		return nil, err
@@ -623,6 +644,11 @@ func (m *Manager) Delete(id string) error {
 	if !ValidVolumeID(id) {
 		return nil
 	}
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	release, err := m.holds.change(id, "a delete")
 	if err != nil {
 		return err
@@ -669,7 +695,7 @@ func (m *Manager) checkUnused(v *contract.Volume) error {
 		}
 		return nil
 	}
-	busy, err := m.mountedAnywhere(p)
+	busy, err := m.mnt.InUse(p)
 	if err != nil {
 		return err
 	}
@@ -687,6 +713,11 @@ func (m *Manager) checkUnused(v *contract.Volume) error {
 // contract.ErrNoSpace, contract.ErrBusy (a snapshot or clone of it, or another change, is in
 // progress).
 func (m *Manager) Expand(id string, newSize int64) (int64, error) {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	release, err := m.holds.change(id, "an expansion")
 	if err != nil {
 		return 0, err
@@ -750,6 +781,11 @@ func (m *Manager) resizeData(v *contract.Volume, size int64) error {
 // the size it read before. Errors: contract.ErrNotFound, contract.ErrBusy (an expansion or
 // delete is in progress).
 func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	v, err := m.Resolve(id)
 	if err != nil {
 		return 0, err

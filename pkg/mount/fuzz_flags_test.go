@@ -1,4 +1,4 @@
-package volume
+package mount
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-func FuzzParseMountFlags(f *testing.F) {
+func FuzzParseFlags(f *testing.F) {
 	f.Add("ro", "", uint64(stValid|stRelatime), false)
 	f.Add("nosuid,nodev", "noexec", uint64(stValid), true)
 	f.Add("noatime,relatime", "", uint64(0), false)
@@ -21,10 +21,10 @@ func FuzzParseMountFlags(f *testing.F) {
 	f.Add("rw,suid,dev,exec,atime,diratime,defaults,bind,rbind", "", uint64(0xffffffff), false)
 	f.Fuzz(func(t *testing.T, a, b string, inherited uint64, ro bool) {
 		in := []string{a, b}
-		mf, err := ParseMountFlags(in)
+		mf, err := ParseFlags(in)
 		if err != nil {
 			if !errors.Is(err, contract.ErrInvalid) {
-				t.Fatalf("ParseMountFlags(%q) = %v, not contract.ErrInvalid", in, err)
+				t.Fatalf("ParseFlags(%q) = %v, not contract.ErrInvalid", in, err)
 			}
 			if mf.set != 0 || mf.atimeSet || mf.list != nil {
 				t.Fatalf("partial result %+v with error", mf)
@@ -46,7 +46,7 @@ func FuzzParseMountFlags(f *testing.F) {
 			}
 		}
 		// The normalized list parses to the same flags.
-		again, err := ParseMountFlags(mf.list)
+		again, err := ParseFlags(mf.list)
 		if err != nil || again.set != mf.set || again.atime != mf.atime || again.atimeSet != mf.atimeSet || !slices.Equal(again.list, mf.list) {
 			t.Fatalf("reparse of %q = %+v, %v; want %+v", mf.list, again, err, mf)
 		}
