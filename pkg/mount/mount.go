@@ -69,7 +69,7 @@ type Interface interface {
 	// node of the same device number.
 	Shows(p, src string) (bool, error)
 	// MountPoints lists the mount points that show src (a directory or a
-	// device node), with symlinks resolved: who else holds it.
+	// device node) or a part of it: who else holds it.
 	MountPoints(src string) ([]string, error)
 	// InUse reports whether the directory dir is shown by a mount anywhere
 	// in this mount namespace (dir itself or a part of it, e.g. a subPath),

@@ -3,55 +3,78 @@ package mount
 import (
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	mountutils "k8s.io/mount-utils"
 )
 
 const mountInfoPath = "/proc/self/mountinfo"
 
-// MountPoints implements Interface (mount-utils GetMountRefs: the mounts
-// with src's device and src's path inside its filesystem as their root).
+// The mount table is read with mount-utils' ParseMountInfo and paths are
+// compared with its PathWithinBase. mount-utils' GetMountRefs and
+// SearchMountPoints are not used: they take the mount holding a path to be
+// the last mountinfo entry above it, which is wrong where the root mount is
+// listed after /dev (containers; this project's CI machine): every device
+// node would then seem to be on "/" and never bind-mounted anywhere.
+// hostOf takes the longest mount point above the path instead.
+
+// MountPoints implements Interface: the mounts of src's filesystem whose
+// root is src's path in it or below it (a bind mount of src, or of a part
+// of it), src itself excepted.
 func (*Mounter) MountPoints(src string) ([]string, error) {
-	return table.GetMountRefs(src)
+	points, _, err := mountsOf(src)
+	return points, err
 }
 
-// InUse implements Interface. Unlike GetMountRefs it also counts a mount
-// of a part of dir (a pod's subPath bind-mounts a subdirectory of the
-// published volume) and a mount inside dir: deleting dir would pull the
-// data from under either.
+// InUse implements Interface. It also counts a mount of a part of dir (a
+// pod's subPath bind-mounts a subdirectory of the published volume) and a
+// mount inside dir: deleting dir would pull the data from under either.
 func (*Mounter) InUse(dir string) (bool, error) {
+	points, nested, err := mountsOf(dir)
+	return len(points) > 0 || nested, err
+}
+
+// mountsOf returns the mount points that show p or a part of it, read from
+// /proc/self/mountinfo: a bind mount of p has the device of p's filesystem
+// and a root at or below p's path inside that filesystem. nested reports a
+// mount below p.
+func mountsOf(p string) (points []string, nested bool, err error) {
 	mis, err := mountutils.ParseMountInfo(mountInfoPath)
 	if err != nil {
-		return false, fmt.Errorf("read mount table: %w", err)
+		return nil, false, fmt.Errorf("read mount table: %w", err)
 	}
-	host, rootInFS, ok := hostOf(mis, dir)
+	host, rootInFS, ok := hostOf(mis, p)
 	if !ok {
-		return false, fmt.Errorf("no mount contains %s", dir)
+		return nil, false, fmt.Errorf("no mount contains %s", p)
 	}
 	for _, mi := range mis {
-		if mi.MountPoint == dir {
+		if mi.MountPoint == p {
 			continue
 		}
 		if mi.Major == host.Major && mi.Minor == host.Minor && mountutils.PathWithinBase(mi.Root, rootInFS) {
-			return true, nil
+			points = append(points, mi.MountPoint)
 		}
-		if mountutils.PathWithinBase(mi.MountPoint, dir) {
-			return true, nil
+		if mountutils.PathWithinBase(mi.MountPoint, p) {
+			nested = true
 		}
 	}
-	return false, nil
+	return points, nested, nil
 }
 
-// hostOf finds the mount that p is on, as mount-utils' SearchMountPoints
-// does: the last (topmost, as later mounts overlay earlier ones) mount whose
-// mount point is p or above it; rootInFS is p's path inside that mount's
-// filesystem.
+// hostOf finds the mount that p is on: the longest mount point at or above
+// it, the topmost (latest) of stacked ones; rootInFS is p's path inside
+// that mount's filesystem.
 func hostOf(mis []mountutils.MountInfo, p string) (host mountutils.MountInfo, rootInFS string, ok bool) {
-	for i := len(mis) - 1; i >= 0; i-- {
-		if mountutils.PathWithinBase(p, mis[i].MountPoint) {
-			return mis[i], filepath.Join(mis[i].Root, strings.TrimPrefix(p, mis[i].MountPoint)), true
+	for _, mi := range mis {
+		if mountutils.PathWithinBase(p, mi.MountPoint) && (!ok || len(mi.MountPoint) >= len(host.MountPoint)) {
+			host, ok = mi, true
 		}
 	}
-	return mountutils.MountInfo{}, "", false
+	if !ok {
+		return host, "", false
+	}
+	rel, err := filepath.Rel(host.MountPoint, p)
+	if err != nil {
+		return host, "", false
+	}
+	return host, filepath.Join(host.Root, rel), true
 }
