@@ -67,9 +67,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		_, err := resolveSize(cr, s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
 		return nil, err
 	}
-	release, err := s.d.names.acquire("volume name", req.GetName())
+	release, err := s.d.names.Acquire("volume name", req.GetName())
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	defer release()
 
@@ -98,9 +98,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	if srcVol != "" {
 		// The source must not be deleted while it is copied.
-		release, err := s.d.ids.acquire("volume", srcVol)
+		release, err := s.d.ids.Acquire("volume", srcVol)
 		if err != nil {
-			return nil, err
+			return nil, toStatus(err)
 		}
 		defer release()
 	}
@@ -154,9 +154,9 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if !volume.ValidVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // never issued by us: nothing to delete
 	}
-	release, err := s.d.ids.acquire("volume", id)
+	release, err := s.d.ids.Acquire("volume", id)
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	defer release()
 	if err := s.d.backend.DeleteVolume(ctx, id); err != nil {

@@ -43,9 +43,9 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 			return nil, err
 		}
 	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
+	release, err := s.d.ids.Acquire("volume", req.GetVolumeId())
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	defer release()
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())

@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/keylock"
 	"github.com/localdir-csi/localdir/pkg/metrics"
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -69,26 +71,45 @@ type Driver struct {
 	opts    Options
 	vm      *volume.Manager // node-local data plane (node, all mode)
 	backend Backend         // what the Controller service works on (controller, all mode)
-	names   *keyLocks       // CreateVolume by name
-	ids     *keyLocks       // everything else by volume_id
+	names   *keylock.Set    // Controller service: CreateVolume, CreateSnapshot by name
+	ids     *keylock.Set    // Controller service: the other calls by volume_id or snapshot_id
 	version string
 
 	server *grpc.Server
 }
 
+// Option is what New is given besides the Options of the flags.
+type Option func(*newConfig)
+
+type newConfig struct {
+	mounter mount.Interface
+}
+
+// WithMounter gives the Node service the mount.Interface it mounts with
+// (through the volume manager, which decides what to mount under its
+// per-volume lock); without it the real mount.New(). Unit tests give a
+// mount.Fake and run without root.
+func WithMounter(m mount.Interface) Option {
+	return func(c *newConfig) { c.mounter = m }
+}
+
 // New validates opts and opens what the mode needs: in node and all mode the
 // data root and its state file (failing, without writing, when the state file
 // is damaged).
-func New(opts Options) (*Driver, error) {
+func New(opts Options, with ...Option) (*Driver, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Driver{opts: opts, names: newKeyLocks(), ids: newKeyLocks(), version: Version()}
+	var nc newConfig
+	for _, o := range with {
+		o(&nc)
+	}
+	d := &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), version: Version()}
 	switch opts.Mode {
 	case ModeController:
 		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
 	case ModeNode, ModeAll:
-		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine})
+		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine, Mounter: nc.mounter})
 		if err != nil {
 			return nil, err
 		}
@@ -109,7 +130,7 @@ func NewController(opts Options, backend Backend) (*Driver, error) {
 	if opts.Mode != ModeController {
 		return nil, fmt.Errorf("NewController: mode is %q", opts.Mode)
 	}
-	return &Driver{opts: opts, names: newKeyLocks(), ids: newKeyLocks(), version: Version(), backend: backend}, nil
+	return &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), version: Version(), backend: backend}, nil
 }
 
 // VolumeManager is the node-local data plane (nil in controller mode).

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/keylock"
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -126,7 +128,7 @@ func FuzzCheckKubeletRoot(f *testing.F) {
 			return // refused earlier
 		}
 		err := checkKubeletRoot("target_path", p, root)
-		resolved := filepath.Join(volume.ResolveExisting(filepath.Dir(filepath.Clean(p))), filepath.Base(p))
+		resolved := filepath.Join(mount.ResolveExisting(filepath.Dir(filepath.Clean(p))), filepath.Base(p))
 		inside := strings.HasPrefix(resolved, root+"/")
 		if (err == nil) != inside {
 			t.Fatalf("checkKubeletRoot(%q) = %v; it resolves to %q", p, err, resolved)
@@ -304,7 +306,7 @@ func FuzzControllerRequest(f *testing.F) {
 	add(7, &csi.ListSnapshotsRequest{SnapshotId: "../..", StartingToken: "x"})
 	opts := Options{Mode: ModeAll, DefaultVolumeBytes: gib, MaxVolumeBytes: 100 * gib}
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
-		d := &Driver{opts: opts, names: newKeyLocks(), ids: newKeyLocks(), backend: newMemBackend()}
+		d := &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), backend: newMemBackend()}
 		c := &controller{d: d}
 		ctx := context.Background()
 		var err error

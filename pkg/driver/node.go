@@ -9,12 +9,16 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
-// node is the CSI Node service (spec §Node Service RPC). Staged and
-// published state is read from the mount table by pkg/volume, never from
-// records, so these calls need no durable commit.
+// node is the CSI Node service (spec §Node Service RPC). It validates the
+// request and hands the work to the volume manager, which takes the
+// per-volume lock (a concurrent call on the same volume: ABORTED), decides
+// what to mount and has the mount.Interface the driver was given
+// (WithMounter) do it. Staged and published state is read from the mount
+// table, never from records, so these calls need no durable commit.
 type node struct {
 	csi.UnimplementedNodeServer
 	d *Driver
@@ -73,7 +77,7 @@ func (s *node) checkPathPlace(field, p string) error {
 	if err := checkKubeletRoot(field, p, s.d.opts.KubeletRoot); err != nil {
 		return err
 	}
-	return toStatus(s.d.vm.CheckOutside(field, p))
+	return toStatus(mount.CheckOutside(s.d.vm.Root(), field, p))
 }
 
 // checkKubeletRoot refuses p unless it lies strictly below root (both with
@@ -84,8 +88,8 @@ func checkKubeletRoot(field, p, root string) error {
 	if root == "" {
 		return nil
 	}
-	rroot := volume.ResolveExisting(root)
-	rp := filepath.Join(volume.ResolveExisting(filepath.Dir(filepath.Clean(p))), filepath.Base(p))
+	rroot := mount.ResolveExisting(root)
+	rp := filepath.Join(mount.ResolveExisting(filepath.Dir(filepath.Clean(p))), filepath.Base(p))
 	if rp != rroot && strings.HasPrefix(rp, strings.TrimSuffix(rroot, "/")+"/") {
 		return nil
 	}
@@ -116,16 +120,11 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := checkNodeCap(req.GetVolumeCapability(), ""); err != nil {
 		return nil, err
 	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	c := req.GetVolumeCapability()
 	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
 		return nil, err
 	}
-	err = s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
+	err := s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
 	return &csi.NodeStageVolumeResponse{}, toStatus(err)
 }
 
@@ -141,11 +140,6 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.vm.Unstage(req.GetVolumeId(), req.GetStagingTargetPath()))
 }
 
@@ -179,18 +173,18 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	c := req.GetVolumeCapability()
 	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
 		return nil, err
 	}
-	singleWriter := c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
-	err = s.d.vm.Publish(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}),
-		req.GetReadonly(), singleWriter, c.GetMount().GetMountFlags())
+	err := s.d.vm.Publish(req.GetVolumeId(), volume.PublishOptions{
+		StagingPath:  req.GetStagingTargetPath(),
+		TargetPath:   req.GetTargetPath(),
+		AccessType:   accessTypeOf([]*csi.VolumeCapability{c}),
+		ReadOnly:     req.GetReadonly(),
+		SingleWriter: c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		MountFlags:   c.GetMount().GetMountFlags(),
+	})
 	return &csi.NodePublishVolumeResponse{}, toStatus(err)
 }
 
@@ -208,26 +202,12 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	// Wait for a concurrent call on the same id instead of answering
-	// ABORTED: unpublish is short and idempotent, and kubelet must be able
-	// to finish it (a pod stays Terminating until it does).
-	release, err := s.d.ids.wait(ctx, "volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	if err := s.d.vm.Unpublish(req.GetVolumeId(), req.GetTargetPath()); err != nil {
+	// The manager waits for a concurrent call on the same id (bounded by
+	// ctx) instead of answering ABORTED: unpublish is short and idempotent,
+	// and kubelet must be able to finish it (a pod stays Terminating until
+	// it does).
+	if err := s.d.vm.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
-	}
-	if !volume.ValidVolumeID(req.GetVolumeId()) {
-		// Possibly an ephemeral inline volume: it lives as long as its one
-		// publication.
-		v, err := s.d.vm.Resolve(req.GetVolumeId())
-		if err == nil && v.Ephemeral {
-			if err := s.d.vm.Delete(v.ID); err != nil {
-				return nil, toStatus(err)
-			}
-		}
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
@@ -46,37 +45,21 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 	if err != nil {
 		return nil, err
 	}
-	release, err := s.d.ids.acquire("volume", coID)
+	err = s.d.vm.PublishEphemeral(volume.CreateSpec{
+		Name:        volume.EphemeralName(coID),
+		SizeBytes:   size,
+		AccessType:  contract.AccessMount,
+		Parameters:  attrs,
+		DirMode:     params.DirMode,
+		Ephemeral:   true,
+		EphemeralID: coID,
+	}, volume.PublishOptions{
+		TargetPath: req.GetTargetPath(),
+		AccessType: contract.AccessMount,
+		ReadOnly:   req.GetReadonly(),
+		MountFlags: req.GetVolumeCapability().GetMount().GetMountFlags(),
+	})
 	if err != nil {
-		return nil, err
-	}
-	defer release()
-	v, err := s.d.vm.LookupByName(volume.EphemeralName(coID))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	created := false
-	if v == nil {
-		v, err = s.d.vm.Create(volume.CreateSpec{
-			Name:        volume.EphemeralName(coID),
-			SizeBytes:   size,
-			AccessType:  contract.AccessMount,
-			Parameters:  attrs,
-			DirMode:     params.DirMode,
-			Ephemeral:   true,
-			EphemeralID: coID,
-		})
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		created = true
-	}
-	if err := s.d.vm.PublishEphemeral(v, req.GetTargetPath(), req.GetReadonly(), req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
-		if created {
-			if derr := s.d.vm.Delete(v.ID); derr != nil {
-				klog.ErrorS(derr, "Could not delete an ephemeral volume whose publish failed", "volumeID", v.ID)
-			}
-		}
 		return nil, toStatus(err)
 	}
 	return &csi.NodePublishVolumeResponse{}, nil

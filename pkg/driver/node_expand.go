@@ -25,11 +25,6 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
 	}
-	release, err := s.d.ids.acquire("volume", req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	capacity, err := s.d.vm.NodeExpand(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)

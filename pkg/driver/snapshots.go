@@ -53,9 +53,9 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	for k := range userParams(req.GetParameters()) {
 		return nil, invalid("unknown snapshot parameter %q (the driver takes none besides the %s* ones); remove it from the VolumeSnapshotClass", k, reservedPrefix)
 	}
-	release, err := s.d.names.acquire("snapshot name", snapshotNameKey(req.GetName()))
+	release, err := s.d.names.Acquire("snapshot name", snapshotNameKey(req.GetName()))
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	defer release()
 	existing, err := s.d.backend.SnapshotByName(ctx, req.GetName())
@@ -72,9 +72,9 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if !volume.ValidVolumeID(req.GetSourceVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "source volume %q not found", req.GetSourceVolumeId())
 	}
-	releaseSrc, err := s.d.ids.acquire("volume", req.GetSourceVolumeId())
+	releaseSrc, err := s.d.ids.Acquire("volume", req.GetSourceVolumeId())
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	defer releaseSrc()
 	snap, err := s.d.backend.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId(), req.GetAccessibilityRequirements())
@@ -95,9 +95,9 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	if !volume.ValidSnapshotID(id) {
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
-	release, err := s.d.ids.acquire("snapshot", id)
+	release, err := s.d.ids.Acquire("snapshot", id)
 	if err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	defer release()
 	return &csi.DeleteSnapshotResponse{}, toStatus(s.d.backend.DeleteSnapshot(ctx, id))

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
+	"github.com/localdir-csi/localdir/pkg/mount"
 )
 
 // maxNameBytes is the CSI limit on names and ids the driver accepts ("SP
@@ -112,7 +112,7 @@ func (i *capIssue) err() error { return status.Error(codes.InvalidArgument, i.ms
 //     access mode (or UNKNOWN), no access type;
 //  2. per capability, in order: an access mode other than the SINGLE_NODE_*
 //     ones (a local directory lives on one node); for a mount capability,
-//     each mount flag (volume.ParseMountFlags: what a bind mount can apply
+//     each mount flag (mount.ParseFlags: what a bind mount can apply
 //     or accepts without effect) — its fs_type is accepted whatever it is,
 //     as a volume is a directory on the data root's filesystem and never
 //     formatted (kubelet passes the PV's fsType through); and, when
@@ -135,7 +135,7 @@ func judgeCaps(caps []*csi.VolumeCapability, volAccessType string) *capIssue {
 			return &capIssue{exceeds: true, msg: fmt.Sprintf("access mode %s is not supported: localdir volumes live on one node (use a SINGLE_NODE_* mode)", m)}
 		}
 		if mnt := c.GetMount(); mnt != nil {
-			if _, err := volume.ParseMountFlags(mnt.GetMountFlags()); err != nil {
+			if _, err := mount.ParseFlags(mnt.GetMountFlags()); err != nil {
 				return &capIssue{msg: err.Error()}
 			}
 		}

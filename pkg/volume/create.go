@@ -60,6 +60,11 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 	if err := checkCreateSpec(&spec); err != nil {
 		return nil, err
 	}
+	unlock, err := m.lock(spec.ID, spec.SourceVolumeID)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	release, err := m.holds.change(spec.ID, "a create")
 	if err != nil {
 		return nil, err

@@ -19,6 +19,11 @@ import (
 // contract.ErrNoSpace, contract.ErrBusy (a snapshot or clone of it, or another change, is in
 // progress).
 func (m *Manager) Expand(id string, newSize int64) (int64, error) {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	release, err := m.holds.change(id, "an expansion")
 	if err != nil {
 		return 0, err

@@ -1,7 +1,8 @@
 // Package volume is localdir's node-local data plane: it owns one data root
 // and keeps there the volumes, snapshots, their durable records (pkg/state)
 // and the capacity accounting. It also performs the node-side work (stage,
-// publish, loop devices) on the paths the CO passes.
+// publish, loop devices) on the paths the CO passes, through a
+// mount.Interface (pkg/mount) that does the mounts.
 //
 // Layout of the data root:
 //
@@ -35,6 +36,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/keylock"
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
@@ -50,12 +53,18 @@ type Config struct {
 	CapacityBytes int64
 	// Engine is engine.Auto (default), engine.Dir or engine.Btrfs.
 	Engine string
+	// Mounter does the node mounts and answers what is mounted where
+	// (stage, publish, delete's in-use check); nil means mount.New(), the
+	// real one. Unit tests give a mount.Fake.
+	Mounter mount.Interface
 }
 
 // Manager is the data plane of one data root. Its methods are safe for
 // concurrent use. Operations that read a volume or snapshot (restore,
 // clone, snapshot, stage) hold it against operations that delete or change
 // it, whoever the caller is; the loser fails with contract.ErrBusy (see holdSet).
+// Node and data operations on one volume also take its per-volume lock
+// (locks.go).
 type Manager struct {
 	root      string // absolute, symlinks resolved
 	volRoot   string
@@ -66,6 +75,8 @@ type Manager struct {
 	eng       engine.Engine
 	st        *state.Store
 	holds     *holdSet
+	locks     *keylock.Set    // the per-volume lock (locks.go)
+	mnt       mount.Interface // node mounts and the mount table
 
 	mu sync.Mutex // guards use, measuring and measuredAt; held for arithmetic, never across I/O
 	// use is the size of every recorded volume (and of creates and
@@ -108,6 +119,11 @@ func Open(cfg Config) (*Manager, error) {
 		cfg:       cfg,
 		holds:     newHolds(),
 		use:       map[string]volUse{},
+		locks:     keylock.New(),
+		mnt:       cfg.Mounter,
+	}
+	if m.mnt == nil {
+		m.mnt = mount.New()
 	}
 	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -221,6 +237,11 @@ func (m *Manager) Delete(id string) error {
 	if !ValidVolumeID(id) {
 		return nil
 	}
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	release, err := m.holds.change(id, "a delete")
 	if err != nil {
 		return err
@@ -267,7 +288,7 @@ func (m *Manager) checkUnused(v *contract.Volume) error {
 		}
 		return nil
 	}
-	busy, err := m.mountedAnywhere(p)
+	busy, err := m.mnt.InUse(p)
 	if err != nil {
 		return err
 	}
@@ -285,6 +306,11 @@ func (m *Manager) checkUnused(v *contract.Volume) error {
 // the size it read before. Errors: contract.ErrNotFound, contract.ErrBusy (an expansion or
 // delete is in progress).
 func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	v, err := m.Resolve(id)
 	if err != nil {
 		return 0, err

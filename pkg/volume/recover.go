@@ -100,7 +100,7 @@ func (m *Manager) recover() error {
 		}
 	}
 	for _, v := range ephemeral {
-		if busy, _ := m.mountedAnywhere(m.volDir(v.ID)); busy {
+		if busy, _ := m.mnt.InUse(m.volDir(v.ID)); busy {
 			continue
 		}
 		klog.InfoS("Removing ephemeral volume that is no longer published (node restarted)", "volumeID", v.ID, "ephemeralID", v.EphemeralID)
@@ -176,7 +176,7 @@ func (m *Manager) removeLeftover(p string) {
 // tell where it came from (records lost to an older state file restored
 // from a backup, say), so it never deletes it.
 func (m *Manager) moveAside(p, id string) {
-	if busy, _ := m.mountedAnywhere(p); busy {
+	if busy, _ := m.mnt.InUse(p); busy {
 		m.leftover(p, errors.New("data without a record is mounted; it is left where it is"))
 		return
 	}

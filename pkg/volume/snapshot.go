@@ -89,6 +89,11 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) 
 	} else if !ValidSnapshotID(spec.ID) {
 		return nil, fmt.Errorf("%w: snapshot id %q", contract.ErrInvalid, spec.ID)
 	}
+	unlock, err := m.lock(spec.ID, spec.SourceVolumeID)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	release, err := m.holds.change(spec.ID, "a snapshot")
 	if err != nil {
 		return nil, err
@@ -165,6 +170,11 @@ func (m *Manager) DeleteSnapshot(id string) error {
 	if !ValidSnapshotID(id) {
 		return nil
 	}
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	release, err := m.holds.change(id, "a delete")
 	if err != nil {
 		return err

@@ -58,7 +58,7 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 	// A mount volume is where a bind mount of its directory is (a staging
 	// or publish path); the directory itself, or a copy, is not.
 	dir := m.volDir(v.ID)
-	same, err := holds(volumePath, dir)
+	same, err := m.mnt.Shows(volumePath, dir)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && !same) {
 		return Usage{}, notHere
 	}
@@ -106,7 +106,7 @@ func (m *Manager) blockStats(v *contract.Volume, volumePath string, notHere erro
 		if !isDeviceOf(stagedDevicePath(volumePath, v.ID), devs, true) {
 			return Usage{}, notHere
 		}
-	} else if isMnt, err := mounter.IsMountPoint(volumePath); err != nil || !isMnt || !isDeviceOf(volumePath, devs, false) {
+	} else if isMnt, err := m.mnt.IsMountPoint(volumePath); err != nil || !isMnt || !isDeviceOf(volumePath, devs, false) {
 		return Usage{}, notHere
 	}
 	used, err := writtenBytes(img)

@@ -1,7 +1,8 @@
-package driver
+package keylock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,51 +11,64 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-func TestKeyLocks(t *testing.T) {
-	l := newKeyLocks()
+// wantCode checks the gRPC code contract.ToStatus gives err (OK for nil).
+func wantCode(t *testing.T, err error, want codes.Code) {
+	t.Helper()
+	got := codes.OK
+	if err != nil {
+		got = contract.Code(err)
+	}
+	if got != want {
+		t.Fatalf("got %v (%v), want %v", got, err, want)
+	}
+}
 
-	relA, err := l.acquire("volume", "a")
+func TestKeyLocks(t *testing.T) {
+	l := New()
+
+	relA, err := l.Acquire("volume", "a")
 	wantCode(t, err, codes.OK)
 
 	// A held key: ABORTED naming it, nothing returned.
-	rel, err := l.acquire("volume", "a")
+	rel, err := l.Acquire("volume", "a")
 	wantCode(t, err, codes.Aborted)
 	if rel != nil {
 		t.Fatal("release func returned with an error")
 	}
-	if msg := status.Convert(err).Message(); !strings.Contains(msg, `volume "a"`) {
+	if msg := err.Error(); !strings.Contains(msg, `volume "a"`) {
 		t.Fatalf("message %q does not name the key", msg)
 	}
 
 	// Unrelated keys do not wait.
-	relB, err := l.acquire("volume", "b")
+	relB, err := l.Acquire("volume", "b")
 	wantCode(t, err, codes.OK)
 
 	// All or nothing: "c" must not stay taken when "a" is busy.
-	_, err = l.acquire("volume", "c", "a")
+	_, err = l.Acquire("volume", "c", "a")
 	wantCode(t, err, codes.Aborted)
-	_, err = l.acquire("volume", "c", "d", "b")
+	_, err = l.Acquire("volume", "c", "d", "b")
 	wantCode(t, err, codes.Aborted)
 	if len(l.busy) != 2 {
 		t.Fatalf("busy = %v after failed multi-key acquires, want only a and b", l.busy)
 	}
-	relC, err := l.acquire("volume", "c", "d")
+	relC, err := l.Acquire("volume", "c", "d")
 	wantCode(t, err, codes.OK)
-	_, err = l.acquire("volume", "d")
+	_, err = l.Acquire("volume", "d")
 	wantCode(t, err, codes.Aborted)
 
 	// Release frees exactly its own keys.
 	relA()
-	relA2, err := l.acquire("volume", "a")
+	relA2, err := l.Acquire("volume", "a")
 	wantCode(t, err, codes.OK)
-	_, err = l.acquire("volume", "b")
+	_, err = l.Acquire("volume", "b")
 	wantCode(t, err, codes.Aborted)
 	relC()
 	for _, k := range []string{"c", "d"} {
-		r, err := l.acquire("volume", k)
+		r, err := l.Acquire("volume", k)
 		wantCode(t, err, codes.OK)
 		r()
 	}
@@ -65,12 +79,12 @@ func TestKeyLocks(t *testing.T) {
 	}
 
 	// No keys: always succeeds.
-	r, err := l.acquire("volume")
+	r, err := l.Acquire("volume")
 	wantCode(t, err, codes.OK)
 	r()
 
 	// The same key twice in one call is taken once and freed.
-	r, err = l.acquire("volume", "e", "e")
+	r, err = l.Acquire("volume", "e", "e")
 	wantCode(t, err, codes.OK)
 	r()
 	if len(l.busy) != 0 {
@@ -79,7 +93,7 @@ func TestKeyLocks(t *testing.T) {
 }
 
 func TestKeyLocksConcurrent(t *testing.T) {
-	l := newKeyLocks()
+	l := New()
 	const workers, rounds = 16, 500
 	var inside [4]atomic.Int32
 	var wins, aborts atomic.Int64
@@ -90,9 +104,9 @@ func TestKeyLocksConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < rounds; i++ {
 				k := (w + i) % len(inside)
-				rel, err := l.acquire("volume", fmt.Sprint(k))
+				rel, err := l.Acquire("volume", fmt.Sprint(k))
 				if err != nil {
-					if status.Code(err) != codes.Aborted {
+					if !errors.Is(err, contract.ErrBusy) {
 						t.Errorf("unexpected error %v", err)
 					}
 					aborts.Add(1)
@@ -117,15 +131,15 @@ func TestKeyLocksConcurrent(t *testing.T) {
 }
 
 func TestKeyLocksWait(t *testing.T) {
-	l := newKeyLocks()
-	rel, err := l.wait(context.Background(), "volume", "a")
+	l := New()
+	rel, err := l.Wait(context.Background(), "volume", "a")
 	wantCode(t, err, codes.OK)
 
 	// A busy key: wait gives up with ABORTED when its context ends.
 	start := time.Now() // before the deadline is set, so it cannot look early
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	r, err := l.wait(ctx, "volume", "a", "b")
+	r, err := l.Wait(ctx, "volume", "a", "b")
 	wantCode(t, err, codes.Aborted)
 	if r != nil || time.Since(start) < 20*time.Millisecond {
 		t.Fatalf("wait returned early (%v) or with a release func", time.Since(start))
@@ -137,7 +151,7 @@ func TestKeyLocksWait(t *testing.T) {
 	// It takes the key as soon as it is released.
 	got := make(chan error, 1)
 	go func() {
-		r, err := l.wait(context.Background(), "volume", "a")
+		r, err := l.Wait(context.Background(), "volume", "a")
 		if err == nil {
 			r()
 		}

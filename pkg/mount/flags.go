@@ -1,4 +1,4 @@
-package volume
+package mount
 
 import (
 	"fmt"
@@ -18,8 +18,8 @@ const (
 	restrictFlags = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 )
 
-// mountFlags is a parsed CSI MountVolume.mount_flags list.
-type mountFlags struct {
+// Flags is a parsed CSI MountVolume.mount_flags list.
+type Flags struct {
 	set   uintptr // restricting flags to add (ro, nosuid, nodev, noexec, nodiratime)
 	atime uintptr // atime mode to use (one of atimeMask's bits), when atimeSet
 	// atimeSet says whether the request named an atime mode at all.
@@ -54,11 +54,11 @@ var flagTable = map[string]struct {
 	"rbind":       {},
 }
 
-// ParseMountFlags validates CSI mount_flags (each entry may itself hold a
+// ParseFlags validates CSI mount_flags (each entry may itself hold a
 // comma-separated list, as kubelet passes StorageClass mountOptions).
 // Errors: contract.ErrInvalid naming the first flag a bind mount cannot apply.
-func ParseMountFlags(flags []string) (mountFlags, error) {
-	var mf mountFlags
+func ParseFlags(flags []string) (Flags, error) {
+	var mf Flags
 	for _, entry := range flags {
 		for _, f := range strings.Split(entry, ",") {
 			f = strings.TrimSpace(f)
@@ -67,12 +67,12 @@ func ParseMountFlags(flags []string) (mountFlags, error) {
 			}
 			e, ok := flagTable[f]
 			if !ok {
-				return mountFlags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts apply: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime; rw, suid, dev, exec, atime, diratime, defaults, bind and rbind are accepted and change nothing)", contract.ErrInvalid, f)
+				return Flags{}, fmt.Errorf("%w: mount flag %q is not supported for localdir volumes (bind mounts apply: ro, nosuid, nodev, noexec, noatime, relatime, strictatime, nodiratime; rw, suid, dev, exec, atime, diratime, defaults, bind and rbind are accepted and change nothing)", contract.ErrInvalid, f)
 			}
 			mf.set |= e.set
 			if e.atime != 0 {
 				if mf.atimeSet && mf.atime != e.atime {
-					return mountFlags{}, fmt.Errorf("%w: conflicting atime mount flags in %v", contract.ErrInvalid, flags)
+					return Flags{}, fmt.Errorf("%w: conflicting atime mount flags in %v", contract.ErrInvalid, flags)
 				}
 				mf.atime, mf.atimeSet = e.atime, true
 			}
@@ -96,7 +96,7 @@ func msFlags(st uintptr) uintptr {
 // apply returns the per-mount flags a new bind mount gets when its source
 // mount has flags `inherited` (statfs f_flags): the inherited restrictions
 // are kept, the requested ones added, the atime mode replaced if requested.
-func (mf mountFlags) apply(inherited uintptr, readonly bool) uintptr {
+func (mf Flags) apply(inherited uintptr, readonly bool) uintptr {
 	f := msFlags(inherited) | mf.set
 	if readonly {
 		f |= unix.MS_RDONLY
@@ -109,13 +109,13 @@ func (mf mountFlags) apply(inherited uintptr, readonly bool) uintptr {
 
 // needsRemount says whether a plain bind mount (which copies the source's
 // flags) differs from what the request wants.
-func (mf mountFlags) needsRemount(inherited uintptr, readonly bool) bool {
+func (mf Flags) needsRemount(inherited uintptr, readonly bool) bool {
 	return mf.apply(inherited, readonly) != msFlags(inherited)
 }
 
 // matches reports whether an existing mount with flags `actual` is what this
 // request would have produced from a source with flags `inherited`.
-func (mf mountFlags) matches(actual, inherited uintptr, readonly bool) bool {
+func (mf Flags) matches(actual, inherited uintptr, readonly bool) bool {
 	want := mf.apply(inherited, readonly)
 	// statfs shows no bit for strictatime; compare atime only when asked.
 	mask := uintptr(restrictFlags | unix.MS_NODIRATIME)

@@ -1,4 +1,4 @@
-package volume
+package mount
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-func TestParseMountFlags(t *testing.T) {
+func TestParseFlags(t *testing.T) {
 	tests := []struct {
 		name     string
 		in       []string
@@ -55,10 +55,10 @@ func TestParseMountFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			mf, err := ParseMountFlags(tc.in)
+			mf, err := ParseFlags(tc.in)
 			if tc.errPart != "" {
 				if !errors.Is(err, contract.ErrInvalid) {
-					t.Fatalf("ParseMountFlags(%q) = %+v, %v; want contract.ErrInvalid", tc.in, mf, err)
+					t.Fatalf("ParseFlags(%q) = %+v, %v; want contract.ErrInvalid", tc.in, mf, err)
 				}
 				if !strings.Contains(err.Error(), tc.errPart) {
 					t.Fatalf("error %q does not contain %q", err, tc.errPart)
@@ -69,19 +69,19 @@ func TestParseMountFlags(t *testing.T) {
 				return
 			}
 			if err != nil {
-				t.Fatalf("ParseMountFlags(%q): %v", tc.in, err)
+				t.Fatalf("ParseFlags(%q): %v", tc.in, err)
 			}
 			if mf.set != tc.set || mf.atime != tc.atime || mf.atimeSet != tc.atimeSet || !slices.Equal(mf.list, tc.list) {
-				t.Fatalf("ParseMountFlags(%q) = {set %#x atime %#x atimeSet %v list %q}, want {set %#x atime %#x atimeSet %v list %q}",
+				t.Fatalf("ParseFlags(%q) = {set %#x atime %#x atimeSet %v list %q}, want {set %#x atime %#x atimeSet %v list %q}",
 					tc.in, mf.set, mf.atime, mf.atimeSet, mf.list, tc.set, tc.atime, tc.atimeSet, tc.list)
 			}
 		})
 	}
 }
 
-func mustFlags(t *testing.T, flags ...string) mountFlags {
+func mustFlags(t *testing.T, flags ...string) Flags {
 	t.Helper()
-	mf, err := ParseMountFlags(flags)
+	mf, err := ParseFlags(flags)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package volume
+package mount
 
 import (
 	"errors"
@@ -7,44 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	mountutils "k8s.io/mount-utils"
+
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
-
-// FuzzIDs: whatever passes ValidVolumeID or ValidSnapshotID is a single,
-// plain path component (no separator, no dot, no NUL), so joining it onto
-// the data root can never leave the directory it is joined to; and no
-// string is both.
-func FuzzIDs(f *testing.F) {
-	for _, s := range []string{
-		"", "vol-", NewVolumeID(), NewSnapshotID(), "vol-0123456789abcdef0123456789abcdef", "vol-0123456789ABCDEF0123456789ABCDEF",
-		"vol-0123456789abcdef0123456789abcdef/..", "../vol-0123456789abcdef0123456789abcdef", "vol-0123456789abcdef0123456789abcde\x00",
-		"vol-0123456789abcdef0123456789abcdef\n", "snap-../../../../../../../../../x", EphemeralName("csi-x"),
-	} {
-		f.Add(s)
-	}
-	root := "/var/lib/localdir"
-	f.Fuzz(func(t *testing.T, s string) {
-		v, sn := ValidVolumeID(s), ValidSnapshotID(s)
-		if v && sn {
-			t.Fatalf("%q is both a volume and a snapshot id", s)
-		}
-		if !v && !sn {
-			return
-		}
-		if strings.ContainsAny(s, "/.\x00\n") || filepath.Base(s) != s {
-			t.Fatalf("%q is accepted as an id but is not a plain name", s)
-		}
-		for _, dir := range []string{"volumes", "block", "snapshots"} {
-			p := filepath.Join(root, dir, s+".img")
-			if filepath.Dir(p) != filepath.Join(root, dir) {
-				t.Fatalf("id %q leaves %s: %s", s, dir, p)
-			}
-		}
-		if v {
-			mustVolumeID(s) // must not panic
-		}
-	})
-}
 
 // FuzzCheckOutside: a staging or target path CheckOutside accepts neither
 // lies in the data root nor contains it, whatever its dots, slashes and
@@ -54,11 +20,8 @@ func FuzzCheckOutside(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	m, err := Open(Config{DataRoot: filepath.Join(dir, "data"), Engine: "dir"})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = m.Close() })
+	// A data root as pkg/volume lays it out (volumes/<id>).
+	root := filepath.Join(dir, "data")
 	kubelet := filepath.Join(dir, "kubelet")
 	for _, d := range []string{filepath.Join(kubelet, "pods", "p1"), filepath.Join(dir, "data", "volumes", "vol-0123456789abcdef0123456789abcdef")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -82,12 +45,11 @@ func FuzzCheckOutside(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	root := m.Root()
 	f.Fuzz(func(t *testing.T, p string) {
 		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) || len(p) > 4000 {
 			return // refused before (pkg/driver checkNodePath)
 		}
-		err := m.CheckOutside("target_path", p)
+		err := CheckOutside(root, "target_path", p)
 		if err != nil {
 			if !errors.Is(err, contract.ErrInvalid) {
 				t.Fatalf("CheckOutside(%q) = %v, want contract.ErrInvalid", p, err)
@@ -100,7 +62,7 @@ func FuzzCheckOutside(f *testing.F) {
 			return // the parent does not exist: nothing can be made there
 		}
 		rp := filepath.Join(parent, filepath.Base(p))
-		if within(rp, root) || within(root, rp) {
+		if mountutils.PathWithinBase(rp, root) || mountutils.PathWithinBase(root, rp) {
 			t.Fatalf("CheckOutside accepted %q, which resolves to %q, in or above the data root %s", p, rp, root)
 		}
 	})

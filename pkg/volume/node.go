@@ -1,0 +1,370 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+)
+
+// The node side: what a stage or publish mounts (a volume's directory, a
+// loop device node), under the per-volume lock and the holds, and the loop
+// devices of block volumes. The mounts themselves are the mount.Interface's
+// (Config.Mounter): staged and published state is read from the mount
+// table, never from records.
+
+// Stage prepares volume id on this node (CSI NodeStageVolume). stagingPath
+// must be an existing directory that is not a symlink. A mount volume is
+// bind-mounted onto it: repeating a stage with the same flags succeeds,
+// while a different volume, other flags or a foreign filesystem already
+// mounted there give contract.ErrExists (mount.Interface Bind). A block
+// volume gets its read-write loop device attached (found again by its image
+// file if it already is) and a device node of it made at <stagingPath>/<id>
+// (mode 0600; contract.ErrExists when something else is there): that is how
+// the staging path shows the volume (NodeGetVolumeStats). accessType is
+// what the request's capability asks for. Errors: contract.ErrNotFound,
+// contract.ErrInvalid, contract.ErrExists, contract.ErrPrecondition
+// (capability of the other access type), contract.ErrBusy (another call on
+// the volume is in flight, or it is being deleted or expanded).
+func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) error {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// Held while it mounts: a delete that checked the volume unused must
+	// not remove its data under a mount made just after.
+	release, err := m.holds.read(id, "a stage")
+	if err != nil {
+		return err
+	}
+	defer release()
+	v, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	if err := matchAccess(v, accessType); err != nil {
+		return err
+	}
+	mf, err := mount.ParseFlags(flags)
+	if err != nil {
+		return err
+	}
+	if err := m.mnt.PrepareDir(stagingPath, "staging_target_path", false); err != nil {
+		return err
+	}
+	if v.AccessType == contract.AccessBlock {
+		return m.stageBlock(id, stagingPath)
+	}
+	return m.mnt.Bind(mount.Bind{Source: m.volDir(id), Target: stagingPath, Flags: mf})
+}
+
+// stageBlock attaches block volume id's read-write loop device and makes
+// <stagingPath>/<id> a device node of it. A device this call attached is
+// detached again when the node cannot be made.
+func (m *Manager) stageBlock(id, stagingPath string) error {
+	img := m.imagePath(id)
+	had, err := block.FindMode(img, false)
+	if err != nil {
+		return err
+	}
+	dev, err := block.Attach(img)
+	if err != nil {
+		return err
+	}
+	p := stagedDevicePath(stagingPath, id)
+	if err := m.mnt.PlaceDevice(p, dev); err != nil {
+		if had == "" {
+			if derr := block.Detach(img); derr != nil {
+				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
+			}
+		}
+		return err
+	}
+	klog.V(2).InfoS("Block volume staged", "volumeID", id, "device", dev, "node", p)
+	return nil
+}
+
+// stagedDevicePath is the device node a block volume's stage puts in its
+// staging directory: <stagingPath>/<id>.
+func stagedDevicePath(stagingPath, id string) string {
+	mustVolumeID(id)
+	return filepath.Join(stagingPath, id)
+}
+
+func matchAccess(v *contract.Volume, accessType string) error {
+	if v.AccessType != accessType {
+		return fmt.Errorf("%w: volume %s is a %s volume; the capability asks for %s", contract.ErrPrecondition, v.ID, v.AccessType, accessType)
+	}
+	return nil
+}
+
+// Unstage undoes Stage (CSI NodeUnstageVolume): stagingPath is unmounted
+// (the directory itself belongs to the CO and stays); for a block volume
+// the device node <stagingPath>/<id> is removed and its loop devices,
+// read-write and read-only, are detached. Not staged, and unknown volumes,
+// are success. Errors: contract.ErrBusy (another call on the volume).
+func (m *Manager) Unstage(id, stagingPath string) error {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := m.mnt.Unmount(stagingPath); err != nil {
+		return err
+	}
+	v, err := m.Resolve(id)
+	if errors.Is(err, contract.ErrNotFound) {
+		if ValidVolumeID(id) {
+			return m.mnt.RemoveDevice(stagedDevicePath(stagingPath, id))
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if v.AccessType == contract.AccessBlock {
+		if err := m.mnt.RemoveDevice(stagedDevicePath(stagingPath, v.ID)); err != nil {
+			return err
+		}
+		return block.Detach(m.imagePath(v.ID))
+	}
+	return nil
+}
+
+// PublishOptions are the arguments of a publish (CSI NodePublishVolume).
+type PublishOptions struct {
+	// StagingPath is where the volume is staged (not for an ephemeral
+	// volume); TargetPath where it is to be published.
+	StagingPath, TargetPath string
+	// AccessType is what the request's capability asks for
+	// (contract.AccessMount or contract.AccessBlock).
+	AccessType string
+	// ReadOnly publishes read-only.
+	ReadOnly bool
+	// SingleWriter (SINGLE_NODE_SINGLE_WRITER): the volume may be published
+	// at one target path only.
+	SingleWriter bool
+	// MountFlags are the capability's mount flags (mount.ParseFlags).
+	MountFlags []string
+}
+
+// Publish makes the staged volume id visible at o.TargetPath (CSI
+// NodePublishVolume). A mount volume is bind-mounted from o.StagingPath
+// onto o.TargetPath, a directory created (one level, its parent must exist)
+// unless it exists. A block volume's loop device node is bind-mounted onto
+// o.TargetPath, a file created the same way: the read-write device, or with
+// o.ReadOnly a second, read-only loop device on the same image
+// (block.AttachReadOnly), so that writes fail at the device (EPERM), not
+// only at a mount flag a device node ignores. A symlink at the target is
+// refused with contract.ErrInvalid. contract.ErrPrecondition when the volume
+// is not staged, or with o.SingleWriter when it is published elsewhere. A
+// repeated publish with the same readonly/flags succeeds; any other mount on
+// the target — another volume, or this one with another readonly or other
+// flags — gives contract.ErrExists, for both access types.
+// contract.ErrBusy while another call on the volume is in flight.
+func (m *Manager) Publish(id string, o PublishOptions) error {
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	if err := matchAccess(v, o.AccessType); err != nil {
+		return err
+	}
+	mf, err := mount.ParseFlags(o.MountFlags)
+	if err != nil {
+		return err
+	}
+	if v.AccessType == contract.AccessBlock {
+		return m.publishBlock(id, o)
+	}
+	src := m.volDir(id)
+	if ok, err := m.mnt.Shows(o.StagingPath, src); err != nil || !ok {
+		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", contract.ErrPrecondition, id, o.StagingPath)
+	}
+	if o.SingleWriter {
+		if err := m.onlyAt(id, []string{src}, o.StagingPath, o.TargetPath); err != nil {
+			return err
+		}
+	}
+	if err := m.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
+		return err
+	}
+	return m.mnt.Bind(mount.Bind{Source: src, From: o.StagingPath, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
+}
+
+// onlyAt enforces SINGLE_NODE_SINGLE_WRITER: the volume's data srcs (its
+// directory, or its loop device nodes) may be mounted only at the given
+// paths.
+func (m *Manager) onlyAt(id string, srcs []string, paths ...string) error {
+	allowed := map[string]bool{}
+	for _, p := range paths {
+		allowed[mount.ResolveExisting(p)] = true
+	}
+	for _, src := range srcs {
+		points, err := m.mnt.MountPoints(src)
+		if err != nil {
+			return err
+		}
+		for _, p := range points {
+			if !allowed[p] {
+				return fmt.Errorf("%w: volume %s has access mode SINGLE_NODE_SINGLE_WRITER and is already published at %q", contract.ErrPrecondition, id, p)
+			}
+		}
+	}
+	return nil
+}
+
+// publishBlock is Publish for block volume id: the read-write loop device
+// (attached by Stage) or the read-only one (attached here when missing) is
+// bound onto the device file o.TargetPath. A read-only device left without
+// a mount by a failed publish is detached again.
+func (m *Manager) publishBlock(id string, o PublishOptions) error {
+	img := m.imagePath(id)
+	rw, err := block.FindMode(img, false)
+	if err != nil || rw == "" {
+		return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", contract.ErrPrecondition, id)
+	}
+	if o.SingleWriter {
+		devs, err := block.Devices(img)
+		if err != nil {
+			return err
+		}
+		var srcs []string
+		for _, d := range devs {
+			srcs = append(srcs, d.Path)
+		}
+		if err := m.onlyAt(id, srcs, o.TargetPath); err != nil {
+			return err
+		}
+	}
+	if err := m.mnt.PrepareFile(o.TargetPath); err != nil {
+		return err
+	}
+	if !o.ReadOnly {
+		return m.mnt.Bind(mount.Bind{Source: rw, Target: o.TargetPath})
+	}
+	ro, err := block.AttachReadOnly(img)
+	if err != nil {
+		return err
+	}
+	if err := m.mnt.Bind(mount.Bind{Source: ro, Target: o.TargetPath, ReadOnly: true}); err != nil {
+		if rerr := m.releaseReadOnly(img); rerr != nil {
+			klog.ErrorS(rerr, "Could not detach an unused read-only loop device", "image", img)
+		}
+		return err
+	}
+	return nil
+}
+
+// releaseReadOnly detaches the read-only loop device of the image img when
+// no mount shows it any more (its last read-only publication is gone).
+func (m *Manager) releaseReadOnly(img string) error {
+	dev, err := block.FindMode(img, true)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && dev == "") {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	points, err := m.mnt.MountPoints(dev)
+	if err != nil || len(points) > 0 {
+		return err
+	}
+	if err := block.DetachReadOnly(img); err != nil {
+		return err
+	}
+	klog.V(2).InfoS("Read-only loop device detached: no read-only publication left", "image", img, "device", dev)
+	return nil
+}
+
+// PublishEphemeral creates (once) the CSI ephemeral inline volume spec
+// describes (spec.Ephemeral, its CO id spec.EphemeralID, its name
+// EphemeralName of that id) and bind-mounts it, without staging, onto
+// o.TargetPath, created as for Publish. A repeated publish finds the same
+// volume; a volume this call created is deleted again when the mount
+// fails. It holds the lock of the CO id. Errors as for Create and Publish.
+func (m *Manager) PublishEphemeral(spec CreateSpec, o PublishOptions) error {
+	unlock, err := m.lock(spec.EphemeralID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := m.LookupByName(spec.Name)
+	if err != nil {
+		return err
+	}
+	created := false
+	if v == nil {
+		if v, err = m.Create(spec); err != nil {
+			return err
+		}
+		created = true
+	}
+	if err := m.publishEphemeral(v, o); err != nil {
+		if created {
+			if derr := m.Delete(v.ID); derr != nil {
+				klog.ErrorS(derr, "Could not delete an ephemeral volume whose publish failed", "volumeID", v.ID)
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+func (m *Manager) publishEphemeral(v *contract.Volume, o PublishOptions) error {
+	mf, err := mount.ParseFlags(o.MountFlags)
+	if err != nil {
+		return err
+	}
+	if err := m.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
+		return err
+	}
+	return m.mnt.Bind(mount.Bind{Source: m.volDir(v.ID), Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
+}
+
+// Unpublish undoes Publish (CSI NodeUnpublishVolume) for volume id: it
+// waits (bounded by ctx, then contract.ErrBusy) for another call on the
+// volume to end, unmounts everything at targetPath and removes it (a
+// missing or unmounted path is success, a symlink is removed without being
+// followed). Then, when id names a block volume, its read-only loop device
+// is detached if no mount shows it any more (its last read-only publication
+// is gone), and an ephemeral inline volume is deleted: it lives as long as
+// its one publication. An unknown id is fine (nothing to release).
+// contract.ErrPrecondition for a non-empty directory that is not a mount.
+func (m *Manager) Unpublish(ctx context.Context, id, targetPath string) error {
+	unlock, err := m.locks.Wait(ctx, "volume", id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := m.mnt.Remove(targetPath); err != nil {
+		return err
+	}
+	v, err := m.Resolve(id)
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if v.Ephemeral && !ValidVolumeID(id) {
+		return m.Delete(v.ID)
+	}
+	if v.AccessType != contract.AccessBlock {
+		return nil
+	}
+	return m.releaseReadOnly(m.imagePath(v.ID))
+}
