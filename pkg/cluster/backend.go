@@ -123,7 +123,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 		if lv.DeletionTimestamp != nil {
 			return nil, fmt.Errorf("%w: volume %s of the same name is still being deleted; retry later", contract.ErrBusy, id)
 		}
-		if lv.Spec.Size < spec.SizeBytes || lv.Spec.VolumeMode != volumeMode(spec.AccessType) {
+		if lv.Spec.Size.Value() < spec.SizeBytes || lv.Spec.VolumeMode != volumeMode(spec.AccessType) {
 			return nil, fmt.Errorf("%w: volume %q exists with other arguments", contract.ErrExists, spec.Name)
 		}
 		return b.waitVolume(ctx, id)
@@ -133,7 +133,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 	lv = &v1.LocalVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: id},
 		Spec: v1.LocalVolumeSpec{
-			Size:       spec.SizeBytes,
+			Size:       quantity(spec.SizeBytes),
 			VolumeMode: volumeMode(spec.AccessType),
 			Parameters: spec.Parameters,
 			CSIName:    spec.Name,
@@ -219,8 +219,8 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 	if err != nil {
 		return 0, err
 	}
-	if size <= lv.Spec.Size {
-		return max(lv.Spec.Size, lv.Status.CapacityBytes), nil
+	if size <= lv.Spec.Size.Value() {
+		return max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()), nil
 	}
 	if err := b.grow(ctx, lv, size); err != nil {
 		return 0, err

@@ -15,8 +15,8 @@ func (b *ControllerBackend) MetricSamples(ctx context.Context) []metrics.Sample 
 	if err := b.c.List(ctx, nodes); err == nil {
 		for _, n := range nodes.Items {
 			out = append(out,
-				metrics.Sample{Desc: metrics.CapacityDesc, Value: float64(n.Status.CapacityBytes), Labels: []string{n.Name}},
-				metrics.Sample{Desc: metrics.FreeDesc, Value: float64(n.Status.FreeBytes), Labels: []string{n.Name}},
+				metrics.Sample{Desc: metrics.CapacityDesc, Value: float64(n.Status.CapacityBytes.Value()), Labels: []string{n.Name}},
+				metrics.Sample{Desc: metrics.FreeDesc, Value: float64(n.Status.FreeBytes.Value()), Labels: []string{n.Name}},
 				metrics.Sample{Desc: metrics.OrphansDesc, Value: float64(len(n.Status.Orphans)), Labels: []string{n.Name}})
 			if r, err := b.room(ctx, n.Name); err == nil {
 				out = append(out, metrics.Sample{Desc: metrics.AllocatableDesc, Value: float64(r.available), Labels: []string{n.Name}})

@@ -78,10 +78,10 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 	patch := client.MergeFrom(ln.DeepCopy())
 	ln.Status = v1.LocalNodeStatus{
 		Engine:           h.VM.Engine(),
-		CapacityBytes:    ci.Total,
-		AllocatableBytes: ci.Available,
-		FreeBytes:        ci.Free,
-		MaxVolumeBytes:   h.MaxVolumeBytes,
+		CapacityBytes:    quantity(ci.Total),
+		AllocatableBytes: quantity(ci.Available),
+		FreeBytes:        quantity(ci.Free),
+		MaxVolumeBytes:   quantity(h.MaxVolumeBytes),
 		DriverVersion:    h.Version,
 		Heartbeat:        metav1.Now(),
 		Orphans:          orphans,

@@ -61,7 +61,7 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 		setReady(&ls.Status.Conditions, ls.Generation, false, "SnapshotFailed", err.Error())
 	} else {
 		t := metav1.NewTime(snap.CreatedAt)
-		ls.Status.Phase, ls.Status.ReadyToUse, ls.Status.SizeBytes, ls.Status.CreationTime = v1.PhaseReady, true, snap.SizeBytes, &t
+		ls.Status.Phase, ls.Status.ReadyToUse, ls.Status.SizeBytes, ls.Status.CreationTime = v1.PhaseReady, true, quantity(snap.SizeBytes), &t
 		setReady(&ls.Status.Conditions, ls.Generation, true, "Created", "the snapshot exists on node "+r.NodeID)
 	}
 	return reconcile.Result{}, r.Client.Status().Update(ctx, ls)

@@ -109,7 +109,7 @@ func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volu
 		klog.ErrorS(err, "Cannot create volume", "volumeID", lv.Name)
 		return nil, false
 	}
-	klog.InfoS("Volume created for LocalVolume", "volumeID", lv.Name, "size", lv.Spec.Size)
+	klog.InfoS("Volume created for LocalVolume", "volumeID", lv.Name, "size", lv.Spec.Size.Value())
 	return local, false
 }
 
@@ -117,8 +117,8 @@ func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volu
 // smaller and records it Ready in lv.Status (with the expansion's error
 // code if that failed). busy: the expansion met a conflicting operation.
 func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
-	if lv.Spec.Size > local.CapacityBytes {
-		if c, err := r.VM.Expand(lv.Name, lv.Spec.Size); errors.Is(err, contract.ErrBusy) {
+	if size := lv.Spec.Size.Value(); size > local.CapacityBytes {
+		if c, err := r.VM.Expand(lv.Name, size); errors.Is(err, contract.ErrBusy) {
 			return true
 		} else if err != nil {
 			lv.Status.ErrorCode = codeName(err)
@@ -129,7 +129,7 @@ func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume
 		}
 	}
 	lv.Status.Phase = v1.PhaseReady
-	lv.Status.CapacityBytes = local.CapacityBytes
+	lv.Status.CapacityBytes = quantity(local.CapacityBytes)
 	lv.Status.Path = r.VM.DataPath(local)
 	if lv.Status.ErrorCode == "" {
 		setReady(&lv.Status.Conditions, lv.Generation, true, "Created", "the volume's data exists on node "+r.NodeID)
@@ -149,7 +149,7 @@ func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (volume.CreateSpe
 	spec := volume.CreateSpec{
 		ID:         lv.Name,
 		Name:       lv.Spec.CSIName,
-		SizeBytes:  lv.Spec.Size,
+		SizeBytes:  lv.Spec.Size.Value(),
 		AccessType: accessType(lv.Spec.VolumeMode),
 		Parameters: lv.Spec.Parameters,
 		DirMode:    params.DirMode,

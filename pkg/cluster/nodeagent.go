@@ -111,12 +111,12 @@ func counted(kind string, r reconcile.Reconciler) reconcile.Reconciler {
 
 // codeName is the status.errorCode of err: the name of the gRPC code
 // contract.ToStatus gives it.
-func codeName(err error) string {
-	return status.Code(contract.ToStatus(err)).String()
+func codeName(err error) v1.ErrorCode {
+	return v1.ErrorCode(status.Code(contract.ToStatus(err)).String())
 }
 
 // dataLoss is the status.errorCode of a Ready volume whose data vanished.
-var dataLoss = codes.DataLoss.String()
+var dataLoss = v1.ErrorCode(codes.DataLoss.String())
 
 func setReady(conds *[]metav1.Condition, gen int64, ok bool, reason, msg string) {
 	st := metav1.ConditionFalse

@@ -66,11 +66,11 @@ func (b *ControllerBackend) room(ctx context.Context, node string) (nodeRoom, er
 	var used int64
 	for _, lv := range list.Items {
 		if lv.Status.Phase != v1.PhaseFailed {
-			used += max(lv.Spec.Size, lv.Status.CapacityBytes)
+			used += max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value())
 		}
 	}
-	r.available = max(min(ln.Status.CapacityBytes-used, ln.Status.FreeBytes), 0)
-	r.maxVolume = ln.Status.MaxVolumeBytes
+	r.available = max(min(ln.Status.CapacityBytes.Value()-used, ln.Status.FreeBytes.Value()), 0)
+	r.maxVolume = ln.Status.MaxVolumeBytes.Value()
 	if b.MaxVolumeBytes > 0 && (r.maxVolume == 0 || b.MaxVolumeBytes < r.maxVolume) {
 		r.maxVolume = b.MaxVolumeBytes
 	}
@@ -172,12 +172,12 @@ func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume,
 			return err
 		}
 		if placed {
-			klog.V(2).InfoS("Volume placed", "volumeID", lv.Name, "node", node, "size", lv.Spec.Size)
+			klog.V(2).InfoS("Volume placed", "volumeID", lv.Name, "node", node, "size", lv.Spec.Size.Value())
 			return nil
 		}
 		refused = append(refused, fmt.Sprintf("%s: %s", node, why))
 	}
-	return fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", contract.ErrNoSpace, lv.Spec.Size, strings.Join(refused, "; "))
+	return fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", contract.ErrNoSpace, lv.Spec.Size.Value(), strings.Join(refused, "; "))
 }
 
 // place creates lv on node if the node has room. Decisions for one node
@@ -194,9 +194,9 @@ func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node 
 	switch {
 	case r.reason != "":
 		return false, r.reason, nil
-	case r.maxVolume > 0 && lv.Spec.Size > r.maxVolume:
+	case r.maxVolume > 0 && lv.Spec.Size.Value() > r.maxVolume:
 		return false, fmt.Sprintf("volumes are limited to %d bytes", r.maxVolume), nil
-	case lv.Spec.Size > r.available:
+	case lv.Spec.Size.Value() > r.available:
 		return false, fmt.Sprintf("%d bytes available", r.available), nil
 	}
 	obj := lv.DeepCopy()
@@ -218,11 +218,11 @@ func (b *ControllerBackend) grow(ctx context.Context, lv *v1.LocalVolume, size i
 	if err != nil {
 		return err
 	}
-	if r.reason != "" || size-lv.Spec.Size > r.available {
-		return fmt.Errorf("%w: node %s has %d bytes available, the expansion needs %d more %s", contract.ErrNoSpace, lv.Spec.Node, r.available, size-lv.Spec.Size, r.reason)
+	if need := size - lv.Spec.Size.Value(); r.reason != "" || need > r.available {
+		return fmt.Errorf("%w: node %s has %d bytes available, the expansion needs %d more %s", contract.ErrNoSpace, lv.Spec.Node, r.available, need, r.reason)
 	}
 	patch := client.MergeFrom(lv.DeepCopy())
-	lv.Spec.Size = size
+	lv.Spec.Size = quantity(size)
 	return b.c.Patch(ctx, lv, patch)
 }
 

@@ -69,7 +69,7 @@ func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.O
 			lv := &v1.LocalVolume{
 				ObjectMeta: metav1.ObjectMeta{Name: v.ID, Labels: labels},
 				Spec: v1.LocalVolumeSpec{
-					Node: d.node, Size: v.CapacityBytes, VolumeMode: volumeMode(v.AccessType),
+					Node: d.node, Size: quantity(v.CapacityBytes), VolumeMode: volumeMode(v.AccessType),
 					Engine: v.Engine, Parameters: v.Parameters, CSIName: v.Name,
 				},
 			}
@@ -122,7 +122,7 @@ func (d nodeData) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 	}
 	for _, v := range vols {
 		if !claimed[v.ID] && !v.Ephemeral {
-			out = append(out, v1.OrphanedData{ID: v.ID, Kind: "Volume", Path: d.vm.DataPath(v), SizeBytes: v.CapacityBytes})
+			out = append(out, v1.OrphanedData{ID: v.ID, Kind: "Volume", Path: d.vm.DataPath(v), SizeBytes: quantity(v.CapacityBytes)})
 		}
 	}
 	snaps, _, err := d.vm.ListSnapshots("", 0, "")
@@ -131,7 +131,7 @@ func (d nodeData) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 	}
 	for _, s := range snaps {
 		if !claimed[s.ID] {
-			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: d.vm.SnapshotPath(s), SizeBytes: s.SizeBytes})
+			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: d.vm.SnapshotPath(s), SizeBytes: quantity(s.SizeBytes)})
 		}
 	}
 	return out, nil

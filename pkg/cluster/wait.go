@@ -70,7 +70,7 @@ func (b *ControllerBackend) waitFor(ctx context.Context, objType client.Object, 
 
 // reportedCodes are the gRPC code names a node plugin writes to
 // status.errorCode (codes.Code.String(), the API's ErrorCode enum).
-var reportedCodes = map[string]codes.Code{
+var reportedCodes = map[v1.ErrorCode]codes.Code{
 	"OK": codes.OK, "Canceled": codes.Canceled, "Unknown": codes.Unknown,
 	"InvalidArgument": codes.InvalidArgument, "DeadlineExceeded": codes.DeadlineExceeded,
 	"NotFound": codes.NotFound, "AlreadyExists": codes.AlreadyExists,
@@ -83,7 +83,7 @@ var reportedCodes = map[string]codes.Code{
 
 // failure turns a Failed object's status into the error the node reported,
 // with its gRPC code (an unknown code name is INTERNAL).
-func failure(errorCode string, conds []metav1.Condition, what string) error {
+func failure(errorCode v1.ErrorCode, conds []metav1.Condition, what string) error {
 	msg := what + " failed on its node"
 	for _, c := range conds {
 		if c.Type == v1.ConditionReady && c.Message != "" {
@@ -127,7 +127,7 @@ func (b *ControllerBackend) waitExpanded(ctx context.Context, id string, size in
 	err := b.waitFor(ctx, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} }, id,
 		func(o client.Object) (bool, error) {
 			lv = o.(*v1.LocalVolume)
-			if lv.Status.CapacityBytes >= size {
+			if lv.Status.CapacityBytes.Value() >= size {
 				return true, nil
 			}
 			if lv.Status.ObservedGeneration >= lv.Generation && lv.Status.ErrorCode != "" {
@@ -138,7 +138,7 @@ func (b *ControllerBackend) waitExpanded(ctx context.Context, id string, size in
 	if err != nil {
 		return 0, err
 	}
-	return lv.Status.CapacityBytes, nil
+	return lv.Status.CapacityBytes.Value(), nil
 }
 
 func (b *ControllerBackend) waitSnapshot(ctx context.Context, id string) (*contract.Snapshot, error) {
