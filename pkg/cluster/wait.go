@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/codes"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -34,7 +35,7 @@ func (b *ControllerBackend) waitFor(ctx context.Context, objType client.Object, 
 	ctx, cancel := b.waitCtx(ctx)
 	defer cancel()
 	only := fields.OneTermEqualSelector("metadata.name", name)
-	lw := &cache.ListWatch{
+	lw := listThenWatch{&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			l := newList()
 			return l, b.c.List(ctx, l, &client.ListOptions{FieldSelector: only, Raw: &o})
@@ -42,8 +43,15 @@ func (b *ControllerBackend) waitFor(ctx context.Context, objType client.Object, 
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			return b.c.Watch(ctx, newList(), &client.ListOptions{FieldSelector: only, Raw: &o})
 		},
-	}
+	}}
 	gone := fmt.Errorf("%w: %s was deleted while waiting for it", contract.ErrBusy, name)
+	// A first read fails fast where the informer below would retry until
+	// the deadline (a missing permission, say).
+	if err := b.c.Get(ctx, client.ObjectKey{Name: name}, objType); apierrors.IsNotFound(err) {
+		return gone
+	} else if err != nil {
+		return err
+	}
 	var failed error // done's verdict, as opposed to the wait's own errors
 	exists := func(store cache.Store) (bool, error) {
 		if _, ok, err := store.GetByKey(name); err != nil || !ok {
@@ -67,6 +75,16 @@ func (b *ControllerBackend) waitFor(ctx context.Context, objType client.Object, 
 	}
 	return err
 }
+
+// listThenWatch makes the reflector of watch.UntilWithSync list, then
+// watch (as the watch loop it replaced did: get, then watch), instead of
+// asking for the initial state as a stream of watch events (WatchList),
+// which a client that does not pass that request on (controller-runtime's
+// fake client) never ends.
+type listThenWatch struct{ *cache.ListWatch }
+
+// IsWatchListSemanticsUnSupported is what client-go's reflector asks.
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 // reportedCodes are the gRPC code names a node plugin writes to
 // status.errorCode (codes.Code.String(), the API's ErrorCode enum).
