@@ -3,6 +3,10 @@ package cluster
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +31,31 @@ func TestFailureCodes(t *testing.T) {
 	}
 	if got := status.Code(contract.ToStatus(failure("Bogus", nil, "volume x"))); got != codes.Internal {
 		t.Errorf("unknown code name: %s, want Internal", got)
+	}
+}
+
+// The CRDs allow in status.errorCode exactly the code names failure reads.
+func TestErrorCodeEnum(t *testing.T) {
+	for _, crd := range []string{"localvolumes", "localsnapshots"} {
+		raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "kubernetes", "crds", "localdir.csi.dev_"+crd+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, enum, _ := strings.Cut(string(raw), "errorCode:")
+		enum, _, _ = strings.Cut(enum, "type: string")
+		var names []string
+		for _, l := range strings.Split(enum, "\n") {
+			if n, ok := strings.CutPrefix(strings.TrimSpace(l), "- "); ok {
+				names = append(names, n)
+			}
+		}
+		var want []string
+		for c := codes.OK; c <= codes.Unauthenticated; c++ {
+			want = append(want, c.String())
+		}
+		if !slices.Equal(names, want) || len(reportedCodes) != len(want) {
+			t.Errorf("%s: status.errorCode enum %v, want %v (and %d in reportedCodes)", crd, names, want, len(reportedCodes))
+		}
 	}
 }
 
