@@ -130,7 +130,10 @@ func ToStatus(err error) error {
 // Code is the gRPC code of a data-plane error: the pkg/volume sentinel it
 // wraps, a context error, else INTERNAL.
 func Code(err error) codes.Code {
+	var r *Reported
 	switch {
+	case errors.As(err, &r):
+		return r.Code
 	case errors.Is(err, ErrNotFound):
 		return codes.NotFound
 	case errors.Is(err, ErrExists):
@@ -152,3 +155,16 @@ func Code(err error) codes.Code {
 	}
 	return codes.Internal
 }
+
+// Reported is the failure of an operation another localdir process carried
+// out and reported by its gRPC code (in cluster mode, the node plugin's
+// status.errorCode): ToStatus and Code give it that code.
+type Reported struct {
+	Code    codes.Code
+	Message string
+}
+
+func (e *Reported) Error() string { return e.Message }
+
+// GRPCStatus is e as a status, for ToStatus.
+func (e *Reported) GRPCStatus() *status.Status { return status.New(e.Code, e.Message) }

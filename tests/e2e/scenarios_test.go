@@ -190,8 +190,9 @@ func TestOnlineResize(t *testing.T) {
 		})
 	}
 	lv := localVolume(t, id)
-	if size, _, _ := unstructured.NestedInt64(lv.Object, "spec", "size"); size != mustQuantity("160Mi") {
-		t.Fatalf("LocalVolume %s size %d, want 160Mi", id, size)
+	// spec.size is a quantity ("160Mi"; integers from earlier builds).
+	if size, _, _ := unstructured.NestedFieldNoCopy(lv.Object, "spec", "size"); mustQuantity(fmt.Sprint(size)) != mustQuantity("160Mi") {
+		t.Fatalf("LocalVolume %s size %v, want 160Mi", id, size)
 	}
 	// The pod sees the new sizes: the block device at once, the
 	// filesystem through its quota.

@@ -293,8 +293,8 @@ func (s *nodeStorm) objectProblems() []string {
 			out = append(out, fmt.Sprintf("LocalVolume %s (%s) is being deleted", v.id, v.name))
 		case lv.Status.Phase != v1.PhaseReady || lv.Status.ErrorCode != "":
 			out = append(out, fmt.Sprintf("LocalVolume %s (%s) is %q (error %q)", v.id, v.name, lv.Status.Phase, lv.Status.ErrorCode))
-		case lv.Spec.Size != v.size || lv.Status.CapacityBytes != v.size:
-			out = append(out, fmt.Sprintf("LocalVolume %s (%s): spec.size %d, status.capacityBytes %d, acknowledged %d", v.id, v.name, lv.Spec.Size, lv.Status.CapacityBytes, v.size))
+		case lv.Spec.Size.Value() != v.size || lv.Status.CapacityBytes.Value() != v.size:
+			out = append(out, fmt.Sprintf("LocalVolume %s (%s): spec.size %d, status.capacityBytes %d, acknowledged %d", v.id, v.name, lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value(), v.size))
 		case lv.Spec.Node != nodeStormNode || lv.Spec.CSIName != v.name || lv.Spec.VolumeMode != mode:
 			out = append(out, fmt.Sprintf("LocalVolume %s: node %q, name %q, mode %q; want %q, %q, %q", v.id, lv.Spec.Node, lv.Spec.CSIName, lv.Spec.VolumeMode, nodeStormNode, v.name, mode))
 		}
@@ -315,8 +315,8 @@ func (s *nodeStorm) objectProblems() []string {
 			out = append(out, fmt.Sprintf("LocalSnapshot %s (%s) is being deleted", sn.id, sn.name))
 		case !ls.Status.ReadyToUse || ls.Status.Phase != v1.PhaseReady:
 			out = append(out, fmt.Sprintf("LocalSnapshot %s (%s) is %q, readyToUse %v", sn.id, sn.name, ls.Status.Phase, ls.Status.ReadyToUse))
-		case ls.Status.SizeBytes != sn.size || ls.Spec.SourceVolume != sn.src || ls.Spec.Node != nodeStormNode:
-			out = append(out, fmt.Sprintf("LocalSnapshot %s: %d bytes of %s on %q; acknowledged %d bytes of %s", sn.id, ls.Status.SizeBytes, ls.Spec.SourceVolume, ls.Spec.Node, sn.size, sn.src))
+		case ls.Status.SizeBytes.Value() != sn.size || ls.Spec.SourceVolume != sn.src || ls.Spec.Node != nodeStormNode:
+			out = append(out, fmt.Sprintf("LocalSnapshot %s: %d bytes of %s on %q; acknowledged %d bytes of %s", sn.id, ls.Status.SizeBytes.Value(), ls.Spec.SourceVolume, ls.Spec.Node, sn.size, sn.src))
 		}
 	}
 	for id, ls := range lss {

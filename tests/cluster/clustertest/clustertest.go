@@ -92,11 +92,20 @@ type identities struct{ controller, node Identity }
 // deploy/kubernetes/crds, and stops them when the test ends.
 func Start(t testing.TB) *Env {
 	t.Helper()
+	return StartWithCRDs(t, CRDDir(t))
+}
+
+// CRDDir is deploy/kubernetes/crds, the CRDs `make generate` writes.
+func CRDDir(t testing.TB) string { return filepath.Join(Root(t), "deploy", "kubernetes", "crds") }
+
+// StartWithCRDs is Start with the CRDs of crdDir (an earlier release's, for
+// upgrade tests).
+func StartWithCRDs(t testing.TB, crdDir string) *Env {
+	t.Helper()
 	testdriver.RequireRoot(t)
-	root := Root(t)
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    ToolsDir(t),
-		CRDDirectoryPaths:        []string{filepath.Join(root, "deploy", "kubernetes", "crds")},
+		CRDDirectoryPaths:        []string{crdDir},
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 	}
@@ -128,6 +137,15 @@ func Start(t testing.TB) *Env {
 		t.Fatal(err)
 	}
 	return &Env{Config: cfg, Client: c, Kubeconfig: kc, env: env, dir: dir}
+}
+
+// InstallCRDs creates or updates the CRDs of crdDir, as `kubectl apply`
+// of a new release would, and waits until the API server serves them.
+func (e *Env) InstallCRDs(t testing.TB, crdDir string) {
+	t.Helper()
+	if _, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{crdDir}, ErrorIfPathMissing: true}); err != nil {
+		t.Fatalf("install CRDs of %s: %v", crdDir, err)
+	}
 }
 
 // rbacKinds are the objects of deploy/kubernetes that make up the
@@ -364,7 +382,7 @@ func (e *Env) WaitLocalNode(t testing.TB, nodeID string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		ln := &v1.LocalNode{}
-		if err := e.Client.Get(context.Background(), client.ObjectKey{Name: nodeID}, ln); err == nil && ln.Status.CapacityBytes > 0 {
+		if err := e.Client.Get(context.Background(), client.ObjectKey{Name: nodeID}, ln); err == nil && ln.Status.CapacityBytes.Value() > 0 {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)

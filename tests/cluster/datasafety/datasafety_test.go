@@ -166,7 +166,7 @@ func crdsDeletedAndReinstalled(t *testing.T, nodeGone bool) {
 	}
 	lv := &v1.LocalVolume{}
 	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
-	if lv.Spec.Size != 8<<20 || lv.Spec.Node != "node-a" || lv.Spec.CSIName != "pvc-crd" {
+	if lv.Spec.Size.Value() != 8<<20 || lv.Spec.Node != "node-a" || lv.Spec.CSIName != "pvc-crd" {
 		t.Errorf("re-adopted spec %+v", lv.Spec)
 	}
 	ls := &v1.LocalSnapshot{}

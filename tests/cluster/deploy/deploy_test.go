@@ -33,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -212,7 +213,7 @@ func TestDeploy(t *testing.T) {
 	t.Run("PrinterColumns", func(t *testing.T) {
 		lv := &v1.LocalVolume{
 			ObjectMeta: metav1.ObjectMeta{Name: "vol-00112233445566778899aabbccddeeff", Labels: map[string]string{v1.NodeLabel: "node-a"}},
-			Spec:       v1.LocalVolumeSpec{Node: "node-a", Size: 1 << 30, CSIName: "pvc-printer-columns"},
+			Spec:       v1.LocalVolumeSpec{Node: "node-a", Size: resource.MustParse("1Gi"), CSIName: "pvc-printer-columns"},
 		}
 		if err := env.Client.Create(context.Background(), lv); err != nil {
 			t.Fatalf("create LocalVolume: %v", err)
@@ -225,8 +226,8 @@ func TestDeploy(t *testing.T) {
 		if got, want := strings.Fields(lines[0]), []string{"NAME", "NODE", "SIZE", "PHASE", "AGE"}; !slices.Equal(got, want) {
 			t.Errorf("kubectl get localvolumes header = %v, want %v", got, want)
 		}
-		if got := strings.Fields(lines[1]); len(got) < 3 || got[0] != lv.Name || got[1] != "node-a" || got[2] != "1073741824" {
-			t.Errorf("kubectl get localvolumes row = %q, want %s node-a 1073741824 …", lines[1], lv.Name)
+		if got := strings.Fields(lines[1]); len(got) < 3 || got[0] != lv.Name || got[1] != "node-a" || got[2] != "1Gi" {
+			t.Errorf("kubectl get localvolumes row = %q, want %s node-a 1Gi …", lines[1], lv.Name)
 		}
 		wide := strings.Split(strings.TrimSpace(string(tl.kubectlOK(t, nil, "get", "lv", "-o", "wide"))), "\n")
 		if got, want := strings.Fields(wide[0]), []string{"NAME", "NODE", "SIZE", "MODE", "PHASE", "PV", "AGE"}; !slices.Equal(got, want) {
@@ -249,7 +250,9 @@ func TestDeploy(t *testing.T) {
 			}
 			time.Sleep(time.Second)
 		}
-		for _, want := range []string{"KIND: LocalVolume", "FIELD: size <integer>", "Size is the volume's capacity in bytes."} {
+		// A quantity's schema is integer-or-string, which kubectl explain
+		// prints as <Object>.
+		for _, want := range []string{"KIND: LocalVolume", "FIELD: size <Object>", "Size is the volume's capacity in bytes."} {
 			if !strings.Contains(out, want) {
 				t.Errorf("kubectl explain localvolume.spec.size: %q missing from:\n%s", want, out)
 			}

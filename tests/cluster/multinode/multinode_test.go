@@ -156,7 +156,7 @@ func TestPlacementRaceNeverOversubscribes(t *testing.T) {
 	}
 	var total int64
 	for _, lv := range list.Items {
-		total += lv.Spec.Size
+		total += lv.Spec.Size.Value()
 	}
 	if total > 100*mi {
 		t.Fatalf("node oversubscribed: %d bytes placed on 100Mi", total)

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -96,7 +97,7 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 	// What the controller's allows.
 	lv := &v1.LocalVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: "vol-00000000000000000000000000000001", Labels: map[string]string{v1.NodeLabel: "node-rbac"}},
-		Spec:       v1.LocalVolumeSpec{Node: "node-rbac", Size: 1 << 20, VolumeMode: v1.VolumeModeFilesystem, CSIName: "rbac"},
+		Spec:       v1.LocalVolumeSpec{Node: "node-rbac", Size: resource.MustParse("1Mi"), VolumeMode: v1.VolumeModeFilesystem, CSIName: "rbac"},
 	}
 	mustAllow(t, ctrl.Create(ctx, lv), "controller: create a LocalVolume")
 	mustAllow(t, ctrl.List(ctx, &v1.LocalNodeList{}), "controller: list LocalNodes")

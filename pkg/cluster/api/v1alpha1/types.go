@@ -7,6 +7,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -63,6 +64,17 @@ const (
 	VolumeModeBlock      = "Block"
 )
 
+// Sizes are resource.Quantity values of bytes: the controller and the node
+// plugin write them in binary units (2Gi), and objects written by earlier
+// builds, which stored plain integers (2147483648), read the same: the
+// schema accepts an integer or a quantity string (x-kubernetes-int-or-string).
+
+// ErrorCode is the name of a gRPC status code as codes.Code.String() spells
+// it (ResourceExhausted, NotFound, …).
+//
+// +kubebuilder:validation:Enum=OK;Canceled;Unknown;InvalidArgument;DeadlineExceeded;NotFound;AlreadyExists;PermissionDenied;ResourceExhausted;FailedPrecondition;Aborted;OutOfRange;Unimplemented;Internal;Unavailable;DataLoss;Unauthenticated
+type ErrorCode string
+
 // ContentSource is what a new volume is filled from: at most one field set.
 type ContentSource struct {
 	// Snapshot is the snapshot_id (a LocalSnapshot name) to restore.
@@ -80,11 +92,12 @@ type LocalVolumeSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
 	Node string `json:"node"`
-	// Size is the volume's capacity in bytes. ControllerExpandVolume raises
-	// it; the node plugin then grows the volume (btrfs qgroup limit, image
-	// file size).
-	// +kubebuilder:validation:Minimum=1
-	Size int64 `json:"size"`
+	// Size is the volume's capacity in bytes. It is a quantity (2Gi);
+	// integers written by earlier builds read the same.
+	// ControllerExpandVolume raises it; the node plugin then grows the
+	// volume (btrfs qgroup limit, image file size).
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('1')) >= 0",message="size must be a whole number of bytes, at least 1"
+	Size resource.Quantity `json:"size"`
 	// VolumeMode is Filesystem (a directory, mounted into pods) or Block (an
 	// image file attached as a loop device).
 	// +kubebuilder:validation:Enum=Filesystem;Block
@@ -126,20 +139,21 @@ type LocalVolumeStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
-	// CapacityBytes is the capacity the node actually provides, in bytes.
+	// CapacityBytes is the capacity the node actually provides, in bytes
+	// (a quantity).
 	// +optional
-	CapacityBytes int64 `json:"capacityBytes,omitempty"`
-	// UsedBytes is the space the volume's data occupies, in bytes, as last
-	// measured by the node plugin.
+	CapacityBytes resource.Quantity `json:"capacityBytes,omitzero"`
+	// UsedBytes is the space the volume's data occupies, in bytes (a
+	// quantity), as last measured by the node plugin.
 	// +optional
-	UsedBytes int64 `json:"usedBytes,omitempty"`
+	UsedBytes resource.Quantity `json:"usedBytes,omitzero"`
 	// Path is where the data lives on the node.
 	// +optional
 	Path string `json:"path,omitempty"`
 	// ErrorCode is the gRPC code name (e.g. ResourceExhausted) of a failed
 	// create, which the controller returns to the CO.
 	// +optional
-	ErrorCode string `json:"errorCode,omitempty"`
+	ErrorCode ErrorCode `json:"errorCode,omitempty"`
 	// ObservedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -152,7 +166,7 @@ type LocalVolumeStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=lv,categories=localdir
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
-// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.spec.size`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.volumeMode`,priority=1
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="PV",type=string,JSONPath=`.spec.csiName`,priority=1
@@ -201,9 +215,10 @@ type LocalSnapshotStatus struct {
 	// Phase is Pending, Ready, Failed or Deleting.
 	// +optional
 	Phase string `json:"phase,omitempty"`
-	// SizeBytes is the restore size: the source's capacity when taken.
+	// SizeBytes is the restore size, in bytes (a quantity): the source's
+	// capacity when taken.
 	// +optional
-	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	SizeBytes resource.Quantity `json:"sizeBytes,omitzero"`
 	// CreationTime is when the snapshot was taken.
 	// +optional
 	CreationTime *metav1.Time `json:"creationTime,omitempty"`
@@ -214,7 +229,7 @@ type LocalSnapshotStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 	// ErrorCode is the gRPC code name of a failed snapshot.
 	// +optional
-	ErrorCode string `json:"errorCode,omitempty"`
+	ErrorCode ErrorCode `json:"errorCode,omitempty"`
 }
 
 // LocalSnapshot is one CSI snapshot held on one node. Its name is the
@@ -226,7 +241,7 @@ type LocalSnapshotStatus struct {
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceVolume`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
 // +kubebuilder:printcolumn:name="Ready",type=boolean,JSONPath=`.status.readyToUse`
-// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.sizeBytes`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.sizeBytes`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type LocalSnapshot struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -254,8 +269,8 @@ type OrphanedData struct {
 	Kind string `json:"kind"`
 	// Path is where the data is on the node.
 	Path string `json:"path"`
-	// SizeBytes is the recorded size, in bytes.
-	SizeBytes int64 `json:"sizeBytes"`
+	// SizeBytes is the recorded size, in bytes (a quantity).
+	SizeBytes resource.Quantity `json:"sizeBytes"`
 }
 
 // LocalNodeStatus is written by a node plugin about its own node.
@@ -263,16 +278,19 @@ type LocalNodeStatus struct {
 	// Engine is the storage engine of new Filesystem volumes (dir, btrfs).
 	Engine string `json:"engine,omitempty"`
 	// CapacityBytes is the data root's capacity (--capacity, or its
-	// filesystem's size), in bytes.
-	CapacityBytes int64 `json:"capacityBytes,omitempty"`
+	// filesystem's size), in bytes (a quantity, as all sizes here).
+	// +optional
+	CapacityBytes resource.Quantity `json:"capacityBytes,omitzero"`
 	// AllocatableBytes is what volumes may still reserve on this node:
 	// min(capacity − Σ volume sizes, free), in bytes.
-	AllocatableBytes int64 `json:"allocatableBytes,omitempty"`
+	// +optional
+	AllocatableBytes resource.Quantity `json:"allocatableBytes,omitzero"`
 	// FreeBytes is the free space of the data root's filesystem, in bytes.
-	FreeBytes int64 `json:"freeBytes,omitempty"`
+	// +optional
+	FreeBytes resource.Quantity `json:"freeBytes,omitzero"`
 	// MaxVolumeBytes is the largest volume the node accepts (0 = no limit).
 	// +optional
-	MaxVolumeBytes int64 `json:"maxVolumeBytes,omitempty"`
+	MaxVolumeBytes resource.Quantity `json:"maxVolumeBytes,omitzero"`
 	// DriverVersion is the node plugin's version.
 	DriverVersion string `json:"driverVersion,omitempty"`
 	// Heartbeat is when the node plugin last wrote this status.
@@ -304,8 +322,8 @@ type RecoveryProblem struct {
 // +kubebuilder:resource:scope=Cluster,shortName=lnode,categories=localdir
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Engine",type=string,JSONPath=`.status.engine`
-// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.status.capacityBytes`
-// +kubebuilder:printcolumn:name="Allocatable",type=integer,JSONPath=`.status.allocatableBytes`
+// +kubebuilder:printcolumn:name="Capacity",type=string,JSONPath=`.status.capacityBytes`
+// +kubebuilder:printcolumn:name="Allocatable",type=string,JSONPath=`.status.allocatableBytes`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.driverVersion`
 // +kubebuilder:printcolumn:name="Heartbeat",type=date,JSONPath=`.status.heartbeat`
 type LocalNode struct {

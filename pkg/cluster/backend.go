@@ -1,0 +1,261 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// ControllerBackend implements driver.Backend on the API server (controller
+// mode): the CSI Controller service's calls become LocalVolume and
+// LocalSnapshot objects that the node plugins carry out. It never touches a
+// disk. Placement is in placement.go, waiting for a node in wait.go, the
+// snapshot calls in backend_snapshots.go.
+type ControllerBackend struct {
+	c client.WithWatch
+	// Wait bounds how long a call waits for a node plugin when the caller's
+	// context has no earlier deadline.
+	Wait time.Duration
+	// MaxVolumeBytes caps single volumes (0: no cap).
+	MaxVolumeBytes int64
+
+	mu    sync.Mutex
+	nodes map[string]*sync.Mutex // placement is serialized per node
+}
+
+// NewControllerBackend connects to the API server.
+func NewControllerBackend(cfg *rest.Config, maxVolumeBytes int64) (*ControllerBackend, error) {
+	ctrllog.SetLogger(klog.NewKlogr())
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	return newControllerBackend(c, maxVolumeBytes), nil
+}
+
+// newControllerBackend is a backend on any client (a fake one in unit tests).
+func newControllerBackend(c client.WithWatch, maxVolumeBytes int64) *ControllerBackend {
+	return &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, nodes: map[string]*sync.Mutex{}}
+}
+
+func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
+	if !volume.ValidVolumeID(id) {
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
+	}
+	lv := &v1.LocalVolume{}
+	err := b.c.Get(ctx, client.ObjectKey{Name: id}, lv)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
+	}
+	return lv, err
+}
+
+// VolumeByName returns the Ready volume of a CSI name; one still being
+// created is left to CreateVolume, which waits for it.
+func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*contract.Volume, error) {
+	lv, err := b.getVolume(ctx, VolumeIDFor(name))
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+		return nil, err
+	}
+	return toVolume(lv), nil
+}
+
+// Volume implements driver.Backend: only Ready volumes exist for the CO.
+func (b *ControllerBackend) Volume(ctx context.Context, id string) (*contract.Volume, error) {
+	lv, err := b.getVolume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+		return nil, fmt.Errorf("%w: volume %q is %s", contract.ErrNotFound, id, phaseOf(lv.Status.Phase))
+	}
+	return toVolume(lv), nil
+}
+
+// ListVolumes implements driver.Backend (Ready volumes, id order).
+func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit int) ([]*contract.Volume, string, error) {
+	list := &v1.LocalVolumeList{}
+	if err := b.c.List(ctx, list); err != nil {
+		return nil, "", err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	var out []*contract.Volume
+	for i := range list.Items {
+		lv := &list.Items[i]
+		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+			continue
+		}
+		if limit > 0 && len(out) == limit {
+			return out, out[len(out)-1].ID, nil
+		}
+		out = append(out, toVolume(lv))
+	}
+	return out, "", nil
+}
+
+// CreateVolume implements driver.Backend: it places the volume (on the
+// source's node for a restore or clone), records a LocalVolume and waits
+// until that node's plugin reports it Ready or Failed.
+func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
+	id := VolumeIDFor(spec.Name)
+	lv, err := b.getVolume(ctx, id)
+	switch {
+	case err == nil:
+		if lv.DeletionTimestamp != nil {
+			return nil, fmt.Errorf("%w: volume %s of the same name is still being deleted; retry later", contract.ErrBusy, id)
+		}
+		if lv.Spec.Size.Value() < spec.SizeBytes || lv.Spec.VolumeMode != volumeMode(spec.AccessType) {
+			return nil, fmt.Errorf("%w: volume %q exists with other arguments", contract.ErrExists, spec.Name)
+		}
+		return b.waitVolume(ctx, id)
+	case !errors.Is(err, contract.ErrNotFound):
+		return nil, err
+	}
+	lv = &v1.LocalVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: id},
+		Spec: v1.LocalVolumeSpec{
+			Size:       quantity(spec.SizeBytes),
+			VolumeMode: volumeMode(spec.AccessType),
+			Parameters: spec.Parameters,
+			CSIName:    spec.Name,
+		},
+	}
+	sourceNode, err := b.contentSource(ctx, lv, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.placeVolume(ctx, lv, sourceNode, topology); err != nil {
+		return nil, err
+	}
+	return b.waitVolume(ctx, id)
+}
+
+// contentSource sets lv's content source from spec and returns the node
+// that holds it ("" for an empty volume).
+func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolume, spec volume.CreateSpec) (string, error) {
+	switch {
+	case spec.SourceSnapshotID != "":
+		ls, err := b.getSnapshot(ctx, spec.SourceSnapshotID)
+		if err != nil {
+			return "", err
+		}
+		lv.Spec.ContentSource = &v1.ContentSource{Snapshot: ls.Name}
+		return ls.Spec.Node, nil
+	case spec.SourceVolumeID != "":
+		src, err := b.getVolume(ctx, spec.SourceVolumeID)
+		if err != nil {
+			return "", err
+		}
+		lv.Spec.ContentSource = &v1.ContentSource{Volume: src.Name}
+		return src.Spec.Node, nil
+	}
+	return "", nil
+}
+
+// remove records the delete intent on a LocalVolume and deletes it.
+func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) error {
+	return b.deleteWithIntent(ctx, lv, &lv.Spec.DeleteData)
+}
+
+// deleteWithIntent sets the object's spec.deleteData (*intent, a field of
+// obj) and the v1alpha1.Finalizer in one patch unless both are there, then
+// deletes obj: the node plugin removes data only for objects carrying that
+// intent, and the finalizer keeps the object until it has. Objects nobody
+// asked to delete never carry the finalizer (an uninstall deleting the
+// CRDs does not wait on node plugins).
+func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
+	if !*intent || !controllerutil.ContainsFinalizer(obj, v1.Finalizer) {
+		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+		*intent = true
+		controllerutil.AddFinalizer(obj, v1.Finalizer)
+		if err := b.c.Patch(ctx, obj, patch); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	uid := obj.GetUID()
+	return client.IgnoreNotFound(b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}))
+}
+
+// DeleteVolume implements driver.Backend: the delete intent is recorded on
+// the object (spec.deleteData and the finalizer), then the object deleted;
+// the node plugin removes the data and then the finalizer, now or when it
+// comes back.
+func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
+	lv, err := b.getVolume(ctx, id)
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	klog.V(2).InfoS("Deleting volume", "volumeID", id, "node", lv.Spec.Node)
+	return b.remove(ctx, lv)
+}
+
+// ExpandVolume implements driver.Backend: it checks the node has room for
+// the growth, raises spec.size and waits for the node to report the new
+// capacity.
+func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size int64) (int64, error) {
+	lv, err := b.getVolume(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if size <= lv.Spec.Size.Value() {
+		return max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()), nil
+	}
+	if err := b.grow(ctx, lv, size); err != nil {
+		return 0, err
+	}
+	return b.waitExpanded(ctx, id, size)
+}
+
+// VolumeHealth implements driver.Backend from the object's status and its
+// node's heartbeat.
+func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (volume.Health, error) {
+	lv, err := b.getVolume(ctx, id)
+	if err != nil {
+		return volume.Health{}, err
+	}
+	var h volume.Health
+	if lv.Status.Phase != v1.PhaseReady {
+		h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "Not" + v1.PhaseReady, Message: "LocalVolume phase is " + phaseOf(lv.Status.Phase)})
+	}
+	for _, c := range lv.Status.Conditions {
+		if c.Type == "Healthy" && c.Status == metav1.ConditionFalse {
+			h.Problems = append(h.Problems, volume.Problem{Kind: "Degraded", Reason: c.Reason, Message: c.Message})
+		}
+	}
+	if r, err := b.room(ctx, lv.Spec.Node); err == nil && r.reason != "" {
+		h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NodePluginGone", Message: r.reason})
+	}
+	return h, nil
+}
+
+// NodeKnown reports whether a LocalNode exists for node (ControllerPublish
+// answers NOT_FOUND for unknown nodes).
+func (b *ControllerBackend) NodeKnown(ctx context.Context, node string) (bool, error) {
+	err := b.c.Get(ctx, client.ObjectKey{Name: node}, &v1.LocalNode{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}

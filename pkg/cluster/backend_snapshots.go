@@ -1,0 +1,134 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// The snapshot calls of ControllerBackend.
+
+func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.LocalSnapshot, error) {
+	if !volume.ValidSnapshotID(id) {
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
+	}
+	ls := &v1.LocalSnapshot{}
+	err := b.c.Get(ctx, client.ObjectKey{Name: id}, ls)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
+	}
+	return ls, err
+}
+
+// SnapshotByName implements driver.Backend (Ready snapshots only).
+func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*contract.Snapshot, error) {
+	ls, err := b.getSnapshot(ctx, SnapshotIDFor(name))
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil {
+		return nil, err
+	}
+	return toSnapshot(ls), nil
+}
+
+// Snapshot implements driver.Backend.
+func (b *ControllerBackend) Snapshot(ctx context.Context, id string) (*contract.Snapshot, error) {
+	ls, err := b.getSnapshot(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil {
+		return nil, fmt.Errorf("%w: snapshot %q is not ready", contract.ErrNotFound, id)
+	}
+	return toSnapshot(ls), nil
+}
+
+// ListSnapshots implements driver.Backend.
+func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, limit int, src string) ([]*contract.Snapshot, string, error) {
+	list := &v1.LocalSnapshotList{}
+	if err := b.c.List(ctx, list); err != nil {
+		return nil, "", err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	var out []*contract.Snapshot
+	for i := range list.Items {
+		ls := &list.Items[i]
+		if ls.Name <= after || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil || (src != "" && ls.Spec.SourceVolume != src) {
+			continue
+		}
+		if limit > 0 && len(out) == limit {
+			return out, out[len(out)-1].ID, nil
+		}
+		out = append(out, toSnapshot(ls))
+	}
+	return out, "", nil
+}
+
+// CreateSnapshot implements driver.Backend: a LocalSnapshot on the source's
+// node, then a wait for readyToUse.
+func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string, topology *csi.TopologyRequirement) (*contract.Snapshot, error) {
+	id := SnapshotIDFor(name)
+	ls, err := b.getSnapshot(ctx, id)
+	switch {
+	case err == nil:
+		if ls.Spec.SourceVolume != src {
+			return nil, fmt.Errorf("%w: snapshot %q exists for volume %s", contract.ErrExists, name, ls.Spec.SourceVolume)
+		}
+		if ls.DeletionTimestamp != nil {
+			return nil, fmt.Errorf("%w: snapshot %s of the same name is still being deleted; retry later", contract.ErrBusy, id)
+		}
+	case errors.Is(err, contract.ErrNotFound):
+		if err := b.recordSnapshot(ctx, id, name, src, topology); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, err
+	}
+	return b.waitSnapshot(ctx, id)
+}
+
+// recordSnapshot creates the LocalSnapshot id of volume src, on its node.
+func (b *ControllerBackend) recordSnapshot(ctx context.Context, id, name, src string, topology *csi.TopologyRequirement) error {
+	lv, err := b.Volume(ctx, src)
+	if err != nil {
+		return err
+	}
+	if !contract.Reachable(topology, lv.Node) {
+		return fmt.Errorf("%w: the source volume lives on node %q, which the accessibility requirements exclude", contract.ErrNoSpace, lv.Node)
+	}
+	ls := &v1.LocalSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: lv.Node}},
+		Spec:       v1.LocalSnapshotSpec{SourceVolume: src, Node: lv.Node, CSIName: name},
+	}
+	if err := b.c.Create(ctx, ls); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+func (b *ControllerBackend) removeSnapshot(ctx context.Context, ls *v1.LocalSnapshot) error {
+	return b.deleteWithIntent(ctx, ls, &ls.Spec.DeleteData)
+}
+
+// DeleteSnapshot implements driver.Backend like DeleteVolume.
+func (b *ControllerBackend) DeleteSnapshot(ctx context.Context, id string) error {
+	ls, err := b.getSnapshot(ctx, id)
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return b.removeSnapshot(ctx, ls)
+}

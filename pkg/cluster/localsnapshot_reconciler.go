@@ -1,0 +1,88 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// LocalSnapshotReconciler carries out the LocalSnapshots of one node: it
+// takes the snapshot once, reports it in status, and removes the data of
+// an object deleted with spec.deleteData.
+type LocalSnapshotReconciler struct {
+	Client client.Client
+	NodeID string
+	VM     *volume.Manager
+}
+
+// SetupWithManager registers the reconciler for LocalSnapshots.
+func (r *LocalSnapshotReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).Named("localsnapshot").For(&v1.LocalSnapshot{}).
+		Complete(counted("LocalSnapshot", r))
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	ls := &v1.LocalSnapshot{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ls); apierrors.IsNotFound(err) {
+		return reconcile.Result{}, nodeData{r.Client, r.NodeID, r.VM}.readoptGone(ctx, "Snapshot", req.Name)
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	if ls.Spec.Node != r.NodeID || !volume.ValidSnapshotID(ls.Name) {
+		return reconcile.Result{}, nil
+	}
+	if ls.DeletionTimestamp != nil {
+		return r.finishDelete(ctx, ls)
+	}
+	if err := dropLegacyFinalizer(ctx, r.Client, ls, ls.Spec.DeleteData); err != nil {
+		return reconcile.Result{}, err
+	}
+	if ls.Status.ReadyToUse || ls.Status.Phase == v1.PhaseFailed {
+		return reconcile.Result{}, nil
+	}
+	snap, err := r.VM.CreateSnapshot(volume.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
+	if errors.Is(err, contract.ErrBusy) {
+		return reconcile.Result{RequeueAfter: busyRetry}, nil // its source is being expanded or deleted
+	}
+	if err != nil {
+		ls.Status.Phase, ls.Status.ErrorCode = v1.PhaseFailed, codeName(err)
+		setReady(&ls.Status.Conditions, ls.Generation, false, "SnapshotFailed", err.Error())
+	} else {
+		t := metav1.NewTime(snap.CreatedAt)
+		ls.Status.Phase, ls.Status.ReadyToUse, ls.Status.SizeBytes, ls.Status.CreationTime = v1.PhaseReady, true, quantity(snap.SizeBytes), &t
+		setReady(&ls.Status.Conditions, ls.Generation, true, "Created", "the snapshot exists on node "+r.NodeID)
+	}
+	return reconcile.Result{}, r.Client.Status().Update(ctx, ls)
+}
+
+// finishDelete removes the data of a deleted LocalSnapshot that holds the
+// finalizer and carries the delete intent (without it the data stays, to
+// be re-adopted), then the finalizer.
+func (r *LocalSnapshotReconciler) finishDelete(ctx context.Context, ls *v1.LocalSnapshot) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(ls, v1.Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	if ls.Spec.DeleteData {
+		if err := r.VM.DeleteSnapshot(ls.Name); errors.Is(err, contract.ErrBusy) {
+			return reconcile.Result{RequeueAfter: busyRetry}, nil // a restore reads it
+		} else if err != nil {
+			return reconcile.Result{}, err
+		}
+	} else {
+		klog.InfoS("LocalSnapshot deleted without a DeleteSnapshot call; keeping its data as an orphan", "snapshotID", ls.Name)
+	}
+	controllerutil.RemoveFinalizer(ls, v1.Finalizer)
+	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, ls))
+}

@@ -1,0 +1,189 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// LocalVolumeReconciler carries out the LocalVolumes of one node: it
+// creates (or restores, or clones) the volume's data, grows it when
+// spec.size grows, reports the outcome in status, and removes the data of
+// an object deleted with spec.deleteData.
+type LocalVolumeReconciler struct {
+	Client client.Client
+	NodeID string
+	VM     *volume.Manager
+}
+
+// SetupWithManager registers the reconciler for LocalVolumes (the
+// manager's cache decides which: NodeAgent's holds its node's only).
+func (r *LocalVolumeReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).Named("localvolume").For(&v1.LocalVolume{}).
+		Complete(counted("LocalVolume", r))
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	lv := &v1.LocalVolume{}
+	if err := r.Client.Get(ctx, req.NamespacedName, lv); apierrors.IsNotFound(err) {
+		return reconcile.Result{}, r.data().readoptGone(ctx, "Volume", req.Name)
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	if lv.Spec.Node != r.NodeID || !volume.ValidVolumeID(lv.Name) {
+		return reconcile.Result{}, nil
+	}
+	if lv.DeletionTimestamp != nil {
+		return r.finishDelete(ctx, lv)
+	}
+	if err := dropLegacyFinalizer(ctx, r.Client, lv, lv.Spec.DeleteData); err != nil {
+		return reconcile.Result{}, err
+	}
+	before := lv.Status.DeepCopy()
+	if busy, err := r.carryOut(lv); err != nil {
+		return reconcile.Result{}, err
+	} else if busy {
+		return reconcile.Result{RequeueAfter: busyRetry}, nil
+	}
+	lv.Status.ObservedGeneration = lv.Generation
+	if !equality.Semantic.DeepEqual(before, &lv.Status) {
+		if err := r.Client.Status().Update(ctx, lv); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return reconcile.Result{}, nil
+}
+
+func (r *LocalVolumeReconciler) data() nodeData { return nodeData{r.Client, r.NodeID, r.VM} }
+
+// carryOut brings the node's data in line with lv and records the outcome
+// in lv.Status. busy: a conflicting operation holds the data (or its
+// source); try again after busyRetry.
+func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err error) {
+	local, err := r.VM.Get(lv.Name)
+	notFound := errors.Is(err, contract.ErrNotFound)
+	switch {
+	case notFound && lv.Status.Phase == v1.PhaseReady:
+		lv.Status.ErrorCode = dataLoss
+		setReady(&lv.Status.Conditions, lv.Generation, false, "DataMissing",
+			"the node holds no data for this volume although it was Ready; it was removed outside localdir")
+		return false, nil
+	case notFound && lv.Status.Phase != v1.PhaseFailed:
+		if local, busy = r.create(lv); local == nil {
+			return busy, nil
+		}
+	case err != nil:
+		return false, err
+	}
+	return r.ready(lv, local), nil
+}
+
+// create creates lv's volume. On failure it records it in lv.Status
+// (Failed, with the error's code) and returns nil; busy: its source is
+// being deleted or changed, try again shortly (it is then gone, NOT_FOUND,
+// or free).
+func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volume, busy bool) {
+	spec, err := r.createSpec(lv)
+	if err == nil {
+		local, err = r.VM.Create(spec)
+	}
+	if errors.Is(err, contract.ErrBusy) {
+		return nil, true
+	}
+	if err != nil {
+		lv.Status.Phase, lv.Status.ErrorCode = v1.PhaseFailed, codeName(err)
+		setReady(&lv.Status.Conditions, lv.Generation, false, "CreateFailed", err.Error())
+		klog.ErrorS(err, "Cannot create volume", "volumeID", lv.Name)
+		return nil, false
+	}
+	klog.InfoS("Volume created for LocalVolume", "volumeID", lv.Name, "size", lv.Spec.Size.Value())
+	return local, false
+}
+
+// ready grows the existing volume local to lv's spec.size if it is
+// smaller and records it Ready in lv.Status (with the expansion's error
+// code if that failed). busy: the expansion met a conflicting operation.
+func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
+	if size := lv.Spec.Size.Value(); size > local.CapacityBytes {
+		if c, err := r.VM.Expand(lv.Name, size); errors.Is(err, contract.ErrBusy) {
+			return true
+		} else if err != nil {
+			lv.Status.ErrorCode = codeName(err)
+			setReady(&lv.Status.Conditions, lv.Generation, true, "ExpandFailed", err.Error())
+		} else {
+			local.CapacityBytes = c
+			lv.Status.ErrorCode = ""
+		}
+	}
+	lv.Status.Phase = v1.PhaseReady
+	lv.Status.CapacityBytes = quantity(local.CapacityBytes)
+	lv.Status.Path = r.VM.DataPath(local)
+	if lv.Status.ErrorCode == "" {
+		setReady(&lv.Status.Conditions, lv.Generation, true, "Created", "the volume's data exists on node "+r.NodeID)
+	}
+	return false
+}
+
+// createSpec is the create of lv's volume. Its parameters are parsed as the
+// controller's CreateVolume parsed them (contract.ParseParams); a value it
+// refuses (an object written by hand) fails the create with
+// INVALID_ARGUMENT instead of falling back to a default.
+func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (volume.CreateSpec, error) {
+	params, err := contract.ParseParams(lv.Spec.Parameters)
+	if err != nil {
+		return volume.CreateSpec{}, err
+	}
+	spec := volume.CreateSpec{
+		ID:         lv.Name,
+		Name:       lv.Spec.CSIName,
+		SizeBytes:  lv.Spec.Size.Value(),
+		AccessType: accessType(lv.Spec.VolumeMode),
+		Parameters: lv.Spec.Parameters,
+		DirMode:    params.DirMode,
+	}
+	if cs := lv.Spec.ContentSource; cs != nil {
+		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume
+	}
+	return spec, nil
+}
+
+// finishDelete acts on a deleted LocalVolume that holds the finalizer:
+// with deleteData the data is removed (a mounted volume waits, with the
+// reason in its condition); without it (objects from earlier builds) the
+// data stays, to be re-adopted. Then the finalizer goes. An object without
+// the finalizer is gone already, or about to be.
+func (r *LocalVolumeReconciler) finishDelete(ctx context.Context, lv *v1.LocalVolume) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(lv, v1.Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	if lv.Spec.DeleteData {
+		if err := r.VM.Delete(lv.Name); errors.Is(err, contract.ErrBusy) {
+			return reconcile.Result{RequeueAfter: busyRetry}, nil
+		} else if err != nil {
+			lv.Status.Phase = v1.PhaseDeleting
+			setReady(&lv.Status.Conditions, lv.Generation, false, "DeleteBlocked", err.Error())
+			_ = r.Client.Status().Update(ctx, lv)
+			klog.ErrorS(err, "Cannot delete volume data yet", "volumeID", lv.Name)
+			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+		}
+		klog.InfoS("Volume data deleted", "volumeID", lv.Name)
+	} else if v, err := r.VM.Get(lv.Name); err == nil {
+		klog.InfoS("LocalVolume deleted without a DeleteVolume call; keeping its data as an orphan",
+			"volumeID", lv.Name, "path", r.VM.DataPath(v))
+	}
+	controllerutil.RemoveFinalizer(lv, v1.Finalizer)
+	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, lv))
+}

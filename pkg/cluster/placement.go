@@ -1,0 +1,262 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+)
+
+// Placement: which node a volume goes to, how much room a node has, and the
+// capacity the controller reports. A node's room is read from the API
+// server (not a cache) under a per-node lock, so concurrent creates and
+// expansions never oversubscribe a node.
+
+func (b *ControllerBackend) nodeLock(node string) *sync.Mutex {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l, ok := b.nodes[node]
+	if !ok {
+		l = &sync.Mutex{}
+		b.nodes[node] = l
+	}
+	return l
+}
+
+// nodeRoom is what one node can still take, in bytes.
+type nodeRoom struct {
+	node      string
+	available int64 // min(capacity − Σ sizes of its LocalVolumes, free)
+	maxVolume int64 // 0: no cap
+	reason    string
+}
+
+// room computes a node's free capacity from its LocalNode and the
+// LocalVolumes placed on it, read from the API server (not a cache) so a
+// placement made a moment ago is counted.
+func (b *ControllerBackend) room(ctx context.Context, node string) (nodeRoom, error) {
+	r := nodeRoom{node: node}
+	ln := &v1.LocalNode{}
+	if err := b.c.Get(ctx, client.ObjectKey{Name: node}, ln); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.reason = "no LocalNode: the localdir node plugin is not running there"
+			return r, nil
+		}
+		return r, err
+	}
+	if time.Since(ln.Status.Heartbeat.Time) > StaleAfter {
+		r.reason = fmt.Sprintf("the node plugin's last heartbeat was %s ago", time.Since(ln.Status.Heartbeat.Time).Round(time.Second))
+		return r, nil
+	}
+	list := &v1.LocalVolumeList{}
+	if err := b.c.List(ctx, list, client.MatchingLabels{v1.NodeLabel: node}); err != nil {
+		return r, err
+	}
+	var used int64
+	for _, lv := range list.Items {
+		if lv.Status.Phase != v1.PhaseFailed {
+			used += max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value())
+		}
+	}
+	r.available = max(min(ln.Status.CapacityBytes.Value()-used, ln.Status.FreeBytes.Value()), 0)
+	r.maxVolume = ln.Status.MaxVolumeBytes.Value()
+	if b.MaxVolumeBytes > 0 && (r.maxVolume == 0 || b.MaxVolumeBytes < r.maxVolume) {
+		r.maxVolume = b.MaxVolumeBytes
+	}
+	return r, nil
+}
+
+func nodeOf(t *csi.Topology) (string, bool) {
+	for k, v := range t.GetSegments() {
+		if k != contract.TopologyKey {
+			return "", false
+		}
+		return v, v != ""
+	}
+	return "", false
+}
+
+// candidates lists the nodes a volume may go to, in order: the preferred
+// topologies first (in their order, restricted to the requisite ones when
+// those are given), then the other admissible nodes — the requisite ones,
+// or without requirements every node with a LocalNode — most room first.
+func (b *ControllerBackend) candidates(ctx context.Context, req *csi.TopologyRequirement) ([]string, error) {
+	var first, rest []string
+	seen := map[string]bool{}
+	requisite := map[string]bool{}
+	for _, t := range req.GetRequisite() {
+		if n, ok := nodeOf(t); ok {
+			requisite[n] = true
+		}
+	}
+	for _, t := range req.GetPreferred() {
+		if n, ok := nodeOf(t); ok && !seen[n] && (len(requisite) == 0 || requisite[n]) {
+			seen[n] = true
+			first = append(first, n)
+		}
+	}
+	switch {
+	case len(req.GetRequisite()) > 0:
+		for n := range requisite {
+			if !seen[n] {
+				rest = append(rest, n)
+			}
+		}
+	case len(req.GetPreferred()) == 0:
+		nodes := &v1.LocalNodeList{}
+		if err := b.c.List(ctx, nodes); err != nil {
+			return nil, err
+		}
+		for _, n := range nodes.Items {
+			rest = append(rest, n.Name)
+		}
+	}
+	if err := b.sortByRoom(ctx, rest); err != nil {
+		return nil, err
+	}
+	return append(first, rest...), nil
+}
+
+// sortByRoom orders nodes most room first, then by name.
+func (b *ControllerBackend) sortByRoom(ctx context.Context, nodes []string) error {
+	room := map[string]int64{}
+	for _, n := range nodes {
+		r, err := b.room(ctx, n)
+		if err != nil {
+			return err
+		}
+		room[n] = r.available
+	}
+	sort.SliceStable(nodes, func(i, j int) bool {
+		if room[nodes[i]] != room[nodes[j]] {
+			return room[nodes[i]] > room[nodes[j]]
+		}
+		return nodes[i] < nodes[j]
+	})
+	return nil
+}
+
+// placeVolume creates lv on the first candidate node (the source's node
+// for a restore or clone) that has room for it.
+func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume, sourceNode string, topology *csi.TopologyRequirement) error {
+	nodes, err := b.candidates(ctx, topology)
+	if err != nil {
+		return err
+	}
+	if sourceNode != "" {
+		if len(topology.GetRequisite())+len(topology.GetPreferred()) > 0 && !slices.Contains(nodes, sourceNode) {
+			// RESOURCE_EXHAUSTED, not NOT_FOUND: the provisioner then
+			// reschedules instead of giving up (kubernetes-csi/csi-driver-host-path#651).
+			return fmt.Errorf("%w: the content source lives on node %q, which the accessibility requirements exclude", contract.ErrNoSpace, sourceNode)
+		}
+		nodes = []string{sourceNode}
+	}
+	if len(nodes) == 0 {
+		return fmt.Errorf("%w: no node runs the localdir node plugin (no LocalNode objects)", contract.ErrNoSpace)
+	}
+	var refused []string
+	for _, node := range nodes {
+		placed, why, err := b.place(ctx, lv, node)
+		if err != nil {
+			return err
+		}
+		if placed {
+			klog.V(2).InfoS("Volume placed", "volumeID", lv.Name, "node", node, "size", lv.Spec.Size.Value())
+			return nil
+		}
+		refused = append(refused, fmt.Sprintf("%s: %s", node, why))
+	}
+	return fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", contract.ErrNoSpace, lv.Spec.Size.Value(), strings.Join(refused, "; "))
+}
+
+// place creates lv on node if the node has room. Decisions for one node
+// are serialized, and room() reads the API server, so concurrent creates
+// never oversubscribe a node.
+func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node string) (bool, string, error) {
+	l := b.nodeLock(node)
+	l.Lock()
+	defer l.Unlock()
+	r, err := b.room(ctx, node)
+	if err != nil {
+		return false, "", err
+	}
+	switch {
+	case r.reason != "":
+		return false, r.reason, nil
+	case r.maxVolume > 0 && lv.Spec.Size.Value() > r.maxVolume:
+		return false, fmt.Sprintf("volumes are limited to %d bytes", r.maxVolume), nil
+	case lv.Spec.Size.Value() > r.available:
+		return false, fmt.Sprintf("%d bytes available", r.available), nil
+	}
+	obj := lv.DeepCopy()
+	obj.Spec.Node = node
+	obj.Labels = map[string]string{v1.NodeLabel: node}
+	if err := b.c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+		return false, "", err
+	}
+	return true, "", nil
+}
+
+// grow raises lv's spec.size to size if its node has room for the growth
+// (serialized with the node's placements, like place).
+func (b *ControllerBackend) grow(ctx context.Context, lv *v1.LocalVolume, size int64) error {
+	l := b.nodeLock(lv.Spec.Node)
+	l.Lock()
+	defer l.Unlock()
+	r, err := b.room(ctx, lv.Spec.Node)
+	if err != nil {
+		return err
+	}
+	if need := size - lv.Spec.Size.Value(); r.reason != "" || need > r.available {
+		return fmt.Errorf("%w: node %s has %d bytes available, the expansion needs %d more %s", contract.ErrNoSpace, lv.Spec.Node, r.available, need, r.reason)
+	}
+	patch := client.MergeFrom(lv.DeepCopy())
+	lv.Spec.Size = quantity(size)
+	return b.c.Patch(ctx, lv, patch)
+}
+
+// Capacity implements driver.Backend from the LocalNode of the segment's
+// node (all nodes: the sum, with the largest single volume).
+func (b *ControllerBackend) Capacity(ctx context.Context, segment *csi.Topology) (int64, int64, error) {
+	var nodes []string
+	if segment != nil {
+		n, ok := nodeOf(segment)
+		if !ok {
+			return 0, 0, nil
+		}
+		nodes = []string{n}
+	} else {
+		list := &v1.LocalNodeList{}
+		if err := b.c.List(ctx, list); err != nil {
+			return 0, 0, err
+		}
+		for _, n := range list.Items {
+			nodes = append(nodes, n.Name)
+		}
+	}
+	var total, largest int64
+	for _, n := range nodes {
+		r, err := b.room(ctx, n)
+		if err != nil {
+			return 0, 0, err
+		}
+		total += r.available
+		one := r.available
+		if r.maxVolume > 0 {
+			one = min(one, r.maxVolume)
+		}
+		largest = max(largest, one)
+	}
+	return total, largest, nil
+}

@@ -1,0 +1,248 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+)
+
+const mi = int64(1) << 20
+
+// node is a LocalNode with a fresh heartbeat.
+func node(name string, capacity, free, maxVolume int64) *v1.LocalNode {
+	return &v1.LocalNode{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: v1.LocalNodeStatus{
+			CapacityBytes: quantity(capacity), FreeBytes: quantity(free), MaxVolumeBytes: quantity(maxVolume),
+			Heartbeat: metav1.Now(),
+		},
+	}
+}
+
+// placed is a LocalVolume of size bytes on node n, in phase.
+func placed(name, n string, size int64, phase string) *v1.LocalVolume {
+	return &v1.LocalVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: VolumeIDFor(name), Labels: map[string]string{v1.NodeLabel: n}},
+		Spec:       v1.LocalVolumeSpec{Node: n, Size: quantity(size), CSIName: name},
+		Status:     v1.LocalVolumeStatus{Phase: phase},
+	}
+}
+
+func newVolume(name string, size int64) *v1.LocalVolume {
+	return &v1.LocalVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: VolumeIDFor(name)},
+		Spec:       v1.LocalVolumeSpec{Size: quantity(size), CSIName: name, VolumeMode: v1.VolumeModeFilesystem},
+	}
+}
+
+// fakeBackend is a ControllerBackend on controller-runtime's fake client
+// holding objs: placement without an API server.
+func fakeBackend(t *testing.T, maxVolume int64, objs ...client.Object) *ControllerBackend {
+	t.Helper()
+	byName := func(o client.Object) []string { return []string{o.GetName()} }
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).
+		// waitFor selects its object by metadata.name, which the fake
+		// client answers from an index.
+		WithIndex(&v1.LocalVolume{}, "metadata.name", byName).
+		WithIndex(&v1.LocalSnapshot{}, "metadata.name", byName).
+		Build()
+	b := newControllerBackend(c, maxVolume)
+	b.Wait = 10 * time.Second
+	return b
+}
+
+func topo(nodes ...string) []*csi.Topology {
+	var out []*csi.Topology
+	for _, n := range nodes {
+		out = append(out, &csi.Topology{Segments: map[string]string{contract.TopologyKey: n}})
+	}
+	return out
+}
+
+func TestRoom(t *testing.T) {
+	stale := node("stale", 100*mi, 100*mi, 0)
+	stale.Status.Heartbeat = metav1.NewTime(time.Now().Add(-StaleAfter - time.Minute))
+	b := fakeBackend(t, 0,
+		node("a", 100*mi, 100*mi, 0),
+		placed("v1", "a", 30*mi, v1.PhaseReady),
+		placed("v2", "a", 10*mi, v1.PhasePending),
+		placed("failed", "a", 50*mi, v1.PhaseFailed), // holds nothing
+		node("tight", 100*mi, 20*mi, 40*mi),
+		stale,
+	)
+	grown := placed("grown", "a", 10*mi, v1.PhaseReady)
+	grown.Status.CapacityBytes = quantity(15 * mi) // the larger of spec and status counts
+	if err := b.c.Create(context.Background(), grown); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		node              string
+		available, maxVol int64
+		reason            string
+	}{
+		{"a", 100*mi - 30*mi - 10*mi - 15*mi, 0, ""},
+		{"tight", 20 * mi, 40 * mi, ""}, // free space is the limit
+		{"stale", 0, 0, "last heartbeat"},
+		{"gone", 0, 0, "no LocalNode"},
+	} {
+		r, err := b.room(context.Background(), c.node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.available != c.available || r.maxVolume != c.maxVol || (c.reason == "") != (r.reason == "") || !strings.Contains(r.reason, c.reason) {
+			t.Errorf("room(%s) = %+v, want available %d, max %d, reason %q", c.node, r, c.available, c.maxVol, c.reason)
+		}
+	}
+	// The controller's own cap applies when smaller than the node's.
+	b.MaxVolumeBytes = 30 * mi
+	if r, _ := b.room(context.Background(), "tight"); r.maxVolume != 30*mi {
+		t.Errorf("room(tight) with a 30Mi controller cap: max %d, want %d", r.maxVolume, 30*mi)
+	}
+	if r, _ := b.room(context.Background(), "a"); r.maxVolume != 30*mi {
+		t.Errorf("room(a) with a 30Mi controller cap: max %d, want %d", r.maxVolume, 30*mi)
+	}
+}
+
+func TestCandidates(t *testing.T) {
+	b := fakeBackend(t, 0,
+		node("a", 50*mi, 50*mi, 0), node("b", 80*mi, 80*mi, 0), node("c", 10*mi, 10*mi, 0), node("d", 80*mi, 80*mi, 0))
+	for _, c := range []struct {
+		name string
+		req  *csi.TopologyRequirement
+		want []string
+	}{
+		{"no requirements: every node, most room first, then by name", nil, []string{"b", "d", "a", "c"}},
+		{"preferred first in their order, then the other requisite ones by room",
+			&csi.TopologyRequirement{Requisite: topo("a", "b", "c"), Preferred: topo("c", "a")}, []string{"c", "a", "b"}},
+		{"a preferred node outside the requisite ones is dropped",
+			&csi.TopologyRequirement{Requisite: topo("a", "c"), Preferred: topo("d", "c")}, []string{"c", "a"}},
+		{"preferred only: just those", &csi.TopologyRequirement{Preferred: topo("c", "c", "a")}, []string{"c", "a"}},
+		{"a segment with another key is no node",
+			&csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{"zone": "x"}}}, Preferred: topo("a")}, []string{"a"}},
+	} {
+		got, err := b.candidates(context.Background(), c.req)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%s: candidates = %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+}
+
+func TestPlaceVolume(t *testing.T) {
+	ctx := context.Background()
+	b := fakeBackend(t, 0, node("a", 50*mi, 50*mi, 0), node("b", 100*mi, 100*mi, 20*mi), placed("src", "a", 10*mi, v1.PhaseReady))
+
+	// Most room first, but b caps volumes at 20Mi: a 30Mi volume goes to a.
+	lv := newVolume("big", 30*mi)
+	if err := b.placeVolume(ctx, lv, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	got := &v1.LocalVolume{}
+	if err := b.c.Get(ctx, client.ObjectKey{Name: lv.Name}, got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.Node != "a" || got.Labels[v1.NodeLabel] != "a" || got.Spec.Size.String() != "30Mi" {
+		t.Errorf("placed on %q (label %q) with size %s, want a, a, 30Mi", got.Spec.Node, got.Labels[v1.NodeLabel], &got.Spec.Size)
+	}
+
+	// Too big for every node: RESOURCE_EXHAUSTED naming each node's reason.
+	err := b.placeVolume(ctx, newVolume("huge", 60*mi), "", nil)
+	if !errors.Is(err, contract.ErrNoSpace) || !strings.Contains(err.Error(), "b: volumes are limited to") || !strings.Contains(err.Error(), "a: 10485760 bytes available") {
+		t.Errorf("placing 60Mi: %v, want ErrNoSpace naming both nodes", err)
+	}
+
+	// A clone goes to its source's node, or nowhere.
+	clone := newVolume("clone", 5*mi)
+	if err := b.placeVolume(ctx, clone, "a", &csi.TopologyRequirement{Requisite: topo("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.c.Get(ctx, client.ObjectKey{Name: clone.Name}, got); err != nil || got.Spec.Node != "a" {
+		t.Errorf("clone placed on %q (%v), want its source's node a", got.Spec.Node, err)
+	}
+	err = b.placeVolume(ctx, newVolume("clone2", 5*mi), "a", &csi.TopologyRequirement{Requisite: topo("b")})
+	if !errors.Is(err, contract.ErrNoSpace) || !strings.Contains(err.Error(), "exclude") {
+		t.Errorf("clone of a volume on an excluded node: %v, want ErrNoSpace (the provisioner reschedules)", err)
+	}
+
+	if err := fakeBackend(t, 0).placeVolume(ctx, newVolume("v", mi), "", nil); !errors.Is(err, contract.ErrNoSpace) {
+		t.Errorf("no LocalNode at all: %v, want ErrNoSpace", err)
+	}
+}
+
+// Concurrent placements on one node are serialized: never more than its
+// capacity.
+func TestPlaceNeverOversubscribes(t *testing.T) {
+	b := fakeBackend(t, 0, node("a", 100*mi, 100*mi, 0))
+	var wg sync.WaitGroup
+	errs := make(chan error, 24)
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- b.placeVolume(context.Background(), newVolume(fmt.Sprintf("v%d", i), 10*mi), "", nil)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	ok, full := 0, 0
+	for err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, contract.ErrNoSpace):
+			full++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if ok != 10 || full != 14 {
+		t.Errorf("%d placed, %d refused; want exactly 10 x 10Mi on a 100Mi node", ok, full)
+	}
+}
+
+func TestGrow(t *testing.T) {
+	ctx := context.Background()
+	lv := placed("v", "a", 40*mi, v1.PhaseReady)
+	b := fakeBackend(t, 0, node("a", 100*mi, 100*mi, 0), lv, placed("w", "a", 40*mi, v1.PhaseReady))
+	if err := b.grow(ctx, lv.DeepCopy(), 70*mi); !errors.Is(err, contract.ErrNoSpace) {
+		t.Errorf("growing 40Mi → 70Mi with 20Mi left: %v, want ErrNoSpace", err)
+	}
+	if err := b.grow(ctx, lv.DeepCopy(), 60*mi); err != nil {
+		t.Fatal(err)
+	}
+	got := &v1.LocalVolume{}
+	if err := b.c.Get(ctx, client.ObjectKey{Name: lv.Name}, got); err != nil || got.Spec.Size.Value() != 60*mi {
+		t.Errorf("after growing to 60Mi: spec.size %s (%v)", &got.Spec.Size, err)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	b := fakeBackend(t, 0, node("a", 100*mi, 100*mi, 30*mi), node("b", 50*mi, 50*mi, 0), placed("v", "b", 20*mi, v1.PhaseReady))
+	for _, c := range []struct {
+		segment        *csi.Topology
+		total, largest int64
+	}{
+		{nil, 100*mi + 30*mi, 30 * mi},
+		{topo("a")[0], 100 * mi, 30 * mi},
+		{topo("b")[0], 30 * mi, 30 * mi},
+		{topo("gone")[0], 0, 0},
+		{&csi.Topology{Segments: map[string]string{"zone": "x"}}, 0, 0},
+	} {
+		total, largest, err := b.Capacity(context.Background(), c.segment)
+		if err != nil || total != c.total || largest != c.largest {
+			t.Errorf("Capacity(%v) = %d, %d, %v; want %d, %d", c.segment.GetSegments(), total, largest, err, c.total, c.largest)
+		}
+	}
+}

@@ -1,0 +1,138 @@
+package cluster
+
+import (
+	"context"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// nodeData is one node's data as its reconcilers and heartbeat see it:
+// finding the data no object claims (orphans) and re-creating objects for
+// it (re-adoption).
+type nodeData struct {
+	c    client.Client
+	node string
+	vm   *volume.Manager
+}
+
+// readoptGone re-adopts at once the data of an object that was just deleted
+// without a delete intent (by hand, or with its CRD), instead of waiting for
+// the next heartbeat. Data removed for a DeleteVolume/DeleteSnapshot is
+// already gone when its object goes, so nothing is re-adopted then.
+func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
+	var path string
+	switch {
+	case kind == "Volume" && volume.ValidVolumeID(id):
+		v, err := d.vm.Get(id)
+		if err != nil || v.Ephemeral {
+			return nil
+		}
+		path = d.vm.DataPath(v)
+	case kind == "Snapshot" && volume.ValidSnapshotID(id):
+		s, err := d.vm.GetSnapshot(id)
+		if err != nil {
+			return nil
+		}
+		path = d.vm.SnapshotPath(s)
+	default:
+		return nil
+	}
+	klog.InfoS("Object deleted without a delete request; keeping its data", "kind", kind, "id", id, "path", path)
+	d.readopt(ctx, []v1.OrphanedData{{ID: id, Kind: kind, Path: path}})
+	return nil
+}
+
+// readopt re-creates the LocalVolume / LocalSnapshot objects for data this
+// node holds but no object claims. Such data lost its object without a
+// DeleteVolume/DeleteSnapshot (those remove the local record before the
+// finalizer goes): its CRD was deleted, or the object was deleted by hand
+// or a pending delete's finalizer cleared. Re-creating the object lets
+// existing PVs work again with no manual step. The objects carry ReadoptedLabel. It returns
+// the orphans it could not re-adopt (e.g. while the CRDs are missing).
+func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.OrphanedData {
+	var left []v1.OrphanedData
+	for _, o := range orphans {
+		var obj client.Object
+		labels := map[string]string{v1.NodeLabel: d.node, v1.ReadoptedLabel: "true"}
+		switch o.Kind {
+		case "Volume":
+			v, err := d.vm.Get(o.ID)
+			if err != nil {
+				continue
+			}
+			lv := &v1.LocalVolume{
+				ObjectMeta: metav1.ObjectMeta{Name: v.ID, Labels: labels},
+				Spec: v1.LocalVolumeSpec{
+					Node: d.node, Size: quantity(v.CapacityBytes), VolumeMode: volumeMode(v.AccessType),
+					Engine: v.Engine, Parameters: v.Parameters, CSIName: v.Name,
+				},
+			}
+			if v.SourceSnapshotID != "" || v.SourceVolumeID != "" {
+				lv.Spec.ContentSource = &v1.ContentSource{Snapshot: v.SourceSnapshotID, Volume: v.SourceVolumeID}
+			}
+			obj = lv
+		case "Snapshot":
+			s, err := d.vm.GetSnapshot(o.ID)
+			if err != nil {
+				continue
+			}
+			obj = &v1.LocalSnapshot{
+				ObjectMeta: metav1.ObjectMeta{Name: s.ID, Labels: labels},
+				Spec:       v1.LocalSnapshotSpec{SourceVolume: s.SourceVolumeID, Node: d.node, CSIName: s.Name},
+			}
+		}
+		err := d.c.Create(ctx, obj)
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			klog.ErrorS(err, "Orphaned data: cannot re-create its object yet; the data is kept", "kind", o.Kind, "id", o.ID, "path", o.Path)
+			left = append(left, o)
+			continue
+		}
+		klog.InfoS("Re-adopted orphaned data: re-created its object", "kind", o.Kind, "id", o.ID, "path", o.Path)
+	}
+	return left
+}
+
+// orphans lists local volumes and snapshots that no object claims.
+func (d nodeData) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
+	lvs := &v1.LocalVolumeList{}
+	if err := d.c.List(ctx, lvs); err != nil {
+		return nil, err
+	}
+	lss := &v1.LocalSnapshotList{}
+	if err := d.c.List(ctx, lss); err != nil {
+		return nil, err
+	}
+	claimed := map[string]bool{}
+	for _, o := range lvs.Items {
+		claimed[o.Name] = true
+	}
+	for _, o := range lss.Items {
+		claimed[o.Name] = true
+	}
+	var out []v1.OrphanedData
+	vols, _, err := d.vm.List("", 0)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vols {
+		if !claimed[v.ID] && !v.Ephemeral {
+			out = append(out, v1.OrphanedData{ID: v.ID, Kind: "Volume", Path: d.vm.DataPath(v), SizeBytes: quantity(v.CapacityBytes)})
+		}
+	}
+	snaps, _, err := d.vm.ListSnapshots("", 0, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		if !claimed[s.ID] {
+			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: d.vm.SnapshotPath(s), SizeBytes: quantity(s.SizeBytes)})
+		}
+	}
+	return out, nil
+}

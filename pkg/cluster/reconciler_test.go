@@ -1,0 +1,144 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// nodeFixture is one node's data root (dir engine, no root needed) and a
+// fake API server holding objs.
+func nodeFixture(t *testing.T, objs ...client.Object) (client.Client, *volume.Manager) {
+	t.Helper()
+	vm, err := volume.Open(volume.Config{DataRoot: filepath.Join(t.TempDir(), "data"), CapacityBytes: 1 << 30, Engine: "dir"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vm.Close() })
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).
+		WithStatusSubresource(&v1.LocalVolume{}, &v1.LocalSnapshot{}, &v1.LocalNode{}).Build()
+	return c, vm
+}
+
+func reconcileOnce(t *testing.T, r reconcile.Reconciler, name string) reconcile.Result {
+	t.Helper()
+	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
+	if err != nil {
+		t.Fatalf("reconcile %s: %v", name, err)
+	}
+	return res
+}
+
+func TestLocalVolumeReconcilerCreatesGrowsDeletes(t *testing.T) {
+	ctx := context.Background()
+	lv := placed("pvc-1", "n", 8*mi, "")
+	other := placed("pvc-other", "elsewhere", 8*mi, "")
+	c, vm := nodeFixture(t, lv, other)
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}
+
+	reconcileOnce(t, r, lv.Name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil {
+		t.Fatal(err)
+	}
+	if lv.Status.Phase != v1.PhaseReady || lv.Status.CapacityBytes.String() != "8Mi" || lv.Status.ErrorCode != "" || lv.Status.Path == "" {
+		t.Fatalf("after the first reconcile: %+v, want Ready with 8Mi", lv.Status)
+	}
+	if v, err := vm.Get(lv.Name); err != nil || v.CapacityBytes != 8*mi || v.Name != "pvc-1" {
+		t.Fatalf("local volume %+v, %v; want 8Mi of pvc-1", v, err)
+	}
+
+	lv.Spec.Size = quantity(16 * mi)
+	if err := c.Update(ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, r, lv.Name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil || lv.Status.CapacityBytes.Value() != 16*mi {
+		t.Fatalf("after growing spec.size to 16Mi: status capacity %s (%v)", &lv.Status.CapacityBytes, err)
+	}
+
+	// Another node's object is not this node's business.
+	reconcileOnce(t, r, other.Name)
+	if _, err := vm.Get(other.Name); !errors.Is(err, contract.ErrNotFound) {
+		t.Errorf("another node's volume was created here: %v", err)
+	}
+
+	// Delete with intent: the data goes, then the finalizer (and the object).
+	lv.Spec.DeleteData = true
+	controllerutil.AddFinalizer(lv, v1.Finalizer)
+	if err := c.Update(ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, r, lv.Name)
+	if _, err := vm.Get(lv.Name); !errors.Is(err, contract.ErrNotFound) {
+		t.Errorf("data after a delete with intent: %v, want it gone", err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err == nil {
+		t.Errorf("LocalVolume still there with finalizers %v", lv.Finalizers)
+	}
+}
+
+func TestLocalVolumeReconcilerReportsFailure(t *testing.T) {
+	lv := placed("pvc-bad", "n", 8*mi, "")
+	lv.Spec.Parameters = map[string]string{"dirMode": "not-octal"}
+	c, vm := nodeFixture(t, lv)
+	reconcileOnce(t, &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}, lv.Name)
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(lv), lv); err != nil {
+		t.Fatal(err)
+	}
+	if lv.Status.Phase != v1.PhaseFailed || lv.Status.ErrorCode != "InvalidArgument" {
+		t.Errorf("a LocalVolume with a bad parameter: phase %q, errorCode %q; want Failed, InvalidArgument", lv.Status.Phase, lv.Status.ErrorCode)
+	}
+}
+
+func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	src := placed("pvc-src", "n", 4*mi, "")
+	ls := &v1.LocalSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: SnapshotIDFor("snap-1"), Labels: map[string]string{v1.NodeLabel: "n"}},
+		Spec:       v1.LocalSnapshotSpec{SourceVolume: src.Name, Node: "n", CSIName: "snap-1"},
+	}
+	c, vm := nodeFixture(t, src, ls)
+	reconcileOnce(t, &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}, src.Name)
+	reconcileOnce(t, &LocalSnapshotReconciler{Client: c, NodeID: "n", VM: vm}, ls.Name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(ls), ls); err != nil {
+		t.Fatal(err)
+	}
+	if !ls.Status.ReadyToUse || ls.Status.SizeBytes.String() != "4Mi" || ls.Status.CreationTime == nil {
+		t.Errorf("snapshot status %+v, want ready, 4Mi, with a creation time", ls.Status)
+	}
+
+	// Data no object claims: the heartbeat re-adopts it.
+	if _, err := vm.Create(volume.CreateSpec{ID: VolumeIDFor("pvc-lost"), Name: "pvc-lost", SizeBytes: 2 * mi, AccessType: contract.AccessMount}); err != nil {
+		t.Fatal(err)
+	}
+	h := &LocalNodeHeartbeat{Client: c, NodeID: "n", VM: vm, Version: "test", MaxVolumeBytes: 512 * mi}
+	if err := h.write(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ln := &v1.LocalNode{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "n"}, ln); err != nil {
+		t.Fatal(err)
+	}
+	if ln.Status.CapacityBytes.String() != "1Gi" || ln.Status.MaxVolumeBytes.String() != "512Mi" || ln.Status.DriverVersion != "test" || len(ln.Status.Orphans) != 0 {
+		t.Errorf("LocalNode status %+v, want 1Gi capacity, 512Mi max, no orphans left", ln.Status)
+	}
+	lost := &v1.LocalVolume{}
+	if err := c.Get(ctx, client.ObjectKey{Name: VolumeIDFor("pvc-lost")}, lost); err != nil || lost.Labels[v1.ReadoptedLabel] != "true" || lost.Spec.Size.Value() != 2*mi {
+		t.Errorf("re-adopted LocalVolume %+v (%v), want one of 2Mi labelled readopted", lost.ObjectMeta, err)
+	}
+}
