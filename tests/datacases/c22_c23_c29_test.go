@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
 // TestC22ExpansionEdgeCases: C22 on a btrfs volume (so "any quota is
@@ -22,40 +24,40 @@ import (
 // limit_bytes it fits OK at 8Mi, one below 8Mi OUT_OF_RANGE. NodeExpandVolume of X at its publish directory
 // with 16Mi is OK and raises the quota; an unknown volume is NOT_FOUND.
 func TestC22ExpansionEdgeCases(t *testing.T) {
-	e := startEngine(t, mountEngines[1], func(o *driver.Options) { o.MaxVolumeBytes = 64 * Mi })
-	x := e.create("x", 8*Mi, false)
+	e := startEngine(t, mountEngines[1], func(o *driver.Options) { o.MaxVolumeBytes = 64 * csitest.Mi })
+	x := e.create("x", 8*csitest.Mi, false)
 	id := x.GetVolumeId()
 	s, tgt := e.attach(id, false)
-	keep := random(31, int(6*Mi))
+	keep := treecmp.RandomBytes(31, int(6*csitest.Mi))
 	mustWrite(t, filepath.Join(tgt, "keep"), keep)
 	avail := e.available()
 	expand := func(id string, cr *csi.CapacityRange) (*csi.ControllerExpandVolumeResponse, error) {
-		return e.ctl().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: cr})
+		return e.ctl().ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: cr})
 	}
 
-	resp, err := expand(id, rng(4*Mi, 0))
-	if codeIs(t, err, codes.OK, "ControllerExpandVolume to 4Mi (below the size)") && resp.GetCapacityBytes() != 8*Mi {
+	resp, err := expand(id, csitest.Range(4*csitest.Mi, 0))
+	if csitest.CodeIs(t, err, codes.OK, "ControllerExpandVolume to 4Mi (below the size)") && resp.GetCapacityBytes() != 8*csitest.Mi {
 		t.Errorf("ControllerExpandVolume to 4Mi: capacity %d, want 8Mi", resp.GetCapacityBytes())
 	}
 	_, err = expand(id, nil)
-	codeIs(t, err, codes.InvalidArgument, "ControllerExpandVolume without capacity_range")
-	_, err = expand("nope", rng(16*Mi, 0))
-	codeIs(t, err, codes.NotFound, "ControllerExpandVolume of an unknown volume")
-	_, err = expand(id, rng(128*Mi, 0))
-	codeIs(t, err, codes.OutOfRange, "ControllerExpandVolume above --max-volume-size")
+	csitest.CodeIs(t, err, codes.InvalidArgument, "ControllerExpandVolume without capacity_range")
+	_, err = expand("nope", csitest.Range(16*csitest.Mi, 0))
+	csitest.CodeIs(t, err, codes.NotFound, "ControllerExpandVolume of an unknown volume")
+	_, err = expand(id, csitest.Range(128*csitest.Mi, 0))
+	csitest.CodeIs(t, err, codes.OutOfRange, "ControllerExpandVolume above --max-volume-size")
 	// An empty capacity_range must not fall back to the default size of
 	// a new volume (it grew an 8Mi volume to 1Gi).
-	_, err = expand(id, rng(0, 0))
-	codeIs(t, err, codes.InvalidArgument, "ControllerExpandVolume with neither required_bytes nor limit_bytes")
+	_, err = expand(id, csitest.Range(0, 0))
+	csitest.CodeIs(t, err, codes.InvalidArgument, "ControllerExpandVolume with neither required_bytes nor limit_bytes")
 	// Only a limit the volume fits: nothing to grow, the current size.
-	resp, err = expand(id, rng(0, 16*Mi))
-	if codeIs(t, err, codes.OK, "ControllerExpandVolume with only limit_bytes 16Mi") && resp.GetCapacityBytes() != 8*Mi {
+	resp, err = expand(id, csitest.Range(0, 16*csitest.Mi))
+	if csitest.CodeIs(t, err, codes.OK, "ControllerExpandVolume with only limit_bytes 16Mi") && resp.GetCapacityBytes() != 8*csitest.Mi {
 		t.Errorf("ControllerExpandVolume with only limit_bytes: capacity %d, want 8Mi", resp.GetCapacityBytes())
 	}
 	// A limit below the size: volumes never shrink.
-	_, err = expand(id, rng(0, 4*Mi))
-	codeIs(t, err, codes.OutOfRange, "ControllerExpandVolume with limit_bytes below the size")
-	if got := e.capacityOf(id); got != 8*Mi {
+	_, err = expand(id, csitest.Range(0, 4*csitest.Mi))
+	csitest.CodeIs(t, err, codes.OutOfRange, "ControllerExpandVolume with limit_bytes below the size")
+	if got := e.capacityOf(id); got != 8*csitest.Mi {
 		t.Errorf("capacity after the refused expansions: %d, want 8Mi", got)
 	}
 	if got := e.available(); got != avail {
@@ -64,29 +66,29 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 	assertFile(t, filepath.Join(tgt, "keep"), keep)
 	// Still 8Mi: 6Mi + 4Mi does not fit.
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "more"), random(32, int(4*Mi))); !isQuotaErr(err) {
+	if err := writeFile(filepath.Join(tgt, "more"), treecmp.RandomBytes(32, int(4*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 10Mi into the 8Mi volume: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	_ = unix.Unlink(filepath.Join(tgt, "more"))
 	syncfs(t, tgt)
 
-	nresp, err := e.node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: tgt, CapacityRange: rng(16*Mi, 0)})
-	if codeIs(t, err, codes.OK, "NodeExpandVolume of mount volume X at its publish directory with 16Mi") {
-		if nresp.GetCapacityBytes() != 16*Mi {
+	nresp, err := e.node().NodeExpandVolume(csitest.Ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: tgt, CapacityRange: csitest.Range(16*csitest.Mi, 0)})
+	if csitest.CodeIs(t, err, codes.OK, "NodeExpandVolume of mount volume X at its publish directory with 16Mi") {
+		if nresp.GetCapacityBytes() != 16*csitest.Mi {
 			t.Errorf("NodeExpandVolume: capacity %d, want 16Mi", nresp.GetCapacityBytes())
 		}
-		if err := writeFile(filepath.Join(tgt, "more"), random(32, int(8*Mi))); err != nil {
+		if err := writeFile(filepath.Join(tgt, "more"), treecmp.RandomBytes(32, int(8*csitest.Mi))); err != nil {
 			t.Errorf("writing 14Mi after the node expansion to 16Mi: %v (the quota was not raised)", err)
 		}
-		if got := e.capacityOf(id); got != 16*Mi {
+		if got := e.capacityOf(id); got != 16*csitest.Mi {
 			t.Errorf("recorded capacity after the node expansion: %d, want 16Mi", got)
 		}
-		if got := e.available(); got != avail-8*Mi {
-			t.Errorf("GetCapacity after the node expansion: %d, want %d (8Mi more taken)", got, avail-8*Mi)
+		if got := e.available(); got != avail-8*csitest.Mi {
+			t.Errorf("GetCapacity after the node expansion: %d, want %d (8Mi more taken)", got, avail-8*csitest.Mi)
 		}
 	}
-	_, err = e.node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "nope", VolumePath: "some/path"})
-	codeIs(t, err, codes.NotFound, "NodeExpandVolume of an unknown volume")
+	_, err = e.node().NodeExpandVolume(csitest.Ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "nope", VolumePath: "some/path"})
+	csitest.CodeIs(t, err, codes.NotFound, "NodeExpandVolume of an unknown volume")
 	e.detach(id, s, tgt)
 	e.deleteVolume(id)
 }
@@ -99,48 +101,48 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 func TestC23ExpansionRespectsCapacity(t *testing.T) {
 	for _, ec := range mountEngines {
 		t.Run(ec.name, func(t *testing.T) {
-			e := startEngine(t, ec, func(o *driver.Options) { o.CapacityBytes = 100 * Mi })
-			v := e.create("v", 60*Mi, false)
+			e := startEngine(t, ec, func(o *driver.Options) { o.CapacityBytes = 100 * csitest.Mi })
+			v := e.create("v", 60*csitest.Mi, false)
 			id := v.GetVolumeId()
-			if got := e.available(); got != 40*Mi {
+			if got := e.available(); got != 40*csitest.Mi {
 				t.Errorf("GetCapacity with 60Mi of 100Mi taken: %d, want 40Mi", got)
 			}
 			s, tgt := e.attach(id, false)
-			_, err := e.ctl().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: rng(150*Mi, 0)})
-			codeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume to 150Mi with 40Mi left")
-			if got := e.capacityOf(id); got != 60*Mi {
+			_, err := e.ctl().ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: csitest.Range(150*csitest.Mi, 0)})
+			csitest.CodeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume to 150Mi with 40Mi left")
+			if got := e.capacityOf(id); got != 60*csitest.Mi {
 				t.Errorf("capacity after the refused expansion: %d, want 60Mi", got)
 			}
-			if got := e.available(); got != 40*Mi {
+			if got := e.available(); got != 40*csitest.Mi {
 				t.Errorf("GetCapacity after the refused expansion: %d, want 40Mi", got)
 			}
 			if ec.engine == "btrfs" {
-				mustWrite(t, filepath.Join(tgt, "a"), random(33, int(50*Mi)))
+				mustWrite(t, filepath.Join(tgt, "a"), treecmp.RandomBytes(33, int(50*csitest.Mi)))
 				syncfs(t, tgt)
-				if err := writeFile(filepath.Join(tgt, "b"), random(34, int(20*Mi))); !isQuotaErr(err) {
+				if err := writeFile(filepath.Join(tgt, "b"), treecmp.RandomBytes(34, int(20*csitest.Mi))); !isQuotaErr(err) {
 					t.Errorf("writing 70Mi after the refused expansion: err = %v, want EDQUOT or ENOSPC (quota still 60Mi)", err)
 				}
 				_ = unix.Unlink(filepath.Join(tgt, "b"))
 				syncfs(t, tgt)
 			}
-			resp, err := e.ctl().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: rng(90*Mi, 0)})
-			if codeIs(t, err, codes.OK, "ControllerExpandVolume to 90Mi") && resp.GetCapacityBytes() != 90*Mi {
+			resp, err := e.ctl().ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: csitest.Range(90*csitest.Mi, 0)})
+			if csitest.CodeIs(t, err, codes.OK, "ControllerExpandVolume to 90Mi") && resp.GetCapacityBytes() != 90*csitest.Mi {
 				t.Errorf("ControllerExpandVolume to 90Mi: capacity %d", resp.GetCapacityBytes())
 			}
-			if got := e.available(); got != 10*Mi {
+			if got := e.available(); got != 10*csitest.Mi {
 				t.Errorf("GetCapacity after expanding to 90Mi: %d, want 10Mi", got)
 			}
-			if got := e.capacityOf(id); got != 90*Mi {
+			if got := e.capacityOf(id); got != 90*csitest.Mi {
 				t.Errorf("capacity after expanding to 90Mi: %d", got)
 			}
 			if ec.engine == "btrfs" {
-				if err := writeFile(filepath.Join(tgt, "b"), random(34, int(20*Mi))); err != nil {
+				if err := writeFile(filepath.Join(tgt, "b"), treecmp.RandomBytes(34, int(20*csitest.Mi))); err != nil {
 					t.Errorf("writing 70Mi into the volume grown to 90Mi: %v", err)
 				}
 			}
 			e.detach(id, s, tgt)
 			e.deleteVolume(id)
-			if got := e.available(); got != 100*Mi {
+			if got := e.available(); got != 100*csitest.Mi {
 				t.Errorf("GetCapacity after deleting the volume: %d, want 100Mi", got)
 			}
 		})
@@ -152,7 +154,7 @@ func ephemeralReq(id, target, size string) *csi.NodePublishVolumeRequest {
 	if size != "" {
 		vc["size"] = size
 	}
-	return &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeCapability: mntCap(), VolumeContext: vc}
+	return &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeCapability: csitest.MntCap(), VolumeContext: vc}
 }
 
 // TestC29EphemeralLifecycle: C29. An ephemeral inline volume of 10Mi is
@@ -163,12 +165,12 @@ func ephemeralReq(id, target, size string) *csi.NodePublishVolumeRequest {
 func TestC29EphemeralLifecycle(t *testing.T) {
 	e := diskEnv(t)
 	before := e.available()
-	volsBefore := dirNames(t, filepath.Join(e.root, "volumes"))
+	volsBefore := csitest.DirNames(t, filepath.Join(e.root, "volumes"))
 	_, target := e.paths()
-	_, err := e.node().NodePublishVolume(ctx(t), ephemeralReq("csi-e2", target, "10Mi"))
-	mustCode(t, err, codes.OK, "NodePublishVolume ephemeral csi-e2")
+	_, err := e.node().NodePublishVolume(csitest.Ctx(t), ephemeralReq("csi-e2", target, "10Mi"))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume ephemeral csi-e2")
 	var dataDir string
-	for _, n := range dirNames(t, filepath.Join(e.root, "volumes")) {
+	for _, n := range csitest.DirNames(t, filepath.Join(e.root, "volumes")) {
 		if !slices.Contains(volsBefore, n) {
 			if dataDir != "" {
 				t.Fatalf("more than one new volume directory for one ephemeral publish")
@@ -179,26 +181,26 @@ func TestC29EphemeralLifecycle(t *testing.T) {
 	if dataDir == "" {
 		t.Fatal("no data directory for the ephemeral volume under the data root")
 	}
-	if n := len(mountsAt(t, target)); n != 1 || !sameInode(t, target, dataDir) {
+	if n := len(csitest.MountsAt(t, target)); n != 1 || !csitest.SameInode(t, target, dataDir) {
 		t.Fatalf("%s: %d mounts, want one bind mount of %s", target, n, dataDir)
 	}
-	if got := e.available(); got != before-10*Mi {
-		t.Errorf("GetCapacity with the ephemeral volume: %d, want %d (10Mi taken)", got, before-10*Mi)
+	if got := e.available(); got != before-10*csitest.Mi {
+		t.Errorf("GetCapacity with the ephemeral volume: %d, want %d (10Mi taken)", got, before-10*csitest.Mi)
 	}
-	f := random(35, 4096)
+	f := treecmp.RandomBytes(35, 4096)
 	mustWrite(t, filepath.Join(target, "f"), f)
 
-	_, err = e.node().NodePublishVolume(ctx(t), ephemeralReq("csi-e2", target, "10Mi"))
-	codeIs(t, err, codes.OK, "repeated NodePublishVolume of csi-e2")
+	_, err = e.node().NodePublishVolume(csitest.Ctx(t), ephemeralReq("csi-e2", target, "10Mi"))
+	csitest.CodeIs(t, err, codes.OK, "repeated NodePublishVolume of csi-e2")
 	assertFile(t, filepath.Join(target, "f"), f)
-	if n := len(mountsAt(t, target)); n != 1 {
+	if n := len(csitest.MountsAt(t, target)); n != 1 {
 		t.Errorf("%s: %d mounts after the repeated publish, want 1", target, n)
 	}
-	if got := e.available(); got != before-10*Mi {
-		t.Errorf("GetCapacity after the repeated publish: %d, want %d", got, before-10*Mi)
+	if got := e.available(); got != before-10*csitest.Mi {
+		t.Errorf("GetCapacity after the repeated publish: %d, want %d", got, before-10*csitest.Mi)
 	}
-	st, err := e.node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "csi-e2", VolumePath: target})
-	if codeIs(t, err, codes.OK, "NodeGetVolumeStats of the ephemeral volume") && st.GetUsage()[0].GetTotal() != 10*Mi {
+	st, err := e.node().NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "csi-e2", VolumePath: target})
+	if csitest.CodeIs(t, err, codes.OK, "NodeGetVolumeStats of the ephemeral volume") && st.GetUsage()[0].GetTotal() != 10*csitest.Mi {
 		t.Errorf("NodeGetVolumeStats: total %d, want 10Mi", st.GetUsage()[0].GetTotal())
 	}
 
@@ -208,20 +210,20 @@ func TestC29EphemeralLifecycle(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = e.node().NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-e2", TargetPath: target})
+			_, errs[i] = e.node().NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-e2", TargetPath: target})
 		}()
 	}
 	wg.Wait()
 	for i, err := range errs {
-		codeIs(t, err, codes.OK, "concurrent NodeUnpublishVolume #"+string(rune('1'+i)))
+		csitest.CodeIs(t, err, codes.OK, "concurrent NodeUnpublishVolume #"+string(rune('1'+i)))
 	}
-	_, err = e.node().NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-e2", TargetPath: target})
-	codeIs(t, err, codes.OK, "third NodeUnpublishVolume")
-	if n := len(mountsAt(t, target)); n != 0 {
+	_, err = e.node().NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-e2", TargetPath: target})
+	csitest.CodeIs(t, err, codes.OK, "third NodeUnpublishVolume")
+	if n := len(csitest.MountsAt(t, target)); n != 0 {
 		t.Errorf("%s: %d mounts after unpublish", target, n)
 	}
-	assertGone(t, target)
-	assertGone(t, dataDir)
+	csitest.AssertGone(t, target)
+	csitest.AssertGone(t, dataDir)
 	if got := e.available(); got != before {
 		t.Errorf("GetCapacity after unpublish: %d, want %d (capacity returned)", got, before)
 	}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -39,8 +40,8 @@ func TestConcurrentClients(t *testing.T) {
 	opsPerClient := setting("LOCALDIR_CONCURRENCY_OPS", 500, 5000)
 	const capacity = 1 << 30
 	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = capacity; o.Engine = "dir" })
-	dir := realPath(in.Dir)
-	root := realPath(in.Opts.DataRoot)
+	dir := csitest.RealPath(in.Dir)
+	root := csitest.RealPath(in.Opts.DataRoot)
 	t.Cleanup(func() { assertClean(t, dir) })
 	names := []string{"shared-0", "shared-1", "shared-2", "shared-3"}
 	snapNames := []string{"snap-0", "snap-1", "snap-2"}
@@ -116,7 +117,7 @@ func TestConcurrentClients(t *testing.T) {
 				switch x := r.IntN(100); {
 				case x < 20:
 					name := names[r.IntN(len(names))]
-					resp, err := in.Controller.CreateVolume(cx, &csi.CreateVolumeRequest{Name: name, CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+					resp, err := in.Controller.CreateVolume(cx, &csi.CreateVolumeRequest{Name: name, CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 					// ALREADY_EXISTS: the name holds a volume restored from a
 					// snapshot, which this request does not name.
 					allowed(t, "CreateVolume", err, codes.Aborted, codes.AlreadyExists)
@@ -135,8 +136,8 @@ func TestConcurrentClients(t *testing.T) {
 					if id == "" {
 						break
 					}
-					size := int64(1+r.IntN(16)) * Mi
-					resp, err := in.Controller.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: rng(size, 0)})
+					size := int64(1+r.IntN(16)) * csitest.Mi
+					resp, err := in.Controller.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: csitest.Range(size, 0)})
 					allowed(t, "ControllerExpandVolume", err, codes.Aborted, codes.NotFound)
 					if err == nil {
 						mu.Lock()
@@ -182,7 +183,7 @@ func TestConcurrentClients(t *testing.T) {
 						break
 					}
 					name := names[r.IntN(len(names))]
-					resp, err := in.Controller.CreateVolume(cx, &csi.CreateVolumeRequest{Name: name, VolumeContentSource: fromSnapshot(sid), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+					resp, err := in.Controller.CreateVolume(cx, &csi.CreateVolumeRequest{Name: name, VolumeContentSource: csitest.FromSnapshot(sid), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 					// The name may hold a volume made without this source
 					// (ALREADY_EXISTS); the snapshot may be gone (NOT_FOUND).
 					allowed(t, "CreateVolume(restore)", err, codes.Aborted, codes.AlreadyExists, codes.NotFound, codes.OutOfRange)
@@ -194,7 +195,7 @@ func TestConcurrentClients(t *testing.T) {
 					if id == "" {
 						break
 					}
-					_, err := in.Node.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging(id), VolumeCapability: mntCap()})
+					_, err := in.Node.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging(id), VolumeCapability: csitest.MntCap()})
 					allowed(t, "NodeStageVolume", err, codes.Aborted, codes.NotFound)
 				case x < 85:
 					id := pick(r, &ids)
@@ -203,7 +204,7 @@ func TestConcurrentClients(t *testing.T) {
 					}
 					tg := target(id, r.IntN(2))
 					_ = os.MkdirAll(filepath.Dir(tg), 0o750)
-					_, err := in.Node.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging(id), TargetPath: tg, VolumeCapability: mntCap()})
+					_, err := in.Node.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging(id), TargetPath: tg, VolumeCapability: csitest.MntCap()})
 					allowed(t, "NodePublishVolume", err, codes.Aborted, codes.NotFound, codes.FailedPrecondition)
 				case x < 95:
 					id := pick(r, &ids)
@@ -238,8 +239,8 @@ func TestConcurrentClients(t *testing.T) {
 	}
 
 	// Quiet now. Records, data and the model.
-	resp, err := in.Controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
-	mustCode(t, err, codes.OK, "ListVolumes")
+	resp, err := in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListVolumes")
 	perName := map[string][]string{}
 	var listed []string
 	var sum int64
@@ -262,11 +263,11 @@ func TestConcurrentClients(t *testing.T) {
 		}
 	}
 	slices.Sort(listed)
-	if got := dirNames(t, filepath.Join(root, "volumes")); !slices.Equal(got, listed) {
+	if got := csitest.DirNames(t, filepath.Join(root, "volumes")); !slices.Equal(got, listed) {
 		t.Errorf("volumes/ holds %v, ListVolumes %v", got, listed)
 	}
-	sresp, err := in.Controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
-	mustCode(t, err, codes.OK, "ListSnapshots")
+	sresp, err := in.Controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListSnapshots")
 	perSnapName := map[string]int{}
 	var snapListed []string
 	for _, e := range sresp.GetEntries() {
@@ -280,35 +281,35 @@ func TestConcurrentClients(t *testing.T) {
 		}
 	}
 	slices.Sort(snapListed)
-	if got := dirNames(t, filepath.Join(root, "snapshots")); !slices.Equal(got, snapListed) {
+	if got := csitest.DirNames(t, filepath.Join(root, "snapshots")); !slices.Equal(got, snapListed) {
 		t.Errorf("snapshots/ holds %v, ListSnapshots %v", got, snapListed)
 	}
-	c, err := in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
-	mustCode(t, err, codes.OK, "GetCapacity")
+	c, err := in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
+	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	assertAvailable(t, c.GetAvailableCapacity(), capacity, sum, root, "after the run")
 
 	// Clean up through the driver: nothing may be left.
 	for _, id := range ids {
 		for k := range 2 {
-			_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target(id, k)})
-			codeIs(t, err, codes.OK, "NodeUnpublishVolume "+id)
+			_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target(id, k)})
+			csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume "+id)
 		}
-		_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging(id)})
-		codeIs(t, err, codes.OK, "NodeUnstageVolume "+id)
-		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.OK, "DeleteVolume "+id)
+		_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging(id)})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume "+id)
+		_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+id)
 	}
 	for _, sid := range snapIDs {
-		_, err := in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid})
-		codeIs(t, err, codes.OK, "DeleteSnapshot "+sid)
+		_, err := in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid})
+		csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot "+sid)
 	}
 	for _, d := range []string{"volumes", "block", "snapshots"} {
-		if n := dirNames(t, filepath.Join(root, d)); len(n) != 0 {
+		if n := csitest.DirNames(t, filepath.Join(root, d)); len(n) != 0 {
 			t.Errorf("%s holds %v after everything was deleted", d, n)
 		}
 	}
-	c, err = in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
-	mustCode(t, err, codes.OK, "GetCapacity")
+	c, err = in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
+	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	assertAvailable(t, c.GetAvailableCapacity(), capacity, 0, root, "after everything was deleted")
 	var hist []string
 	total := 0

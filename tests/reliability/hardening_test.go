@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -95,7 +96,7 @@ func TestSocketPermissions(t *testing.T) {
 	if err := unix.Lstat(sock, &after); err != nil || after.Ino != before.Ino {
 		t.Errorf("the live driver's socket was replaced or removed (inode %d → %d, %v)", before.Ino, after.Ino, err)
 	}
-	if _, err := p.identity.Probe(ctx(t), &csi.ProbeRequest{}); err != nil {
+	if _, err := p.identity.Probe(csitest.Ctx(t), &csi.ProbeRequest{}); err != nil {
 		t.Errorf("the first driver stopped answering after a second one tried its endpoint: %v", err)
 	}
 	p.kill()
@@ -111,7 +112,7 @@ func TestSocketPermissions(t *testing.T) {
 	if !strings.Contains(string(out), "not a socket") {
 		t.Errorf("no clear message for a file at the endpoint:\n%s", out)
 	}
-	assertFileBytes(t, sock, []byte("not a socket"))
+	csitest.AssertFileBytes(t, sock, []byte("not a socket"))
 }
 
 // TestKubeletRootFlag: --kubelet-root is /var/lib/kubelet in node mode
@@ -139,15 +140,15 @@ func TestKubeletRootFlag(t *testing.T) {
 // INVALID_ARGUMENT naming the path and the root, before any lookup, and
 // without creating, mounting, unmounting or removing anything outside.
 func TestKubeletRoot(t *testing.T) {
-	dir := realPath(tempDir(t))
-	real := mkdir(t, filepath.Join(dir, "var-lib-kubelet"))
+	dir := csitest.RealPath(tempDir(t))
+	real := csitest.Mkdir(t, filepath.Join(dir, "var-lib-kubelet"))
 	kubelet := filepath.Join(dir, "kubelet")
 	if err := os.Symlink(real, kubelet); err != nil {
 		t.Fatal(err)
 	}
-	outside := mkdir(t, filepath.Join(dir, "outside"))
+	outside := csitest.Mkdir(t, filepath.Join(dir, "outside"))
 	writeSynced(t, filepath.Join(outside, "keep"), []byte("keep"))
-	mkdir(t, filepath.Join(outside, "empty"))
+	csitest.Mkdir(t, filepath.Join(outside, "empty"))
 	in := testdriver.StartWith(t, func() driver.Options {
 		o := testdriver.DefaultOptions(dir)
 		o.Engine = "dir"
@@ -155,21 +156,21 @@ func TestKubeletRoot(t *testing.T) {
 		return o
 	}())
 	n := in.Node
-	r, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "k", CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	mustCode(t, err, codes.OK, "CreateVolume")
+	r, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "k", CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.MustCode(t, err, codes.OK, "CreateVolume")
 	x := r.GetVolume().GetVolumeId()
 
 	// Inside, through the symlink and through the real path.
-	staging := mkdir(t, filepath.Join(kubelet, "plugins", "kubernetes.io", "csi", "pv", "x", "globalmount"))
-	pod := mkdir(t, filepath.Join(kubelet, "pods", "p1", "volumes"))
+	staging := csitest.Mkdir(t, filepath.Join(kubelet, "plugins", "kubernetes.io", "csi", "pv", "x", "globalmount"))
+	pod := csitest.Mkdir(t, filepath.Join(kubelet, "pods", "p1", "volumes"))
 	target := filepath.Join(pod, "mount")
-	_, err = n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: staging, VolumeCapability: mntCap()})
-	mustCode(t, err, codes.OK, "NodeStageVolume below the kubelet root (through its symlink)")
-	_, err = n.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mntCap()})
-	mustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root")
+	_, err = n.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: staging, VolumeCapability: csitest.MntCap()})
+	csitest.MustCode(t, err, codes.OK, "NodeStageVolume below the kubelet root (through its symlink)")
+	_, err = n.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: target, VolumeCapability: csitest.MntCap()})
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root")
 	realTarget := filepath.Join(real, "pods", "p1", "volumes", "mount2")
-	_, err = n.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: realTarget, VolumeCapability: mntCap()})
-	mustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root's real path")
+	_, err = n.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: realTarget, VolumeCapability: csitest.MntCap()})
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root's real path")
 	writeSynced(t, filepath.Join(target, "f"), []byte("inside"))
 
 	// A symlink inside the kubelet root that leads out.
@@ -177,7 +178,7 @@ func TestKubeletRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &watcher{t: t, roots: []string{outside, filepath.Join(dir, "kubelet-evil")}}
-	mkdir(t, filepath.Join(dir, "kubelet-evil"))
+	csitest.Mkdir(t, filepath.Join(dir, "kubelet-evil"))
 	before := w.snap()
 
 	refused := []struct{ name, p string }{
@@ -194,7 +195,7 @@ func TestKubeletRoot(t *testing.T) {
 	unknown := "vol-0123456789abcdef0123456789abcdef"
 	check := func(what string, err error, p string) {
 		t.Helper()
-		if !codeIs(t, err, codes.InvalidArgument, what) {
+		if !csitest.CodeIs(t, err, codes.InvalidArgument, what) {
 			return
 		}
 		msg := status.Convert(err).Message()
@@ -204,15 +205,15 @@ func TestKubeletRoot(t *testing.T) {
 	}
 	for _, c := range refused {
 		cx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: c.p, VolumeCapability: mntCap()})
+		_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: c.p, VolumeCapability: csitest.MntCap()})
 		check("NodeStageVolume "+c.name, err, c.p)
-		_, err = n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: unknown, StagingTargetPath: c.p, VolumeCapability: mntCap()})
+		_, err = n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: unknown, StagingTargetPath: c.p, VolumeCapability: csitest.MntCap()})
 		check("NodeStageVolume of an unknown volume "+c.name+" (the path is checked before the lookup)", err, c.p)
-		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: c.p, VolumeCapability: mntCap()})
+		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: c.p, VolumeCapability: csitest.MntCap()})
 		check("NodePublishVolume "+c.name, err, c.p)
-		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: c.p, TargetPath: filepath.Join(pod, "m3"), VolumeCapability: mntCap()})
+		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: c.p, TargetPath: filepath.Join(pod, "m3"), VolumeCapability: csitest.MntCap()})
 		check("NodePublishVolume with staging "+c.name, err, c.p)
-		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: "csi-inline", TargetPath: c.p, VolumeCapability: mntCap(),
+		_, err = n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: "csi-inline", TargetPath: c.p, VolumeCapability: csitest.MntCap(),
 			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true"}})
 		check("ephemeral NodePublishVolume "+c.name, err, c.p)
 		_, err = n.NodeUnpublishVolume(cx, &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: c.p})
@@ -224,20 +225,20 @@ func TestKubeletRoot(t *testing.T) {
 	for _, d := range before.diff(w.snap()) {
 		t.Errorf("outside the kubelet root: %s", d)
 	}
-	if got := dirNames(t, filepath.Join(in.Opts.DataRoot, "volumes")); len(got) != 1 {
+	if got := csitest.DirNames(t, filepath.Join(in.Opts.DataRoot, "volumes")); len(got) != 1 {
 		t.Errorf("volumes: %v, want only %s (no ephemeral volume made)", got, x)
 	}
-	assertFileBytes(t, filepath.Join(realTarget, "f"), []byte("inside"))
+	csitest.AssertFileBytes(t, filepath.Join(realTarget, "f"), []byte("inside"))
 
 	for _, tg := range []string{target, realTarget} {
-		_, err = n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: tg})
-		mustCode(t, err, codes.OK, "NodeUnpublishVolume "+tg)
-		assertGone(t, tg)
+		_, err = n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: tg})
+		csitest.MustCode(t, err, codes.OK, "NodeUnpublishVolume "+tg)
+		csitest.AssertGone(t, tg)
 	}
-	_, err = n.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: staging})
-	mustCode(t, err, codes.OK, "NodeUnstageVolume")
-	_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
-	mustCode(t, err, codes.OK, "DeleteVolume")
+	_, err = n.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: staging})
+	csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume")
+	_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume")
 	if fi, err := os.Lstat(kubelet); err != nil || fi.Mode()&os.ModeSymlink == 0 {
 		t.Errorf("the symlinked kubelet root was changed: %v, %v", fi, err)
 	}
