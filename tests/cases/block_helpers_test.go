@@ -26,10 +26,10 @@ import (
 // image file.
 func createBlock(t testing.TB, in *testdriver.Instance, name string, size int64) string {
 	t.Helper()
-	resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-		Name: name, CapacityRange: rng(size, size), VolumeCapabilities: []*csi.VolumeCapability{blkCap()},
+	resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+		Name: name, CapacityRange: csitest.Range(size, size), VolumeCapabilities: []*csi.VolumeCapability{csitest.BlkCap()},
 	})
-	mustCode(t, err, codes.OK, "CreateVolume "+name+" (block)")
+	csitest.MustCode(t, err, codes.OK, "CreateVolume "+name+" (block)")
 	id := resp.GetVolume().GetVolumeId()
 	if fi, err := os.Stat(blockImage(in, id)); err != nil || fi.Size() != size {
 		t.Fatalf("CreateVolume %s: image of %s: %v (want %d bytes)", name, id, err, size)
@@ -37,7 +37,7 @@ func createBlock(t testing.TB, in *testdriver.Instance, name string, size int64)
 	// A test that stops early must not leave loop devices behind for the
 	// next one: at the end, any still attached to the image is an error
 	// (when the test has not failed yet) and is detached.
-	img := realPath(blockImage(in, id))
+	img := csitest.RealPath(blockImage(in, id))
 	t.Cleanup(func() {
 		for dev, file := range csitest.Loops(t) {
 			if strings.TrimSuffix(file, " (deleted)") != img {
@@ -70,7 +70,7 @@ type loopDev struct {
 // image (/sys/block/loop*/loop/backing_file), with their read-only flag.
 func imageLoops(t testing.TB, in *testdriver.Instance, id string) []loopDev {
 	t.Helper()
-	img := realPath(blockImage(in, id))
+	img := csitest.RealPath(blockImage(in, id))
 	var out []loopDev
 	for dev, file := range csitest.Loops(t) {
 		if file != img {
@@ -123,25 +123,25 @@ func assertLoops(t testing.TB, in *testdriver.Instance, id string, rw, ro int) {
 // kubelet does) and checks that a read-write loop device is attached.
 func stageBlock(t testing.TB, in *testdriver.Instance, id, staging string) {
 	t.Helper()
-	mkdir(t, staging)
-	_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, VolumeCapability: blkCap(),
+	csitest.Mkdir(t, staging)
+	_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.BlkCap(),
 	})
-	mustCode(t, err, codes.OK, "NodeStageVolume "+id+" (block)")
+	csitest.MustCode(t, err, codes.OK, "NodeStageVolume "+id+" (block)")
 	rw := loopOfMode(t, in, id, false)
 	// The staging directory holds a device node of the loop device, named
 	// after the volume; nothing is mounted.
 	if node := filepath.Join(staging, id); rdevOf(t, node) != rdevOf(t, rw) {
 		t.Errorf("%s is not a node of %s", node, rw)
 	}
-	if ms := mountsUnder(t, staging); len(ms) != 0 {
+	if ms := csitest.MountsUnder(t, staging); len(ms) != 0 {
 		t.Errorf("%s: %d mount(s) after a block stage, want none", staging, len(ms))
 	}
 }
 
 func publishBlockReq(id, staging, target string, readonly bool) *csi.NodePublishVolumeRequest {
 	return &csi.NodePublishVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: blkCap(), Readonly: readonly,
+		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: csitest.BlkCap(), Readonly: readonly,
 	}
 }
 
@@ -149,7 +149,7 @@ func publishBlockReq(id, staging, target string, readonly bool) *csi.NodePublish
 // node dev, read-only in the mount table when ro.
 func assertDeviceAt(t testing.TB, p, dev string, ro bool) {
 	t.Helper()
-	ms := mountsAt(t, p)
+	ms := csitest.MountsAt(t, p)
 	if len(ms) != 1 {
 		t.Errorf("%s: %d mounts, want exactly 1 (a bind mount of %s)", p, len(ms), dev)
 		return
@@ -235,12 +235,12 @@ func writeDevice(p string, off int64, data []byte) error {
 // in it (the device node), and no loop device attached to the image.
 func unstageBlock(t testing.TB, in *testdriver.Instance, id, staging string) {
 	t.Helper()
-	_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
-	mustCode(t, err, codes.OK, "NodeUnstageVolume "+id+" at "+staging)
-	if ms := mountsUnder(t, staging); len(ms) != 0 {
+	_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume "+id+" at "+staging)
+	if ms := csitest.MountsUnder(t, staging); len(ms) != 0 {
 		t.Errorf("%s: %d mount(s) at or below it after unstage", staging, len(ms))
 	}
-	if names := dirEntries(t, staging); len(names) != 0 {
+	if names := csitest.DirNames(t, staging); len(names) != 0 {
 		t.Errorf("%s holds %v after unstage, want it empty", staging, names)
 	}
 	assertLoops(t, in, id, 0, 0)

@@ -12,4 +12,23 @@
 // volumes, snapshots, clones, expansion or ephemeral inline volumes are
 // left as comments naming the feature that covers them; they belong with
 // that feature's tests.
+//
+// Files are named by what they test; the case ids are in the test names:
+//
+//   - create_delete_volume_test.go: C01–C04, CreateVolume names, arguments
+//     and capacity ranges, idempotent DeleteVolume;
+//   - unpublish_leftovers_test.go: C06, C07, C11, NodeUnpublishVolume on
+//     unmounted, missing or unknown targets and after a reboot;
+//   - restart_state_file_test.go: C08, C09, kill -9 between calls and a
+//     damaged state file;
+//   - path_safety_test.go: C13, C15, ids that would traverse paths and
+//     symlinked target and staging paths;
+//   - stage_publish_test.go: C26, C27, capabilities, mount flags and
+//     NodeStageVolume idempotency;
+//   - required_fields_volume_stats_test.go: C31, C32, missing fields and
+//     NodeGetVolumeStats;
+//   - capabilities_test.go: C35–C39, republishing, read-only block and
+//     capability decisions;
+//   - names_empty_capacity_range_test.go: C49, C50, names with control
+//     characters and restores with an empty capacity range.
 package cases

@@ -17,41 +17,16 @@ import (
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
-// Shared with the other driver-level test packages (tests/csitest).
-var (
-	ctx        = csitest.Ctx
-	mntCap     = csitest.MntCap
-	blkCap     = csitest.BlkCap
-	rng        = csitest.Range
-	realPath   = csitest.RealPath
-	assertGone = csitest.AssertGone
-
-	codeIs          = csitest.CodeIs
-	mustCode        = csitest.MustCode
-	mountsAt        = csitest.MountsAt
-	mountsUnder     = csitest.MountsUnder
-	sameInode       = csitest.SameInode
-	dirEntries      = csitest.DirNames
-	mkdir           = csitest.Mkdir
-	randomBytes     = csitest.RandomBytes
-	assertFileBytes = csitest.AssertFileBytes
-)
-
-const (
-	Ki = int64(1) << 10
-	Mi = int64(1) << 20
-)
-
 // createVolume creates a mount volume of exactly size bytes and checks that
 // its directory exists under the data root.
 func createVolume(t testing.TB, in *testdriver.Instance, name string, size int64) *csi.Volume {
 	t.Helper()
-	resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+	resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
 		Name:               name,
-		CapacityRange:      rng(size, size),
-		VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+		CapacityRange:      csitest.Range(size, size),
+		VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 	})
-	mustCode(t, err, codes.OK, "CreateVolume "+name)
+	csitest.MustCode(t, err, codes.OK, "CreateVolume "+name)
 	v := resp.GetVolume()
 	if v.GetCapacityBytes() != size {
 		t.Fatalf("CreateVolume %s: capacity %d, want %d", name, v.GetCapacityBytes(), size)
@@ -70,8 +45,8 @@ func volDir(in *testdriver.Instance, id string) string { return filepath.Join(vo
 // listIDs returns the volume ids ListVolumes reports, sorted.
 func listIDs(t testing.TB, ctl csi.ControllerClient) []string {
 	t.Helper()
-	resp, err := ctl.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
-	mustCode(t, err, codes.OK, "ListVolumes")
+	resp, err := ctl.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListVolumes")
 	if resp.GetNextToken() != "" {
 		t.Fatalf("ListVolumes without max_entries returned a next_token %q", resp.GetNextToken())
 	}
@@ -91,22 +66,22 @@ func assertListMatchesDisk(t testing.TB, in *testdriver.Instance, want ...string
 	if got := listIDs(t, in.Controller); !slices.Equal(got, want) {
 		t.Errorf("ListVolumes = %v, want %v", got, want)
 	}
-	if got := dirEntries(t, volumesDir(in)); !slices.Equal(got, want) {
+	if got := csitest.DirNames(t, volumesDir(in)); !slices.Equal(got, want) {
 		t.Errorf("%s holds %v, want %v", volumesDir(in), got, want)
 	}
 }
 
 func available(t testing.TB, in *testdriver.Instance) int64 {
 	t.Helper()
-	resp, err := in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
-	mustCode(t, err, codes.OK, "GetCapacity")
+	resp, err := in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
+	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	return resp.GetAvailableCapacity()
 }
 
 // assertMountCount checks how many mounts sit on p.
 func assertMountCount(t testing.TB, p string, want int) {
 	t.Helper()
-	if got := len(mountsAt(t, p)); got != want {
+	if got := len(csitest.MountsAt(t, p)); got != want {
 		t.Errorf("%s: %d mount(s) in /proc/self/mountinfo, want %d", p, got, want)
 	}
 }
@@ -116,15 +91,15 @@ func assertMountCount(t testing.TB, p string, want int) {
 // same inode as that directory.
 func assertShowsVolume(t testing.TB, in *testdriver.Instance, p, id string) {
 	t.Helper()
-	ms := mountsAt(t, p)
+	ms := csitest.MountsAt(t, p)
 	if len(ms) != 1 {
 		t.Errorf("%s: %d mounts, want exactly 1 (a bind mount of %s)", p, len(ms), id)
 		return
 	}
-	if want := realPath(volDir(in, id)); ms[0].Root != want {
+	if want := csitest.RealPath(volDir(in, id)); ms[0].Root != want {
 		t.Errorf("%s: mount root is %q, want the backing directory %q", p, ms[0].Root, want)
 	}
-	if !sameInode(t, p, volDir(in, id)) {
+	if !csitest.SameInode(t, p, volDir(in, id)) {
 		t.Errorf("%s does not show the directory of volume %s", p, id)
 	}
 }
@@ -214,7 +189,7 @@ func assertTreeUnchanged(t testing.TB, dir string, before map[string]string) {
 // mountOptions returns the per-mount options of the single mount at p.
 func mountOptions(t testing.TB, p string) []string {
 	t.Helper()
-	ms := mountsAt(t, p)
+	ms := csitest.MountsAt(t, p)
 	if len(ms) != 1 {
 		t.Fatalf("%s: %d mounts, want 1", p, len(ms))
 	}
@@ -225,48 +200,48 @@ func mountOptions(t testing.TB, p string) []string {
 // as kubelet does) and checks the bind mount.
 func stage(t testing.TB, in *testdriver.Instance, id, staging string) {
 	t.Helper()
-	mkdir(t, staging)
-	_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, VolumeCapability: mntCap(),
+	csitest.Mkdir(t, staging)
+	_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.MntCap(),
 	})
-	mustCode(t, err, codes.OK, "NodeStageVolume "+id)
+	csitest.MustCode(t, err, codes.OK, "NodeStageVolume "+id)
 	assertShowsVolume(t, in, staging, id)
 }
 
 // publish runs NodePublishVolume with mnt(flags) and checks the bind mount.
 func publish(t testing.TB, in *testdriver.Instance, id, staging, target string, flags ...string) {
 	t.Helper()
-	_, err := in.Node.NodePublishVolume(ctx(t), publishReq(id, staging, target, flags...))
-	mustCode(t, err, codes.OK, "NodePublishVolume "+id+" at "+target)
+	_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(id, staging, target, flags...))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume "+id+" at "+target)
 	assertShowsVolume(t, in, target, id)
 }
 
 func publishReq(id, staging, target string, flags ...string) *csi.NodePublishVolumeRequest {
 	return &csi.NodePublishVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mntCap(flags...),
+		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: csitest.MntCap(flags...),
 	}
 }
 
 func unpublish(t testing.TB, in *testdriver.Instance, id, target string) {
 	t.Helper()
-	_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-	mustCode(t, err, codes.OK, "NodeUnpublishVolume "+id+" at "+target)
+	_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	csitest.MustCode(t, err, codes.OK, "NodeUnpublishVolume "+id+" at "+target)
 	assertMountCount(t, target, 0)
-	assertGone(t, target)
+	csitest.AssertGone(t, target)
 }
 
 func unstage(t testing.TB, in *testdriver.Instance, id, staging string) {
 	t.Helper()
-	_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
-	mustCode(t, err, codes.OK, "NodeUnstageVolume "+id+" at "+staging)
+	_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume "+id+" at "+staging)
 	assertMountCount(t, staging, 0)
 }
 
 func deleteVolume(t testing.TB, in *testdriver.Instance, id string) {
 	t.Helper()
-	_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-	mustCode(t, err, codes.OK, "DeleteVolume "+id)
-	assertGone(t, volDir(in, id))
+	_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume "+id)
+	csitest.AssertGone(t, volDir(in, id))
 }
 
 // unknownID has the shape of a driver-issued id but was never issued, so

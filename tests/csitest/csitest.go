@@ -24,6 +24,13 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// Ki and Mi are binary size units in bytes (KiB, MiB), typed int64 like
+// the CSI byte counts they build.
+const (
+	Ki = int64(1) << 10
+	Mi = int64(1) << 20
+)
+
 // RPCTimeout bounds every call: a hung RPC fails the test, not the run.
 const RPCTimeout = 60 * time.Second
 

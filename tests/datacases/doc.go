@@ -12,4 +12,9 @@
 // mount table (/proc/self/mountinfo) and the loop devices
 // (/sys/block/loop*/loop/backing_file). Nothing is skipped: a missing tool
 // or privilege fails the test.
+//
+// Files are named by what they test: failed_create_test.go (C12),
+// restore_snapshots_topology_test.go (C17, C18, C20),
+// expansion_ephemeral_test.go (C22, C23, C29), block_test.go and
+// reboot_test.go.
 package datacases

@@ -22,33 +22,6 @@ import (
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
-	"github.com/localdir-csi/localdir/tests/treecmp"
-)
-
-// Shared with the other driver-level test packages (tests/csitest).
-var (
-	ctx          = csitest.Ctx
-	mntCap       = csitest.MntCap
-	blkCap       = csitest.BlkCap
-	capOf        = csitest.CapOf
-	rng          = csitest.Range
-	fromSnapshot = csitest.FromSnapshot
-	fromVolume   = csitest.FromVolume
-	codeIs       = csitest.CodeIs
-	realPath     = csitest.RealPath
-	loops        = csitest.Loops
-	assertGone   = csitest.AssertGone
-
-	mustCode    = csitest.MustCode
-	mountsAt    = csitest.MountsAt
-	mountsUnder = csitest.MountsUnder
-	sameInode   = csitest.SameInode
-	dirNames    = csitest.DirNames
-)
-
-const (
-	Ki = int64(1) << 10
-	Mi = int64(1) << 20
 )
 
 // env is one running driver and the temp dir holding its sockets and the
@@ -96,7 +69,7 @@ func (e *env) restart() {
 
 func (e *env) leftovers() {
 	t := e.t
-	ms := mountsUnder(t, e.dir)
+	ms := csitest.MountsUnder(t, e.dir)
 	loops := loopsUnder(t, e.root)
 	if !t.Failed() {
 		for _, m := range ms {
@@ -122,7 +95,7 @@ func (e *env) imagePath(id string) string { return filepath.Join(e.root, "block"
 
 // createReq sends CreateVolume and returns the volume or the error.
 func (e *env) createReq(req *csi.CreateVolumeRequest) (*csi.Volume, error) {
-	resp, err := e.ctl().CreateVolume(ctx(e.t), req)
+	resp, err := e.ctl().CreateVolume(csitest.Ctx(e.t), req)
 	return resp.GetVolume(), err
 }
 
@@ -130,9 +103,9 @@ func (e *env) createReq(req *csi.CreateVolumeRequest) (*csi.Volume, error) {
 func (e *env) create(name string, size int64, block bool) *csi.Volume {
 	e.t.Helper()
 	v, err := e.createReq(&csi.CreateVolumeRequest{
-		Name: name, CapacityRange: rng(size, size), VolumeCapabilities: []*csi.VolumeCapability{capOf(block)},
+		Name: name, CapacityRange: csitest.Range(size, size), VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)},
 	})
-	mustCode(e.t, err, codes.OK, "CreateVolume "+name)
+	csitest.MustCode(e.t, err, codes.OK, "CreateVolume "+name)
 	if v.GetCapacityBytes() != size {
 		e.t.Fatalf("CreateVolume %s: capacity %d, want %d", name, v.GetCapacityBytes(), size)
 	}
@@ -158,16 +131,16 @@ func (e *env) assertBacking(id string, block bool, size int64) {
 
 func (e *env) deleteVolume(id string) {
 	e.t.Helper()
-	_, err := e.ctl().DeleteVolume(ctx(e.t), &csi.DeleteVolumeRequest{VolumeId: id})
-	mustCode(e.t, err, codes.OK, "DeleteVolume "+id)
-	assertGone(e.t, e.volDir(id))
-	assertGone(e.t, e.imagePath(id))
+	_, err := e.ctl().DeleteVolume(csitest.Ctx(e.t), &csi.DeleteVolumeRequest{VolumeId: id})
+	csitest.MustCode(e.t, err, codes.OK, "DeleteVolume "+id)
+	csitest.AssertGone(e.t, e.volDir(id))
+	csitest.AssertGone(e.t, e.imagePath(id))
 }
 
 func (e *env) snapshot(name, src string) *csi.Snapshot {
 	e.t.Helper()
-	resp, err := e.ctl().CreateSnapshot(ctx(e.t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
-	mustCode(e.t, err, codes.OK, "CreateSnapshot "+name)
+	resp, err := e.ctl().CreateSnapshot(csitest.Ctx(e.t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
+	csitest.MustCode(e.t, err, codes.OK, "CreateSnapshot "+name)
 	s := resp.GetSnapshot()
 	if !s.GetReadyToUse() || s.GetSourceVolumeId() != src {
 		e.t.Fatalf("CreateSnapshot %s: %v, want ready_to_use with source %s", name, s, src)
@@ -177,14 +150,14 @@ func (e *env) snapshot(name, src string) *csi.Snapshot {
 
 func (e *env) deleteSnapshot(id string) {
 	e.t.Helper()
-	_, err := e.ctl().DeleteSnapshot(ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
-	mustCode(e.t, err, codes.OK, "DeleteSnapshot "+id)
+	_, err := e.ctl().DeleteSnapshot(csitest.Ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	csitest.MustCode(e.t, err, codes.OK, "DeleteSnapshot "+id)
 }
 
 func (e *env) available() int64 {
 	e.t.Helper()
-	resp, err := e.ctl().GetCapacity(ctx(e.t), &csi.GetCapacityRequest{})
-	mustCode(e.t, err, codes.OK, "GetCapacity")
+	resp, err := e.ctl().GetCapacity(csitest.Ctx(e.t), &csi.GetCapacityRequest{})
+	csitest.MustCode(e.t, err, codes.OK, "GetCapacity")
 	if resp.GetAvailableCapacity() < 0 {
 		e.t.Errorf("GetCapacity: available_capacity %d is negative", resp.GetAvailableCapacity())
 	}
@@ -194,8 +167,8 @@ func (e *env) available() int64 {
 // listIDs returns ListVolumes' ids, sorted.
 func (e *env) listIDs() []string {
 	e.t.Helper()
-	resp, err := e.ctl().ListVolumes(ctx(e.t), &csi.ListVolumesRequest{})
-	mustCode(e.t, err, codes.OK, "ListVolumes")
+	resp, err := e.ctl().ListVolumes(csitest.Ctx(e.t), &csi.ListVolumesRequest{})
+	csitest.MustCode(e.t, err, codes.OK, "ListVolumes")
 	var ids []string
 	for _, en := range resp.GetEntries() {
 		ids = append(ids, en.GetVolume().GetVolumeId())
@@ -207,8 +180,8 @@ func (e *env) listIDs() []string {
 // capacityOf returns the recorded capacity (ControllerGetVolume).
 func (e *env) capacityOf(id string) int64 {
 	e.t.Helper()
-	resp, err := e.ctl().ControllerGetVolume(ctx(e.t), &csi.ControllerGetVolumeRequest{VolumeId: id})
-	mustCode(e.t, err, codes.OK, "ControllerGetVolume "+id)
+	resp, err := e.ctl().ControllerGetVolume(csitest.Ctx(e.t), &csi.ControllerGetVolumeRequest{VolumeId: id})
+	csitest.MustCode(e.t, err, codes.OK, "ControllerGetVolume "+id)
 	return resp.GetVolume().GetCapacityBytes()
 }
 
@@ -221,8 +194,8 @@ func (e *env) assertVolumes(want ...string) {
 		e.t.Errorf("ListVolumes = %v, want %v", got, want)
 	}
 	var onDisk []string
-	onDisk = append(onDisk, dirNames(e.t, filepath.Join(e.root, "volumes"))...)
-	for _, n := range dirNames(e.t, filepath.Join(e.root, "block")) {
+	onDisk = append(onDisk, csitest.DirNames(e.t, filepath.Join(e.root, "volumes"))...)
+	for _, n := range csitest.DirNames(e.t, filepath.Join(e.root, "block")) {
 		onDisk = append(onDisk, strings.TrimSuffix(n, ".img"))
 	}
 	slices.Sort(onDisk)
@@ -246,15 +219,15 @@ func (e *env) paths() (staging, target string) {
 }
 
 func (e *env) stageReq(id, staging string, block bool) error {
-	_, err := e.node().NodeStageVolume(ctx(e.t), &csi.NodeStageVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, VolumeCapability: capOf(block),
+	_, err := e.node().NodeStageVolume(csitest.Ctx(e.t), &csi.NodeStageVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.CapOf(block),
 	})
 	return err
 }
 
 func (e *env) publishReq(id, staging, target string, block bool) error {
-	_, err := e.node().NodePublishVolume(ctx(e.t), &csi.NodePublishVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capOf(block),
+	_, err := e.node().NodePublishVolume(csitest.Ctx(e.t), &csi.NodePublishVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: csitest.CapOf(block),
 	})
 	return err
 }
@@ -266,15 +239,15 @@ func (e *env) publishReq(id, staging, target string, block bool) error {
 func (e *env) attach(id string, block bool) (staging, target string) {
 	e.t.Helper()
 	staging, target = e.paths()
-	mustCode(e.t, e.stageReq(id, staging, block), codes.OK, "NodeStageVolume "+id)
-	mustCode(e.t, e.publishReq(id, staging, target, block), codes.OK, "NodePublishVolume "+id)
+	csitest.MustCode(e.t, e.stageReq(id, staging, block), codes.OK, "NodeStageVolume "+id)
+	csitest.MustCode(e.t, e.publishReq(id, staging, target, block), codes.OK, "NodePublishVolume "+id)
 	e.assertPublished(id, target, block)
 	return staging, target
 }
 
 func (e *env) assertPublished(id, target string, block bool) {
 	e.t.Helper()
-	if n := len(mountsAt(e.t, target)); n != 1 {
+	if n := len(csitest.MountsAt(e.t, target)); n != 1 {
 		e.t.Fatalf("%s: %d mounts, want 1", target, n)
 	}
 	if block {
@@ -291,7 +264,7 @@ func (e *env) assertPublished(id, target string, block bool) {
 		}
 		return
 	}
-	if !sameInode(e.t, target, e.volDir(id)) {
+	if !csitest.SameInode(e.t, target, e.volDir(id)) {
 		e.t.Fatalf("%s does not show the backing directory of volume %s", target, id)
 	}
 }
@@ -300,14 +273,14 @@ func (e *env) assertPublished(id, target string, block bool) {
 // mount on either path, the target removed, no loop device for the image.
 func (e *env) detach(id, staging, target string) {
 	e.t.Helper()
-	_, err := e.node().NodeUnpublishVolume(ctx(e.t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-	mustCode(e.t, err, codes.OK, "NodeUnpublishVolume "+id)
-	_, err = e.node().NodeUnstageVolume(ctx(e.t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
-	mustCode(e.t, err, codes.OK, "NodeUnstageVolume "+id)
-	if n := len(mountsAt(e.t, target)) + len(mountsAt(e.t, staging)); n != 0 {
+	_, err := e.node().NodeUnpublishVolume(csitest.Ctx(e.t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	csitest.MustCode(e.t, err, codes.OK, "NodeUnpublishVolume "+id)
+	_, err = e.node().NodeUnstageVolume(csitest.Ctx(e.t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	csitest.MustCode(e.t, err, codes.OK, "NodeUnstageVolume "+id)
+	if n := len(csitest.MountsAt(e.t, target)) + len(csitest.MountsAt(e.t, staging)); n != 0 {
 		e.t.Errorf("volume %s: %d mounts left on %s / %s", id, n, target, staging)
 	}
-	assertGone(e.t, target)
+	csitest.AssertGone(e.t, target)
 	if dev := loopOf(e.t, e.imagePath(id)); dev != "" {
 		e.t.Errorf("volume %s: %s still attached after unstage", id, dev)
 	}
@@ -318,9 +291,9 @@ func (e *env) detach(id, staging, target string) {
 // loopOf is the loop device backed by image, or "".
 func loopOf(t testing.TB, image string) string {
 	t.Helper()
-	want := realPath(image)
+	want := csitest.RealPath(image)
 	var found []string
-	for dev, file := range loops(t) {
+	for dev, file := range csitest.Loops(t) {
 		if file == want {
 			found = append(found, dev)
 		}
@@ -481,8 +454,8 @@ func writeFile(p string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	for off := 0; off < len(data); off += int(Mi) {
-		end := min(off+int(Mi), len(data))
+	for off := 0; off < len(data); off += int(csitest.Mi) {
+		end := min(off+int(csitest.Mi), len(data))
 		if _, err := f.Write(data[off:end]); err != nil {
 			f.Close()
 			return err
@@ -529,8 +502,6 @@ func syncfs(t testing.TB, p string) {
 	}
 }
 
-var random = treecmp.RandomBytes
-
 // engineCase is a data root configuration for mount volumes.
 type engineCase struct {
 	name   string
@@ -550,7 +521,7 @@ func startEngine(t *testing.T, ec engineCase, mutate func(*driver.Options)) *env
 	t.Helper()
 	return start(t, ec.fs, 1<<30, func(o *driver.Options) {
 		o.Engine = ec.engine
-		o.CapacityBytes = 256 * Mi
+		o.CapacityBytes = 256 * csitest.Mi
 		if mutate != nil {
 			mutate(o)
 		}

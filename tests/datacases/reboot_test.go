@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testfs"
 	"github.com/localdir-csi/localdir/tests/treecmp"
 )
@@ -41,7 +42,7 @@ type published struct {
 // pattern read through its published device node.
 func TestNodeRebootSimulation(t *testing.T) {
 	disk := diskEnv(t)
-	bfs := start(t, testfs.Btrfs, 1<<30, func(o *driver.Options) { o.Engine = "btrfs"; o.CapacityBytes = 256 * Mi })
+	bfs := start(t, testfs.Btrfs, 1<<30, func(o *driver.Options) { o.Engine = "btrfs"; o.CapacityBytes = 256 * csitest.Mi })
 	var vols []*published
 	add := func(e *env, name string, size int64, block bool, fill func(t *testing.T, target string) func(*testing.T, string)) {
 		v := e.create(name, size, block)
@@ -50,21 +51,21 @@ func TestNodeRebootSimulation(t *testing.T) {
 	}
 	blockFill := func(seed uint64, n int) func(*testing.T, string) func(*testing.T, string) {
 		return func(t *testing.T, tgt string) func(*testing.T, string) {
-			p := random(seed, n)
+			p := treecmp.RandomBytes(seed, n)
 			writeDev(t, tgt, 0, p)
 			return func(t *testing.T, tgt string) { assertBytes(t, "block pattern after reboot", readDev(t, tgt, 0, n), p) }
 		}
 	}
 	fileFill := func(seed uint64, n int) func(*testing.T, string) func(*testing.T, string) {
 		return func(t *testing.T, tgt string) func(*testing.T, string) {
-			d := random(seed, n)
+			d := treecmp.RandomBytes(seed, n)
 			mustWrite(t, filepath.Join(tgt, "f"), d)
 			return func(t *testing.T, tgt string) { assertFile(t, filepath.Join(tgt, "f"), d) }
 		}
 	}
-	add(disk, "dir-vol", 32*Mi, false, func(t *testing.T, tgt string) func(*testing.T, string) {
+	add(disk, "dir-vol", 32*csitest.Mi, false, func(t *testing.T, tgt string) func(*testing.T, string) {
 		treecmp.BuildRich(t, filepath.Join(tgt, "tree"), filepath.Join(disk.dir, "outside"))
-		mustWrite(t, filepath.Join(tgt, "f"), random(40, 12345))
+		mustWrite(t, filepath.Join(tgt, "f"), treecmp.RandomBytes(40, 12345))
 		before := treecmp.Scan(t, tgt)
 		return func(t *testing.T, tgt string) {
 			for _, d := range treecmp.Diff(before, treecmp.Scan(t, tgt), treecmp.Options{}) {
@@ -72,24 +73,24 @@ func TestNodeRebootSimulation(t *testing.T) {
 			}
 		}
 	})
-	add(disk, "blk-disk", 8*Mi, true, blockFill(41, int(8*Mi)))
-	add(bfs, "btrfs-vol", 16*Mi, false, fileFill(42, int(3*Mi)))
-	add(bfs, "blk-btrfs", 4*Mi, true, blockFill(43, int(4*Mi)))
+	add(disk, "blk-disk", 8*csitest.Mi, true, blockFill(41, int(8*csitest.Mi)))
+	add(bfs, "btrfs-vol", 16*csitest.Mi, false, fileFill(42, int(3*csitest.Mi)))
+	add(bfs, "blk-btrfs", 4*csitest.Mi, true, blockFill(43, int(4*csitest.Mi)))
 
 	// The ephemeral volume.
 	capBeforeEph := disk.available()
-	volsBeforeEph := dirNames(t, filepath.Join(disk.root, "volumes"))
+	volsBeforeEph := csitest.DirNames(t, filepath.Join(disk.root, "volumes"))
 	_, ephTarget := disk.paths()
-	_, err := disk.node().NodePublishVolume(ctx(t), ephemeralReq("csi-eph-reboot", ephTarget, "10Mi"))
-	mustCode(t, err, codes.OK, "publish ephemeral volume")
+	_, err := disk.node().NodePublishVolume(csitest.Ctx(t), ephemeralReq("csi-eph-reboot", ephTarget, "10Mi"))
+	csitest.MustCode(t, err, codes.OK, "publish ephemeral volume")
 	mustWrite(t, filepath.Join(ephTarget, "f"), []byte("ephemeral"))
 	var ephDir string
-	for _, n := range dirNames(t, filepath.Join(disk.root, "volumes")) {
+	for _, n := range csitest.DirNames(t, filepath.Join(disk.root, "volumes")) {
 		if !slices.Contains(volsBeforeEph, n) {
 			ephDir = filepath.Join(disk.root, "volumes", n)
 		}
 	}
-	if ephDir == "" || disk.available() != capBeforeEph-10*Mi {
+	if ephDir == "" || disk.available() != capBeforeEph-10*csitest.Mi {
 		t.Fatalf("ephemeral volume: data dir %q, available %d (was %d)", ephDir, disk.available(), capBeforeEph)
 	}
 
@@ -102,7 +103,7 @@ func TestNodeRebootSimulation(t *testing.T) {
 
 	// "Reboot": mounts and loop devices are gone, loop numbers shift.
 	for _, e := range []*env{disk, bfs} {
-		ms := mountsUnder(t, e.dir)
+		ms := csitest.MountsUnder(t, e.dir)
 		for i := len(ms) - 1; i >= 0; i-- {
 			if err := unix.Unmount(ms[i].Mountpoint, 0); err != nil {
 				t.Fatalf("unmount %s: %v", ms[i].Mountpoint, err)
@@ -116,7 +117,7 @@ func TestNodeRebootSimulation(t *testing.T) {
 	if err := os.WriteFile(scratch, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(scratch, 4*Mi); err != nil {
+	if err := os.Truncate(scratch, 4*csitest.Mi); err != nil {
 		t.Fatal(err)
 	}
 	scratchDev := attachLoop(t, scratch)
@@ -128,7 +129,7 @@ func TestNodeRebootSimulation(t *testing.T) {
 		if l := loopsUnder(t, e.root); len(l) > 0 {
 			t.Fatalf("loop devices still attached after detaching: %v", l)
 		}
-		if ms := mountsUnder(t, e.dir); len(ms) > 0 {
+		if ms := csitest.MountsUnder(t, e.dir); len(ms) > 0 {
 			t.Fatalf("mounts left after unmounting: %d", len(ms))
 		}
 	}
@@ -137,25 +138,25 @@ func TestNodeRebootSimulation(t *testing.T) {
 
 	// The ephemeral volume is gone, its capacity back; its late unpublish
 	// is OK and removes the target.
-	assertGone(t, ephDir)
+	csitest.AssertGone(t, ephDir)
 	if got := disk.available(); got != capBeforeEph {
 		t.Errorf("GetCapacity after restart: %d, want %d (the ephemeral volume's 10Mi returned)", got, capBeforeEph)
 	}
-	_, err = disk.node().NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-eph-reboot", TargetPath: ephTarget})
-	codeIs(t, err, codes.OK, "unpublish of the ephemeral volume removed at restart")
-	assertGone(t, ephTarget)
+	_, err = disk.node().NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-eph-reboot", TargetPath: ephTarget})
+	csitest.CodeIs(t, err, codes.OK, "unpublish of the ephemeral volume removed at restart")
+	csitest.AssertGone(t, ephTarget)
 
 	for _, v := range vols {
 		e := v.e
-		if n := len(mountsAt(t, v.target)); n != 0 {
+		if n := len(csitest.MountsAt(t, v.target)); n != 0 {
 			t.Fatalf("%s: %d mounts before the new publish", v.target, n)
 		}
-		mustCode(t, e.stageReq(v.id, v.staging, v.block), codes.OK, "NodeStageVolume after reboot "+v.id)
-		mustCode(t, e.publishReq(v.id, v.staging, v.target, v.block), codes.OK, "NodePublishVolume after reboot "+v.id)
+		csitest.MustCode(t, e.stageReq(v.id, v.staging, v.block), codes.OK, "NodeStageVolume after reboot "+v.id)
+		csitest.MustCode(t, e.publishReq(v.id, v.staging, v.target, v.block), codes.OK, "NodePublishVolume after reboot "+v.id)
 		e.assertPublished(v.id, v.target, v.block)
 		// A repeat is idempotent and does not stack mounts.
-		mustCode(t, e.publishReq(v.id, v.staging, v.target, v.block), codes.OK, "repeated NodePublishVolume after reboot "+v.id)
-		if n := len(mountsAt(t, v.target)); n != 1 {
+		csitest.MustCode(t, e.publishReq(v.id, v.staging, v.target, v.block), codes.OK, "repeated NodePublishVolume after reboot "+v.id)
+		if n := len(csitest.MountsAt(t, v.target)); n != 1 {
 			t.Errorf("%s: %d mounts after a repeated publish, want 1", v.target, n)
 		}
 		if v.block {
@@ -186,12 +187,12 @@ func TestSnapshotDoesNotBlockOtherVolumes(t *testing.T) {
 	s, tgt := e.attach(bigID, false)
 	const files = 200
 	for i := 0; i < files; i++ {
-		if err := os.WriteFile(filepath.Join(tgt, "f"+string(rune('A'+i%26))+string(rune('a'+i/26))), random(uint64(1000+i), int(Mi)), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(tgt, "f"+string(rune('A'+i%26))+string(rune('a'+i/26))), treecmp.RandomBytes(uint64(1000+i), int(csitest.Mi)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	e.detach(bigID, s, tgt)
-	other := e.create("other", 4*Mi, false)
+	other := e.create("other", 4*csitest.Mi, false)
 
 	type result struct {
 		snap *csi.Snapshot
@@ -199,13 +200,13 @@ func TestSnapshotDoesNotBlockOtherVolumes(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := e.ctl().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "big-snap", SourceVolumeId: bigID})
+		resp, err := e.ctl().CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "big-snap", SourceVolumeId: bigID})
 		done <- result{resp.GetSnapshot(), err}
 	}()
 	// Wait until the copy is under way: its directory appears in snapshots/.
 	snapRoot := filepath.Join(e.root, "snapshots")
 	deadline := time.Now().Add(30 * time.Second)
-	for len(dirNames(t, snapRoot)) == 0 {
+	for len(csitest.DirNames(t, snapRoot)) == 0 {
 		select {
 		case r := <-done:
 			t.Fatalf("the snapshot finished (%v) before its copy was seen running; nothing was tested", r.err)
@@ -217,30 +218,30 @@ func TestSnapshotDoesNotBlockOtherVolumes(t *testing.T) {
 		time.Sleep(200 * time.Microsecond)
 	}
 
-	v, err := e.createReq(&csi.CreateVolumeRequest{Name: "unrelated", CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	mustCode(t, err, codes.OK, "CreateVolume during a snapshot of another volume")
-	_, err = e.ctl().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: other.GetVolumeId()})
-	mustCode(t, err, codes.OK, "DeleteVolume of an unrelated volume during the snapshot")
-	_, errSrc := e.ctl().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: bigID})
+	v, err := e.createReq(&csi.CreateVolumeRequest{Name: "unrelated", CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.MustCode(t, err, codes.OK, "CreateVolume during a snapshot of another volume")
+	_, err = e.ctl().DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: other.GetVolumeId()})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume of an unrelated volume during the snapshot")
+	_, errSrc := e.ctl().DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: bigID})
 	select {
 	case r := <-done:
 		t.Fatalf("the snapshot (%v) returned before the unrelated calls: they waited for it", r.err)
 	default:
 	}
-	codeIs(t, errSrc, codes.Aborted, "DeleteVolume of the snapshot's source while it is copied")
+	csitest.CodeIs(t, errSrc, codes.Aborted, "DeleteVolume of the snapshot's source while it is copied")
 
 	r := <-done
-	mustCode(t, r.err, codes.OK, "CreateSnapshot big-snap")
+	csitest.MustCode(t, r.err, codes.OK, "CreateSnapshot big-snap")
 	if !r.snap.GetReadyToUse() || r.snap.GetSizeBytes() != 1<<30 {
 		t.Errorf("snapshot: %v, want ready and 1Gi", r.snap)
 	}
 	// The snapshot holds all the data.
-	names := dirNames(t, filepath.Join(snapRoot, r.snap.GetSnapshotId()))
+	names := csitest.DirNames(t, filepath.Join(snapRoot, r.snap.GetSnapshotId()))
 	if len(names) != files {
 		t.Errorf("snapshot holds %d files, want %d", len(names), files)
 	}
 	for _, n := range names {
-		if fi, err := os.Stat(filepath.Join(snapRoot, r.snap.GetSnapshotId(), n)); err != nil || fi.Size() != Mi {
+		if fi, err := os.Stat(filepath.Join(snapRoot, r.snap.GetSnapshotId(), n)); err != nil || fi.Size() != csitest.Mi {
 			t.Errorf("snapshot file %s: %v, %v", n, fi, err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
@@ -82,7 +83,7 @@ func namespace(t *testing.T, name string) string {
 		waitFor(t, "the PVs of "+ns+" to be deleted", 3*time.Minute, func() (bool, error) {
 			pvs, err := kc.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 			if err != nil {
-				return false, nil
+				return false, retryTransient(t, err)
 			}
 			for _, pv := range pvs.Items {
 				if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == ns && pv.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete {
@@ -213,7 +214,7 @@ func waitPodRunning(t *testing.T, ns, name string, timeout time.Duration) {
 	waitFor(t, "pod "+ns+"/"+name+" Running", timeout, func() (bool, error) {
 		p, err := kc.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, retryTransient(t, err)
 		}
 		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
 			return false, fmt.Errorf("pod ended: %s", p.Status.Phase)
@@ -305,6 +306,46 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// retryTransient returns nil, so that a waitFor condition polls again
+// (within its deadline), for an error that says the API server was busy or
+// briefly unreachable (server timeout, too many requests, service
+// unavailable, connection refused or reset); any other error is returned
+// and fails the wait.
+func retryTransient(t *testing.T, err error) error {
+	t.Helper()
+	if apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) {
+		t.Logf("transient API error, polling again: %v", err)
+		return nil
+	}
+	return err
+}
+
+// transientMessages are the errors a controller records in an object's
+// status and then retries by itself: an optimistic-lock conflict with
+// another writer, or the API server busy or unreachable for a moment.
+var transientMessages = []string{
+	"the object has been modified; please apply your changes to the latest version",
+	"connection refused",
+	"the server is currently unable to handle the request",
+	"the server was unable to return a response in the time allotted",
+	"Too many requests",
+}
+
+// retryTransientMessage is retryTransient for an error message a
+// controller recorded in a status (what): nil for the messages above,
+// an error naming it otherwise.
+func retryTransientMessage(t *testing.T, what, msg string) error {
+	t.Helper()
+	for _, m := range transientMessages {
+		if strings.Contains(msg, m) {
+			t.Logf("%s is transient, polling again: %s", what, msg)
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: %s", what, msg)
 }
 
 // localVolume returns the LocalVolume of a bound PVC's PV (the volume id is

@@ -104,12 +104,12 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	waitFor(t, "VolumeSnapshot readyToUse", 2*time.Minute, func() (bool, error) {
 		u, err := dyn.Resource(gvrSnapshot).Namespace(ns).Get(ctx, "snap", metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, retryTransient(t, err)
 		}
 		ready, _, _ := unstructured.NestedBool(u.Object, "status", "readyToUse")
 		restoreSize, _, _ = unstructured.NestedString(u.Object, "status", "restoreSize")
-		if msg, ok, _ := unstructured.NestedString(u.Object, "status", "error", "message"); ok {
-			t.Logf("snapshot error (may be transient): %s", msg)
+		if msg, ok, _ := unstructured.NestedString(u.Object, "status", "error", "message"); ok && !ready {
+			return false, retryTransientMessage(t, "VolumeSnapshot status.error", msg)
 		}
 		return ready, nil
 	})
@@ -576,7 +576,7 @@ func TestScale100PVCs(t *testing.T) {
 	waitFor(t, "all PVs deleted", 5*time.Minute, func() (bool, error) {
 		pvs, err := kc.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, nil
+			return false, retryTransient(t, err)
 		}
 		for _, pv := range pvs.Items {
 			if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == ns {

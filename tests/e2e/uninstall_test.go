@@ -44,7 +44,7 @@ func snapshotOf(t *testing.T, ns, name, pvc string) string {
 	waitFor(t, "VolumeSnapshot "+name+" readyToUse", 2*time.Minute, func() (bool, error) {
 		u, err := dyn.Resource(gvrSnapshot).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, retryTransient(t, err)
 		}
 		ready, _, _ := unstructured.NestedBool(u.Object, "status", "readyToUse")
 		content, _, _ = unstructured.NestedString(u.Object, "status", "boundVolumeSnapshotContentName")
@@ -67,8 +67,11 @@ func waitReadopted(t *testing.T, gvr schema.GroupVersionResource, id string) {
 	t.Helper()
 	waitFor(t, gvr.Resource+" "+id+" re-adopted", 2*time.Minute, func() (bool, error) {
 		u, err := dyn.Resource(gvr).Get(context.Background(), id, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil // not re-created yet
+		}
 		if err != nil {
-			return false, nil
+			return false, retryTransient(t, err)
 		}
 		phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
 		return u.GetLabels()[v1.ReadoptedLabel] == "true" && u.GetDeletionTimestamp() == nil && phase == v1.PhaseReady, nil
@@ -208,7 +211,7 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 	waitFor(t, "PV "+pv+" detached", 2*time.Minute, func() (bool, error) {
 		vas, err := kc.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, nil
+			return false, retryTransient(t, err)
 		}
 		for _, va := range vas.Items {
 			if n := va.Spec.Source.PersistentVolumeName; n != nil && *n == pv {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -61,87 +62,87 @@ func deadFUSE(t *testing.T, p string, file bool) {
 // mount, showing the volume).
 func TestBrokenMounts(t *testing.T) {
 	in := testdriver.Start(t, func(o *driver.Options) { o.Engine = "dir" })
-	dir := realPath(in.Dir)
-	root := realPath(in.Opts.DataRoot)
+	dir := csitest.RealPath(in.Dir)
+	root := csitest.RealPath(in.Opts.DataRoot)
 	t.Cleanup(func() { assertClean(t, dir) })
 	n := in.Node
 
 	create := func(name string, block bool) string {
-		r, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{capOf(block)}})
-		mustCode(t, err, codes.OK, "CreateVolume "+name)
+		r, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: csitest.Range(4*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)}})
+		csitest.MustCode(t, err, codes.OK, "CreateVolume "+name)
 		return r.GetVolume().GetVolumeId()
 	}
 	x := create("broken-x", false)
 	b := create("broken-b", true)
-	sX := mkdir(t, filepath.Join(dir, "sX"))
-	sB := mkdir(t, filepath.Join(dir, "sB"))
+	sX := csitest.Mkdir(t, filepath.Join(dir, "sX"))
+	sB := csitest.Mkdir(t, filepath.Join(dir, "sB"))
 	stage := func(id, s string, block bool) {
 		t.Helper()
-		_, err := n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s, VolumeCapability: capOf(block)})
-		mustCode(t, err, codes.OK, "NodeStageVolume "+id)
+		_, err := n.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s, VolumeCapability: csitest.CapOf(block)})
+		csitest.MustCode(t, err, codes.OK, "NodeStageVolume "+id)
 	}
 	publish := func(id, s, tg string, block bool) error {
-		_, err := n.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: s, TargetPath: tg, VolumeCapability: capOf(block)})
+		_, err := n.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: s, TargetPath: tg, VolumeCapability: csitest.CapOf(block)})
 		return err
 	}
 	unpublish := func(id, tg string) {
 		t.Helper()
-		_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tg})
-		codeIs(t, err, codes.OK, "NodeUnpublishVolume "+tg)
-		if ms := mountsAt(t, tg); len(ms) != 0 {
+		_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tg})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume "+tg)
+		if ms := csitest.MountsAt(t, tg); len(ms) != 0 {
 			t.Errorf("%s: %d mounts left after NodeUnpublishVolume", tg, len(ms))
 		}
-		assertGone(t, tg)
+		csitest.AssertGone(t, tg)
 	}
 	showsX := func(tg string) {
 		t.Helper()
-		if ms := mountsAt(t, tg); len(ms) != 1 {
+		if ms := csitest.MountsAt(t, tg); len(ms) != 1 {
 			t.Errorf("%s: %d mounts, want exactly 1", tg, len(ms))
 		}
-		assertFileBytes(t, filepath.Join(tg, "data"), []byte("x data"))
+		csitest.AssertFileBytes(t, filepath.Join(tg, "data"), []byte("x data"))
 	}
 	stage(x, sX, false)
 	stage(b, sB, true)
 	tX := filepath.Join(dir, "tX")
-	mustCode(t, publish(x, sX, tX, false), codes.OK, "NodePublishVolume x")
+	csitest.MustCode(t, publish(x, sX, tX, false), codes.OK, "NodePublishVolume x")
 	writeSynced(t, filepath.Join(tX, "data"), []byte("x data"))
 	unpublish(x, tX)
 
 	t.Run("dead FUSE mount on a target: unpublish", func(t *testing.T) {
-		tg := mkdir(t, filepath.Join(dir, "t1"))
+		tg := csitest.Mkdir(t, filepath.Join(dir, "t1"))
 		deadFUSE(t, tg, false)
 		unpublish(x, tg)
 	})
 	t.Run("dead FUSE mount on a target: publish replaces it", func(t *testing.T) {
-		tg := mkdir(t, filepath.Join(dir, "t2"))
+		tg := csitest.Mkdir(t, filepath.Join(dir, "t2"))
 		deadFUSE(t, tg, false)
-		mustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume over a dead FUSE mount")
+		csitest.MustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume over a dead FUSE mount")
 		showsX(tg)
 		unpublish(x, tg)
 	})
 	t.Run("dead FUSE mount stacked on the volume's publish", func(t *testing.T) {
 		tg := filepath.Join(dir, "t3")
-		mustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume")
+		csitest.MustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume")
 		deadFUSE(t, tg, false)
 		// Stats and health see a path that does not show the volume.
-		_, err := n.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: x, VolumePath: tg})
-		codeIs(t, err, codes.NotFound, "NodeGetVolumeStats on a dead FUSE mount")
-		h, err := n.NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: x, VolumePublishPath: tg})
-		if codeIs(t, err, codes.OK, "NodeGetVolumeHealth on a dead FUSE mount") && len(h.GetVolumeHealth().GetHealthStatuses()) == 0 {
+		_, err := n.NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: x, VolumePath: tg})
+		csitest.CodeIs(t, err, codes.NotFound, "NodeGetVolumeStats on a dead FUSE mount")
+		h, err := n.NodeGetVolumeHealth(csitest.Ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: x, VolumePublishPath: tg})
+		if csitest.CodeIs(t, err, codes.OK, "NodeGetVolumeHealth on a dead FUSE mount") && len(h.GetVolumeHealth().GetHealthStatuses()) == 0 {
 			t.Errorf("NodeGetVolumeHealth: no problem reported for a publish path hidden by a dead mount")
 		}
 		// The volume is still mounted underneath: not deletable.
-		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
-		codeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a volume published under a dead mount")
+		_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
+		csitest.CodeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a volume published under a dead mount")
 		// A repeated publish replaces the dead mount with the volume.
-		mustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume again")
+		csitest.MustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume again")
 		showsX(tg)
 		deadFUSE(t, tg, false)
 		unpublish(x, tg)
 	})
 	t.Run("stacked mounts on a target", func(t *testing.T) {
 		tg := filepath.Join(dir, "t4")
-		mustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume")
+		csitest.MustCode(t, publish(x, sX, tg, false), codes.OK, "NodePublishVolume")
 		if err := unix.Mount("stacked", tg, "tmpfs", 0, "size=1m"); err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +150,7 @@ func TestBrokenMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		deadFUSE(t, tg, false)
-		if ms := mountsAt(t, tg); len(ms) != 4 {
+		if ms := csitest.MountsAt(t, tg); len(ms) != 4 {
 			t.Fatalf("%s: %d mounts, want 4 stacked", tg, len(ms))
 		}
 		unpublish(x, tg)
@@ -157,17 +158,17 @@ func TestBrokenMounts(t *testing.T) {
 	t.Run("dead FUSE mount on top of a foreign mount", func(t *testing.T) {
 		// Publish removes the dead mount only; the healthy foreign mount
 		// under it is not the driver's to remove: ALREADY_EXISTS.
-		tg := mkdir(t, filepath.Join(dir, "t6"))
+		tg := csitest.Mkdir(t, filepath.Join(dir, "t6"))
 		if err := unix.Mount("foreign", tg, "tmpfs", 0, "size=1m"); err != nil {
 			t.Fatal(err)
 		}
 		writeSynced(t, filepath.Join(tg, "foreign"), []byte("not ours"))
 		deadFUSE(t, tg, false)
-		codeIs(t, publish(x, sX, tg, false), codes.AlreadyExists, "NodePublishVolume over a dead FUSE mount on a tmpfs")
-		if ms := mountsAt(t, tg); len(ms) != 1 || ms[0].FSType != "tmpfs" {
+		csitest.CodeIs(t, publish(x, sX, tg, false), codes.AlreadyExists, "NodePublishVolume over a dead FUSE mount on a tmpfs")
+		if ms := csitest.MountsAt(t, tg); len(ms) != 1 || ms[0].FSType != "tmpfs" {
 			t.Errorf("%s: mounts %v, want the foreign tmpfs alone", tg, ms)
 		}
-		assertFileBytes(t, filepath.Join(tg, "foreign"), []byte("not ours"))
+		csitest.AssertFileBytes(t, filepath.Join(tg, "foreign"), []byte("not ours"))
 		if err := unix.Unmount(tg, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -176,29 +177,29 @@ func TestBrokenMounts(t *testing.T) {
 		}
 	})
 	t.Run("dead FUSE mount on a staging path", func(t *testing.T) {
-		s := mkdir(t, filepath.Join(dir, "s5"))
+		s := csitest.Mkdir(t, filepath.Join(dir, "s5"))
 		deadFUSE(t, s, false)
 		stage(x, s, false)
-		if ms := mountsAt(t, s); len(ms) != 1 {
+		if ms := csitest.MountsAt(t, s); len(ms) != 1 {
 			t.Errorf("%s: %d mounts after NodeStageVolume, want 1", s, len(ms))
 		}
-		assertFileBytes(t, filepath.Join(s, "data"), []byte("x data"))
+		csitest.AssertFileBytes(t, filepath.Join(s, "data"), []byte("x data"))
 		deadFUSE(t, s, false)
-		_, err := n.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: s})
-		codeIs(t, err, codes.OK, "NodeUnstageVolume under a dead FUSE mount")
-		if ms := mountsAt(t, s); len(ms) != 0 {
+		_, err := n.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: s})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume under a dead FUSE mount")
+		if ms := csitest.MountsAt(t, s); len(ms) != 0 {
 			t.Errorf("%s: %d mounts left after NodeUnstageVolume", s, len(ms))
 		}
 	})
 	t.Run("dead FUSE mount on a block volume's device file", func(t *testing.T) {
 		tg := filepath.Join(dir, "tb")
-		mustCode(t, publish(b, sB, tg, true), codes.OK, "NodePublishVolume block")
+		csitest.MustCode(t, publish(b, sB, tg, true), codes.OK, "NodePublishVolume block")
 		if err := writeDev(tg, []byte("block data")); err != nil {
 			t.Fatal(err)
 		}
 		deadFUSE(t, tg, true)
-		mustCode(t, publish(b, sB, tg, true), codes.OK, "NodePublishVolume block over a dead FUSE mount")
-		if ms := mountsAt(t, tg); len(ms) != 1 {
+		csitest.MustCode(t, publish(b, sB, tg, true), codes.OK, "NodePublishVolume block over a dead FUSE mount")
+		if ms := csitest.MountsAt(t, tg); len(ms) != 1 {
 			t.Errorf("%s: %d mounts, want 1", tg, len(ms))
 		}
 		got, err := readAt(tg, 10)
@@ -212,12 +213,12 @@ func TestBrokenMounts(t *testing.T) {
 	for _, v := range []struct {
 		id, s string
 	}{{x, sX}, {b, sB}} {
-		_, err := n.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.s})
-		codeIs(t, err, codes.OK, "NodeUnstageVolume "+v.id)
+		_, err := n.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.s})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume "+v.id)
 	}
-	assertFileBytes(t, filepath.Join(root, "volumes", x, "data"), []byte("x data"))
+	csitest.AssertFileBytes(t, filepath.Join(root, "volumes", x, "data"), []byte("x data"))
 	for _, id := range []string{x, b} {
-		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.OK, "DeleteVolume "+id)
+		_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+id)
 	}
 }

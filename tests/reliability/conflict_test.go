@@ -45,7 +45,7 @@ import (
 const (
 	conflictFiles    = 100 // in 10 directories
 	conflictFileSize = 24 << 10
-	conflictVolSize  = 8 * Mi
+	conflictVolSize  = 8 * csitest.Mi
 )
 
 type conflictEnv struct {
@@ -155,11 +155,11 @@ func (e *conflictEnv) name(what string) string {
 // start of a block volume's image.
 func (e *conflictEnv) newFilled(what string, block bool) *cvol {
 	t := e.t
-	resp, err := e.ctrl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-		Name: e.name(what), CapacityRange: rng(conflictVolSize, 0),
+	resp, err := e.ctrl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+		Name: e.name(what), CapacityRange: csitest.Range(conflictVolSize, 0),
 		VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)},
 	})
-	mustCode(t, err, codes.OK, "CreateVolume "+what)
+	csitest.MustCode(t, err, codes.OK, "CreateVolume "+what)
 	v := &cvol{id: resp.GetVolume().GetVolumeId(), block: block, seed: e.r.Uint64(), size: resp.GetVolume().GetCapacityBytes()}
 	if block {
 		f, err := os.OpenFile(filepath.Join(e.root, "block", v.id+".img"), os.O_WRONLY, 0)
@@ -287,21 +287,21 @@ func (e *conflictEnv) retried(what string, call func() error) {
 
 func (e *conflictEnv) snapshot(v *cvol) string {
 	t := e.t
-	resp, err := e.ctrl.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: e.name("snap"), SourceVolumeId: v.id})
-	mustCode(t, err, codes.OK, "CreateSnapshot")
+	resp, err := e.ctrl.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: e.name("snap"), SourceVolumeId: v.id})
+	csitest.MustCode(t, err, codes.OK, "CreateSnapshot")
 	return resp.GetSnapshot().GetSnapshotId()
 }
 
 func (e *conflictEnv) deleteVolume(id string) {
 	e.retried("DeleteVolume "+id, func() error {
-		_, err := e.ctrl.DeleteVolume(ctx(e.t), &csi.DeleteVolumeRequest{VolumeId: id})
+		_, err := e.ctrl.DeleteVolume(csitest.Ctx(e.t), &csi.DeleteVolumeRequest{VolumeId: id})
 		return err
 	})
 }
 
 func (e *conflictEnv) deleteSnapshot(id string) {
 	e.retried("DeleteSnapshot "+id, func() error {
-		_, err := e.ctrl.DeleteSnapshot(ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
+		_, err := e.ctrl.DeleteSnapshot(csitest.Ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
 		return err
 	})
 }
@@ -319,13 +319,13 @@ func (e *conflictEnv) restoreVsDeleteSnapshot(src *cvol, block bool) {
 	var cerr, derr error
 	var rid string
 	e.race(func() {
-		resp, err := e.ctrl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-			Name: name, CapacityRange: rng(src.size, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)},
+		resp, err := e.ctrl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+			Name: name, CapacityRange: csitest.Range(src.size, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)},
 			VolumeContentSource: csitest.FromSnapshot(sid),
 		})
 		cerr, rid = err, resp.GetVolume().GetVolumeId()
 	}, func() {
-		_, derr = e.ctrl.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid})
+		_, derr = e.ctrl.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid})
 	})
 	c := e.allowed(cerr, "CreateVolume from a snapshot being deleted", codes.OK, codes.Aborted, codes.NotFound)
 	d := e.allowed(derr, "DeleteSnapshot of a snapshot being restored", codes.OK, codes.Aborted)
@@ -356,17 +356,17 @@ func (e *conflictEnv) readerVsDeleteVolume(clone bool) {
 	var id string
 	e.race(func() {
 		if clone {
-			resp, err := e.ctrl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-				Name: name, CapacityRange: rng(v.size, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+			resp, err := e.ctrl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+				Name: name, CapacityRange: csitest.Range(v.size, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 				VolumeContentSource: csitest.FromVolume(v.id),
 			})
 			rerr, id = err, resp.GetVolume().GetVolumeId()
 			return
 		}
-		resp, err := e.ctrl.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.id})
+		resp, err := e.ctrl.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.id})
 		rerr, id = err, resp.GetSnapshot().GetSnapshotId()
 	}, func() {
-		_, derr = e.ctrl.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
+		_, derr = e.ctrl.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
 	})
 	r := e.allowed(rerr, what+" of a volume being deleted", codes.OK, codes.Aborted, codes.NotFound)
 	d := e.allowed(derr, "DeleteVolume of a volume being read by a "+what, codes.OK, codes.Aborted)
@@ -389,15 +389,15 @@ func (e *conflictEnv) readerVsDeleteVolume(clone bool) {
 func (e *conflictEnv) expandVsSnapshot(v *cvol) {
 	t := e.t
 	name := e.name("snap")
-	newSize := v.size + Mi
+	newSize := v.size + csitest.Mi
 	var serr, xerr error
 	var snap *csi.Snapshot
 	var got int64
 	e.race(func() {
-		resp, err := e.ctrl.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.id})
+		resp, err := e.ctrl.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: v.id})
 		serr, snap = err, resp.GetSnapshot()
 	}, func() {
-		resp, err := e.ctrl.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: rng(newSize, 0)})
+		resp, err := e.ctrl.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: csitest.Range(newSize, 0)})
 		xerr, got = err, resp.GetCapacityBytes()
 	})
 	s := e.allowed(serr, "CreateSnapshot of a volume being expanded", codes.OK, codes.Aborted)
@@ -410,7 +410,7 @@ func (e *conflictEnv) expandVsSnapshot(v *cvol) {
 		v.size = newSize
 	}
 	if s == codes.OK {
-		if sz := snap.GetSizeBytes(); sz != v.size && sz != v.size-Mi {
+		if sz := snap.GetSizeBytes(); sz != v.size && sz != v.size-csitest.Mi {
 			t.Errorf("snapshot of a volume being expanded to %d: size_bytes %d", newSize, sz)
 		}
 		e.checkContent(e.snapPath(v, snap.GetSnapshotId()), v, "snapshot taken while its source was expanded")
@@ -427,7 +427,7 @@ func (e *conflictEnv) assertEmpty() {
 	for i := 0; i < 300; i++ {
 		left = nil
 		for _, d := range []string{"volumes", "block", "snapshots", "orphaned"} {
-			for _, n := range dirNames(t, filepath.Join(e.root, d)) {
+			for _, n := range csitest.DirNames(t, filepath.Join(e.root, d)) {
 				left = append(left, d+"/"+n)
 			}
 		}
@@ -439,10 +439,10 @@ func (e *conflictEnv) assertEmpty() {
 	if len(left) != 0 {
 		t.Errorf("the data root holds %v after everything was deleted", left)
 	}
-	vols, err := e.ctrl.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
-	mustCode(t, err, codes.OK, "ListVolumes")
-	snaps, err := e.ctrl.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
-	mustCode(t, err, codes.OK, "ListSnapshots")
+	vols, err := e.ctrl.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListVolumes")
+	snaps, err := e.ctrl.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListSnapshots")
 	if n, m := len(vols.GetEntries()), len(snaps.GetEntries()); n+m != 0 {
 		t.Errorf("%d volumes and %d snapshots listed after everything was deleted", n, m)
 	}

@@ -125,7 +125,7 @@ type storm struct {
 func newStorm(t *testing.T, dir, root string, nWorkers int, seed uint64) *storm {
 	s := &storm{t: t, dir: dir, root: root, r: rand.New(rand.NewPCG(seed, 1))}
 	for i := range nWorkers {
-		s.workers = append(s.workers, &stormWorker{n: i, dir: mkdir(t, filepath.Join(dir, "co", fmt.Sprint(i))), ops: map[string]int{}})
+		s.workers = append(s.workers, &stormWorker{n: i, dir: csitest.Mkdir(t, filepath.Join(dir, "co", fmt.Sprint(i))), ops: map[string]int{}})
 	}
 	return s
 }
@@ -215,7 +215,7 @@ func (s *storm) killWhileStarting(q *proc, maxDelay time.Duration, what string) 
 // interrupted added an entry there, forever).
 func (s *storm) assertDataGone() {
 	for _, d := range []string{"volumes", "block", "snapshots", "orphaned"} {
-		if n := dirNames(s.t, filepath.Join(s.root, d)); len(n) != 0 {
+		if n := csitest.DirNames(s.t, filepath.Join(s.root, d)); len(n) != 0 {
 			s.t.Errorf("%s holds %v after everything was deleted", d, n)
 		}
 	}
@@ -255,13 +255,13 @@ func (s *storm) retryPending(p csiClients) {
 		if op := w.pending; op != nil {
 			w.pending = nil
 			s.retried++
-			err := op.do(ctx(t), p)
+			err := op.do(csitest.Ctx(t), p)
 			// In cluster mode the controller may still be finishing the
 			// first attempt, cut short on the client's side only: ABORTED
 			// (the CO retries).
 			for i := 0; s.cluster && status.Code(err) == codes.Aborted && i < 100; i++ {
 				time.Sleep(100 * time.Millisecond)
-				err = op.do(ctx(t), p)
+				err = op.do(csitest.Ctx(t), p)
 			}
 			if status.Code(err) != op.want {
 				t.Errorf("worker %d: %s sent again after the kill: got %s (%v), want %s", w.n, op.what, status.Code(err), err, op.want)
@@ -297,8 +297,8 @@ func (s *storm) verify(p csiClients) {
 	listed := map[string]int64{}
 	tok := ""
 	for {
-		resp, err := p.controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{MaxEntries: 5, StartingToken: tok})
-		mustCode(t, err, codes.OK, "ListVolumes")
+		resp, err := p.controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{MaxEntries: 5, StartingToken: tok})
+		csitest.MustCode(t, err, codes.OK, "ListVolumes")
 		for _, e := range resp.GetEntries() {
 			if _, dup := listed[e.GetVolume().GetVolumeId()]; dup {
 				t.Errorf("ListVolumes returned %s twice", e.GetVolume().GetVolumeId())
@@ -337,8 +337,8 @@ func (s *storm) verify(p csiClients) {
 	snapListed := map[string]int64{}
 	tok = ""
 	for {
-		resp, err := p.controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{MaxEntries: 4, StartingToken: tok})
-		mustCode(t, err, codes.OK, "ListSnapshots")
+		resp, err := p.controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{MaxEntries: 4, StartingToken: tok})
+		csitest.MustCode(t, err, codes.OK, "ListSnapshots")
 		for _, e := range resp.GetEntries() {
 			snapListed[e.GetSnapshot().GetSnapshotId()] = e.GetSnapshot().GetSizeBytes()
 			if !e.GetSnapshot().GetReadyToUse() {
@@ -407,14 +407,14 @@ func (s *storm) verify(p csiClients) {
 		want []string
 	}{{"volumes", wantDirs}, {"block", wantImgs}, {"snapshots", wantSnapData}} {
 		slices.Sort(c.want)
-		if got := dirNames(t, filepath.Join(s.root, c.dir)); !slices.Equal(got, c.want) {
+		if got := csitest.DirNames(t, filepath.Join(s.root, c.dir)); !slices.Equal(got, c.want) {
 			t.Errorf("%s holds %v, the records say %v", c.dir, got, c.want)
 		}
 	}
 
 	// Nothing unacknowledged is kept: no in-flight entry (above) and
 	// nothing moved aside.
-	if got := dirNames(t, filepath.Join(s.root, "orphaned")); len(got) != 0 {
+	if got := csitest.DirNames(t, filepath.Join(s.root, "orphaned")); len(got) != 0 {
 		t.Errorf("orphaned/ holds %v: an interrupted call's data was moved aside instead of removed", got)
 	}
 
@@ -432,7 +432,7 @@ func (s *storm) verify(p csiClients) {
 		}
 	}
 	var gotMounts []string
-	for _, m := range mountsUnder(t, filepath.Join(s.dir, "co")) {
+	for _, m := range csitest.MountsUnder(t, filepath.Join(s.dir, "co")) {
 		gotMounts = append(gotMounts, m.Mountpoint)
 	}
 	slices.Sort(wantMounts)
@@ -456,35 +456,35 @@ func (s *storm) verify(p csiClients) {
 	}
 
 	// Capacity: no reservation leaked or lost by a crash.
-	resp, err := p.controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
-	mustCode(t, err, codes.OK, "GetCapacity")
+	resp, err := p.controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
+	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	assertAvailable(t, resp.GetAvailableCapacity(), crashCapacity, sum, s.root, "after the restart")
 
 	// A call whose reply was lost is sent again: the same answer.
 	if len(vols) > 0 {
 		v := vols[s.r.IntN(len(vols))]
 		s.repeats++
-		r, err := p.controller.CreateVolume(ctx(t), createReq(v))
-		if codeIs(t, err, codes.OK, "CreateVolume "+v.name+" sent again") && r.GetVolume().GetVolumeId() != v.id {
+		r, err := p.controller.CreateVolume(csitest.Ctx(t), createReq(v))
+		if csitest.CodeIs(t, err, codes.OK, "CreateVolume "+v.name+" sent again") && r.GetVolume().GetVolumeId() != v.id {
 			t.Errorf("CreateVolume %s sent again returned %s, the first answer was %s", v.name, r.GetVolume().GetVolumeId(), v.id)
 		}
 	}
 	if len(snaps) > 0 {
 		sn := snaps[s.r.IntN(len(snaps))]
 		s.repeats++
-		r, err := p.controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: sn.name, SourceVolumeId: sn.src})
+		r, err := p.controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: sn.name, SourceVolumeId: sn.src})
 		// Even when its source was deleted since: the name finds the
 		// snapshot, which outlives its source.
-		if codeIs(t, err, codes.OK, "CreateSnapshot "+sn.name+" sent again") && err == nil && r.GetSnapshot().GetSnapshotId() != sn.id {
+		if csitest.CodeIs(t, err, codes.OK, "CreateSnapshot "+sn.name+" sent again") && err == nil && r.GetSnapshot().GetSnapshotId() != sn.id {
 			t.Errorf("CreateSnapshot %s sent again returned %s, the first answer was %s", sn.name, r.GetSnapshot().GetSnapshotId(), sn.id)
 		}
 	}
 }
 
 func createReq(v *svol) *csi.CreateVolumeRequest {
-	req := &csi.CreateVolumeRequest{Name: v.name, CapacityRange: rng(v.reqSize, 0), VolumeCapabilities: []*csi.VolumeCapability{capOf(v.block)}}
+	req := &csi.CreateVolumeRequest{Name: v.name, CapacityRange: csitest.Range(v.reqSize, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(v.block)}}
 	if v.src != "" {
-		req.VolumeContentSource = fromSnapshot(v.src)
+		req.VolumeContentSource = csitest.FromSnapshot(v.src)
 	}
 	if v.srcVol != "" {
 		req.VolumeContentSource = csitest.FromVolume(v.srcVol)
@@ -643,9 +643,9 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 	if err := os.MkdirAll(v.staging, 0o750); err != nil {
 		s.t.Fatal(err)
 	}
-	v.size = 2 * Mi
+	v.size = 2 * csitest.Mi
 	if v.block {
-		v.size = Mi
+		v.size = csitest.Mi
 	}
 	var from *ssnap
 	var clone *svol
@@ -661,7 +661,7 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 		v.block, v.srcVol, v.marker = clone.block, clone.id, clone.marker
 		v.size = max(v.size, clone.size)
 		if v.block {
-			v.size = max(Mi, clone.size)
+			v.size = max(csitest.Mi, clone.size)
 		}
 	}
 	// A later expand grows v.size; the repeated create still fits, as
@@ -729,13 +729,13 @@ func (s *storm) opDeleteInUse(w *stormWorker, v *svol) *sop {
 }
 
 func (s *storm) opExpand(w *stormWorker, v *svol) *sop {
-	newSize := v.size + Mi
-	if newSize > 12*Mi {
+	newSize := v.size + csitest.Mi
+	if newSize > 12*csitest.Mi {
 		return s.opRepeatCreate(w, v)
 	}
 	return &sop{what: fmt.Sprintf("ControllerExpandVolume %s to %d", v.name, newSize), want: codes.OK,
 		do: func(cx context.Context, p csiClients) error {
-			resp, err := p.controller.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: rng(newSize, 0)})
+			resp, err := p.controller.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: csitest.Range(newSize, 0)})
 			if err != nil {
 				return err
 			}
@@ -748,7 +748,7 @@ func (s *storm) opExpand(w *stormWorker, v *svol) *sop {
 				if v.publishd {
 					path = v.target
 				}
-				r, err := p.node.NodeExpandVolume(cx, &csi.NodeExpandVolumeRequest{VolumeId: v.id, VolumePath: path, CapacityRange: rng(newSize, 0)})
+				r, err := p.node.NodeExpandVolume(cx, &csi.NodeExpandVolumeRequest{VolumeId: v.id, VolumePath: path, CapacityRange: csitest.Range(newSize, 0)})
 				if err != nil {
 					return err
 				}
@@ -796,7 +796,7 @@ func (s *storm) opDeleteSnapshot(w *stormWorker, sn *ssnap) *sop {
 func (s *storm) opStage(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodeStageVolume " + v.name, want: codes.OK,
 		do: func(cx context.Context, p csiClients) error {
-			_, err := p.node.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: capOf(v.block)})
+			_, err := p.node.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: csitest.CapOf(v.block)})
 			return err
 		},
 		done: func() { v.staged = true },
@@ -816,7 +816,7 @@ func (s *storm) opUnstage(w *stormWorker, v *svol) *sop {
 func (s *storm) opPublish(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodePublishVolume " + v.name, want: codes.OK,
 		do: func(cx context.Context, p csiClients) error {
-			_, err := p.node.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: capOf(v.block)})
+			_, err := p.node.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.CapOf(v.block)})
 			return err
 		},
 		done: func() { v.publishd = true },
@@ -843,37 +843,37 @@ func (s *storm) cleanup(p csiClients, settle func()) {
 	for _, w := range s.workers {
 		for _, v := range w.vols {
 			if v.publishd {
-				_, err := p.node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
-				codeIs(t, err, codes.OK, "NodeUnpublishVolume "+v.name)
+				_, err := p.node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
+				csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume "+v.name)
 			}
 			if v.staged {
-				_, err := p.node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
-				codeIs(t, err, codes.OK, "NodeUnstageVolume "+v.name)
+				_, err := p.node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+				csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume "+v.name)
 			}
-			_, err := p.controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
-			codeIs(t, err, codes.OK, "DeleteVolume "+v.name)
+			_, err := p.controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
+			csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+v.name)
 		}
 		for _, sn := range w.snaps {
-			_, err := p.controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
-			codeIs(t, err, codes.OK, "DeleteSnapshot "+sn.name)
+			_, err := p.controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
+			csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot "+sn.name)
 		}
 		w.vols, w.snaps = nil, nil
 	}
 	if settle != nil {
 		settle()
 	}
-	resp, err := p.controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
-	mustCode(t, err, codes.OK, "ListVolumes")
+	resp, err := p.controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListVolumes")
 	if n := len(resp.GetEntries()); n != 0 {
 		t.Errorf("%d volumes listed after everything was deleted", n)
 	}
-	sresp, err := p.controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
-	mustCode(t, err, codes.OK, "ListSnapshots")
+	sresp, err := p.controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListSnapshots")
 	if n := len(sresp.GetEntries()); n != 0 {
 		t.Errorf("%d snapshots listed after everything was deleted", n)
 	}
-	c, err := p.controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
-	mustCode(t, err, codes.OK, "GetCapacity")
+	c, err := p.controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
+	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	assertAvailable(t, c.GetAvailableCapacity(), crashCapacity, 0, s.root, "after everything was deleted")
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -77,16 +78,16 @@ func TestDamagedStateRefused(t *testing.T) {
 			p := startProc(t, dir)
 			var ids []string
 			for _, name := range []string{"a", "b", "c"} {
-				r, err := p.controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-				mustCode(t, err, codes.OK, "CreateVolume "+name)
+				r, err := p.controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+				csitest.MustCode(t, err, codes.OK, "CreateVolume "+name)
 				ids = append(ids, r.GetVolume().GetVolumeId())
 				writeSynced(t, filepath.Join(root, "volumes", r.GetVolume().GetVolumeId(), "keep"), []byte(name))
 			}
-			r, err := p.controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "blk", CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{blkCap()}})
-			mustCode(t, err, codes.OK, "CreateVolume blk")
+			r, err := p.controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "blk", CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.BlkCap()}})
+			csitest.MustCode(t, err, codes.OK, "CreateVolume blk")
 			blk := r.GetVolume().GetVolumeId()
-			_, err = p.controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: ids[2]})
-			mustCode(t, err, codes.OK, "DeleteVolume c")
+			_, err = p.controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: ids[2]})
+			csitest.MustCode(t, err, codes.OK, "DeleteVolume c")
 			ids = ids[:2]
 			if tc.clean {
 				p.stop(t)
@@ -124,7 +125,7 @@ func TestDamagedStateRefused(t *testing.T) {
 					}
 				}
 				for i, id := range ids {
-					assertFileBytes(t, filepath.Join(root, "volumes", id, "keep"), []byte([]string{"a", "b"}[i]))
+					csitest.AssertFileBytes(t, filepath.Join(root, "volumes", id, "keep"), []byte([]string{"a", "b"}[i]))
 				}
 				if !exists(filepath.Join(root, "block", blk+".img")) {
 					t.Errorf("%s: the block volume's image was removed", when)

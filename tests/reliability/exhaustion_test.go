@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
@@ -27,18 +28,18 @@ type fullEnv struct {
 }
 
 func (e *fullEnv) create(name string, size int64, block bool, src *csi.VolumeContentSource) (string, error) {
-	req := &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{capOf(block)}, VolumeContentSource: src}
+	req := &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)}, VolumeContentSource: src}
 	if size > 0 {
-		req.CapacityRange = rng(size, 0)
+		req.CapacityRange = csitest.Range(size, 0)
 	}
-	r, err := e.in.Controller.CreateVolume(ctx(e.t), req)
+	r, err := e.in.Controller.CreateVolume(csitest.Ctx(e.t), req)
 	return r.GetVolume().GetVolumeId(), err
 }
 
 func (e *fullEnv) mustCreate(name string, size int64, block bool) string {
 	e.t.Helper()
 	id, err := e.create(name, size, block, nil)
-	mustCode(e.t, err, codes.OK, "CreateVolume "+name)
+	csitest.MustCode(e.t, err, codes.OK, "CreateVolume "+name)
 	return id
 }
 
@@ -46,22 +47,22 @@ func (e *fullEnv) mustCreate(name string, size int64, block bool) string {
 func (e *fullEnv) attach(id string, block bool) (string, string) {
 	e.t.Helper()
 	e.seq++
-	s := mkdir(e.t, filepath.Join(e.dir, "s", string(rune('a'+e.seq))))
+	s := csitest.Mkdir(e.t, filepath.Join(e.dir, "s", string(rune('a'+e.seq))))
 	tg := filepath.Join(e.dir, "t", string(rune('a'+e.seq)))
-	mkdir(e.t, filepath.Dir(tg))
-	_, err := e.in.Node.NodeStageVolume(ctx(e.t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s, VolumeCapability: capOf(block)})
-	mustCode(e.t, err, codes.OK, "NodeStageVolume "+id)
-	_, err = e.in.Node.NodePublishVolume(ctx(e.t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: s, TargetPath: tg, VolumeCapability: capOf(block)})
-	mustCode(e.t, err, codes.OK, "NodePublishVolume "+id)
+	csitest.Mkdir(e.t, filepath.Dir(tg))
+	_, err := e.in.Node.NodeStageVolume(csitest.Ctx(e.t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s, VolumeCapability: csitest.CapOf(block)})
+	csitest.MustCode(e.t, err, codes.OK, "NodeStageVolume "+id)
+	_, err = e.in.Node.NodePublishVolume(csitest.Ctx(e.t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: s, TargetPath: tg, VolumeCapability: csitest.CapOf(block)})
+	csitest.MustCode(e.t, err, codes.OK, "NodePublishVolume "+id)
 	return s, tg
 }
 
 func (e *fullEnv) detach(id, s, tg string) {
 	e.t.Helper()
-	_, err := e.in.Node.NodeUnpublishVolume(ctx(e.t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tg})
-	codeIs(e.t, err, codes.OK, "NodeUnpublishVolume "+id)
-	_, err = e.in.Node.NodeUnstageVolume(ctx(e.t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: s})
-	codeIs(e.t, err, codes.OK, "NodeUnstageVolume "+id)
+	_, err := e.in.Node.NodeUnpublishVolume(csitest.Ctx(e.t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tg})
+	csitest.CodeIs(e.t, err, codes.OK, "NodeUnpublishVolume "+id)
+	_, err = e.in.Node.NodeUnstageVolume(csitest.Ctx(e.t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: s})
+	csitest.CodeIs(e.t, err, codes.OK, "NodeUnstageVolume "+id)
 }
 
 // state is what a failed call must leave as it was: the records, the data
@@ -75,18 +76,18 @@ func (e *fullEnv) state() fullState {
 	t := e.t
 	t.Helper()
 	var s fullState
-	r, err := e.in.Controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
-	mustCode(t, err, codes.OK, "ListVolumes")
+	r, err := e.in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListVolumes")
 	for _, v := range r.GetEntries() {
 		s.vols = append(s.vols, v.GetVolume().GetVolumeId()+"="+itoa(v.GetVolume().GetCapacityBytes()))
 	}
-	sr, err := e.in.Controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
-	mustCode(t, err, codes.OK, "ListSnapshots")
+	sr, err := e.in.Controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListSnapshots")
 	for _, v := range sr.GetEntries() {
 		s.snaps = append(s.snaps, v.GetSnapshot().GetSnapshotId())
 	}
 	for _, d := range []string{"volumes", "block", "snapshots"} {
-		for _, n := range dirNames(t, filepath.Join(e.root, d)) {
+		for _, n := range csitest.DirNames(t, filepath.Join(e.root, d)) {
 			fi, err := os.Lstat(filepath.Join(e.root, d, n))
 			if err != nil {
 				t.Fatal(err)
@@ -99,8 +100,8 @@ func (e *fullEnv) state() fullState {
 		}
 	}
 	s.loops = loopsUnder(t, e.root)
-	c, err := e.in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{})
-	mustCode(t, err, codes.OK, "GetCapacity")
+	c, err := e.in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
+	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	s.available = c.GetAvailableCapacity()
 	if s.available < 0 {
 		t.Errorf("GetCapacity: %d is negative", s.available)
@@ -143,7 +144,7 @@ func fill(t *testing.T, p string, n int64) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	buf := make([]byte, Mi)
+	buf := make([]byte, csitest.Mi)
 	for i := range buf {
 		buf[i] = byte(i*7 + 1)
 	}
@@ -183,119 +184,119 @@ func freeBytes(t *testing.T, p string) int64 {
 // the disk completely full, deletes still work (they are how space comes
 // back).
 func TestDataRootFull(t *testing.T) {
-	fsRoot := testfs.New(t, testfs.Tmpfs, 64*Mi)
+	fsRoot := testfs.New(t, testfs.Tmpfs, 64*csitest.Mi)
 	in := testdriver.Start(t, func(o *driver.Options) {
 		o.DataRoot = filepath.Join(fsRoot, "data")
 		o.CapacityBytes = 1 << 30
 		o.Engine = "dir"
 	})
-	e := &fullEnv{t: t, in: in, dir: realPath(in.Dir), root: realPath(in.Opts.DataRoot)}
+	e := &fullEnv{t: t, in: in, dir: csitest.RealPath(in.Dir), root: csitest.RealPath(in.Opts.DataRoot)}
 	t.Cleanup(func() { assertClean(t, e.dir); assertClean(t, e.root) })
 
 	// A mount volume whose pod writes 24 MiB (the dir engine does not cap
 	// it at its 1 MiB capacity), and a place for the pod's filler.
-	a := e.mustCreate("a", Mi, false)
+	a := e.mustCreate("a", csitest.Mi, false)
 	sA, tA := e.attach(a, false)
-	fill(t, filepath.Join(tA, "big"), 24*Mi)
+	fill(t, filepath.Join(tA, "big"), 24*csitest.Mi)
 	filler := filepath.Join(tA, "filler")
 
 	t.Run("snapshot copy fills the disk", func(t *testing.T) {
 		e.t = t
-		fill(t, filler, freeBytes(t, fsRoot)-12*Mi)
+		fill(t, filler, freeBytes(t, fsRoot)-12*csitest.Mi)
 		before := e.state()
-		_, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
-		codeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of 24 MiB with 12 MiB free")
+		_, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of 24 MiB with 12 MiB free")
 		e.assertUnchanged("failed CreateSnapshot", before)
 		os.Remove(filler)
 	})
 	var snapA string
 	t.Run("restore copy fills the disk", func(t *testing.T) {
 		e.t = t
-		r, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
-		mustCode(t, err, codes.OK, "CreateSnapshot once there is room")
+		r, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
+		csitest.MustCode(t, err, codes.OK, "CreateSnapshot once there is room")
 		snapA = r.GetSnapshot().GetSnapshotId()
-		fill(t, filler, freeBytes(t, fsRoot)-12*Mi)
+		fill(t, filler, freeBytes(t, fsRoot)-12*csitest.Mi)
 		before := e.state()
-		_, err = e.create("restored", 0, false, fromSnapshot(snapA))
-		codeIs(t, err, codes.ResourceExhausted, "CreateVolume from a 24 MiB snapshot with 12 MiB free")
+		_, err = e.create("restored", 0, false, csitest.FromSnapshot(snapA))
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume from a 24 MiB snapshot with 12 MiB free")
 		e.assertUnchanged("failed restore", before)
-		_, err = e.create("cloned", 0, false, fromVolume(a))
-		codeIs(t, err, codes.ResourceExhausted, "CreateVolume cloned from a 24 MiB volume with 12 MiB free")
+		_, err = e.create("cloned", 0, false, csitest.FromVolume(a))
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume cloned from a 24 MiB volume with 12 MiB free")
 		e.assertUnchanged("failed clone", before)
 		os.Remove(filler)
 		// The snapshot is the one copy left; the retry fits once A's data
 		// is gone.
 		os.Remove(filepath.Join(tA, "big"))
-		id, err := e.create("restored", 0, false, fromSnapshot(snapA))
-		mustCode(t, err, codes.OK, "restore once there is room")
-		if fi, err := os.Stat(filepath.Join(e.root, "volumes", id, "big")); err != nil || fi.Size() != 24*Mi {
+		id, err := e.create("restored", 0, false, csitest.FromSnapshot(snapA))
+		csitest.MustCode(t, err, codes.OK, "restore once there is room")
+		if fi, err := os.Stat(filepath.Join(e.root, "volumes", id, "big")); err != nil || fi.Size() != 24*csitest.Mi {
 			t.Errorf("the restored volume's data: %v, %v", fi, err)
 		}
-		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		mustCode(t, err, codes.OK, "DeleteVolume restored")
+		_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.MustCode(t, err, codes.OK, "DeleteVolume restored")
 	})
 	t.Run("block volumes", func(t *testing.T) {
 		e.t = t
-		b := e.mustCreate("b", 16*Mi, true)
+		b := e.mustCreate("b", 16*csitest.Mi, true)
 		sB, tB := e.attach(b, true)
 		// Written end to end: a snapshot copies only what was written.
-		if err := writeDev(tB, append([]byte("block b"), randomBytes(1, int(16*Mi)-7)...)); err != nil {
+		if err := writeDev(tB, append([]byte("block b"), csitest.RandomBytes(1, int(16*csitest.Mi)-7)...)); err != nil {
 			t.Fatal(err)
 		}
-		fill(t, filler, freeBytes(t, fsRoot)-8*Mi)
+		fill(t, filler, freeBytes(t, fsRoot)-8*csitest.Mi)
 		before := e.state()
-		_, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
-		codeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of a 16 MiB block volume with 8 MiB free")
+		_, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of a 16 MiB block volume with 8 MiB free")
 		e.assertUnchanged("failed block CreateSnapshot", before)
-		_, err = e.create("b2", 16*Mi, true, nil)
-		codeIs(t, err, codes.ResourceExhausted, "CreateVolume of a 16 MiB block volume with 8 MiB free")
+		_, err = e.create("b2", 16*csitest.Mi, true, nil)
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume of a 16 MiB block volume with 8 MiB free")
 		e.assertUnchanged("failed block CreateVolume", before)
-		_, err = in.Controller.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: rng(32*Mi, 0)})
-		codeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume of a block volume by 16 MiB with 8 MiB free")
+		_, err = in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: csitest.Range(32*csitest.Mi, 0)})
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume of a block volume by 16 MiB with 8 MiB free")
 		e.assertUnchanged("failed ControllerExpandVolume", before)
 		got, err := readAt(tB, 7)
 		if err != nil || string(got) != "block b" {
 			t.Errorf("block volume after the failed calls: %q, %v", got, err)
 		}
 		os.Remove(filler)
-		r, err := in.Controller.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: rng(20*Mi, 0)})
-		if codeIs(t, err, codes.OK, "ControllerExpandVolume once there is room") && r.GetCapacityBytes() != 20*Mi {
+		r, err := in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: csitest.Range(20*csitest.Mi, 0)})
+		if csitest.CodeIs(t, err, codes.OK, "ControllerExpandVolume once there is room") && r.GetCapacityBytes() != 20*csitest.Mi {
 			t.Errorf("expanded to %d, want 20 MiB", r.GetCapacityBytes())
 		}
 		e.detach(b, sB, tB)
-		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: b})
-		mustCode(t, err, codes.OK, "DeleteVolume b")
+		_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: b})
+		csitest.MustCode(t, err, codes.OK, "DeleteVolume b")
 	})
 	t.Run("completely full: deletes still work", func(t *testing.T) {
 		e.t = t
-		c := e.mustCreate("c", Mi, false)
-		r, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-c", SourceVolumeId: c})
-		mustCode(t, err, codes.OK, "CreateSnapshot snap-c")
+		c := e.mustCreate("c", csitest.Mi, false)
+		r, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-c", SourceVolumeId: c})
+		csitest.MustCode(t, err, codes.OK, "CreateSnapshot snap-c")
 		fill(t, filler, -1)
-		if f := freeBytes(t, fsRoot); f > 64*Ki {
+		if f := freeBytes(t, fsRoot); f > 64*csitest.Ki {
 			t.Fatalf("the disk still has %d bytes free", f)
 		}
 		before := e.state()
-		_, err = e.create("d", Mi, false, nil)
-		codeIs(t, err, codes.ResourceExhausted, "CreateVolume on a full disk")
-		_, err = e.create("d-blk", Mi, true, nil)
-		codeIs(t, err, codes.ResourceExhausted, "CreateVolume block on a full disk")
+		_, err = e.create("d", csitest.Mi, false, nil)
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume on a full disk")
+		_, err = e.create("d-blk", csitest.Mi, true, nil)
+		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume block on a full disk")
 		e.assertUnchanged("failed creates on a full disk", before)
-		_, err = in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: r.GetSnapshot().GetSnapshotId()})
-		codeIs(t, err, codes.OK, "DeleteSnapshot on a full disk")
-		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: c})
-		codeIs(t, err, codes.OK, "DeleteVolume on a full disk")
+		_, err = in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: r.GetSnapshot().GetSnapshotId()})
+		csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot on a full disk")
+		_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: c})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume on a full disk")
 		os.Remove(filler)
 	})
 	e.t = t
 	e.detach(a, sA, tA)
 	for _, id := range []string{a} {
-		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.OK, "DeleteVolume "+id)
+		_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+id)
 	}
 	if snapA != "" {
-		_, err := in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapA})
-		codeIs(t, err, codes.OK, "DeleteSnapshot "+snapA)
+		_, err := in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapA})
+		csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot "+snapA)
 	}
 	s := e.state()
 	if len(s.vols)+len(s.snaps)+len(s.disk)+len(s.loops) != 0 {
@@ -313,7 +314,7 @@ func TestDataRootFull(t *testing.T) {
 func TestBlockImagesRunOutMidWrite(t *testing.T) {
 	dir := tempDir(t)
 	root := filepath.Join(dir, "data")
-	mkdir(t, filepath.Join(root, "block"))
+	csitest.Mkdir(t, filepath.Join(root, "block"))
 	if err := unix.Mount("blockfs", filepath.Join(root, "block"), "tmpfs", 0, "size=8m,mode=0700"); err != nil {
 		t.Fatal(err)
 	}
@@ -325,9 +326,9 @@ func TestBlockImagesRunOutMidWrite(t *testing.T) {
 		return o
 	}())
 	in.Dir = dir
-	e := &fullEnv{t: t, in: in, dir: realPath(dir), root: realPath(root)}
+	e := &fullEnv{t: t, in: in, dir: csitest.RealPath(dir), root: csitest.RealPath(root)}
 	t.Cleanup(func() {
-		ms := mountsUnder(t, e.dir)
+		ms := csitest.MountsUnder(t, e.dir)
 		for _, m := range ms {
 			if m.Mountpoint != filepath.Join(e.root, "block") {
 				t.Errorf("left mounted: %s", m.Mountpoint)
@@ -338,13 +339,13 @@ func TestBlockImagesRunOutMidWrite(t *testing.T) {
 		}
 	})
 
-	b := e.mustCreate("b", 4*Mi, true)
+	b := e.mustCreate("b", 4*csitest.Mi, true)
 	sB, tB := e.attach(b, true)
 	if err := writeDev(tB, []byte("block b")); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
-	mustCode(t, err, codes.OK, "CreateSnapshot of b (on the data root's own filesystem)")
+	snap, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
+	csitest.MustCode(t, err, codes.OK, "CreateSnapshot of b (on the data root's own filesystem)")
 	before := e.state()
 	loopSize := func() int64 {
 		l := loopsUnder(t, e.root)
@@ -363,41 +364,41 @@ func TestBlockImagesRunOutMidWrite(t *testing.T) {
 		}
 		return int64(size)
 	}
-	if got := loopSize(); got != 4*Mi {
+	if got := loopSize(); got != 4*csitest.Mi {
 		t.Fatalf("b's loop device: %d bytes", got)
 	}
 
-	_, err = in.Controller.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: rng(16*Mi, 0)})
-	codeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume to 16 MiB on an 8 MiB image filesystem")
+	_, err = in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: b, CapacityRange: csitest.Range(16*csitest.Mi, 0)})
+	csitest.CodeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume to 16 MiB on an 8 MiB image filesystem")
 	e.assertUnchanged("failed ControllerExpandVolume", before)
-	if got := loopSize(); got != 4*Mi {
+	if got := loopSize(); got != 4*csitest.Mi {
 		t.Errorf("b's loop device after the failed expansion: %d bytes, want 4 MiB", got)
 	}
-	_, err = e.create("b2", 6*Mi, true, nil)
-	codeIs(t, err, codes.ResourceExhausted, "CreateVolume of 6 MiB with 4 MiB left on the image filesystem")
+	_, err = e.create("b2", 6*csitest.Mi, true, nil)
+	csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume of 6 MiB with 4 MiB left on the image filesystem")
 	e.assertUnchanged("failed CreateVolume", before)
-	_, err = e.create("b3", 6*Mi, true, fromSnapshot(snap.GetSnapshot().GetSnapshotId()))
-	codeIs(t, err, codes.ResourceExhausted, "CreateVolume of 6 MiB restored from b's snapshot")
+	_, err = e.create("b3", 6*csitest.Mi, true, csitest.FromSnapshot(snap.GetSnapshot().GetSnapshotId()))
+	csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume of 6 MiB restored from b's snapshot")
 	e.assertUnchanged("failed restore", before)
 	got, err := readAt(tB, 7)
 	if err != nil || string(got) != "block b" {
 		t.Errorf("b after the failed calls: %q, %v", got, err)
 	}
 	// Retries that fit work.
-	id, err := e.create("b3", 0, true, fromSnapshot(snap.GetSnapshot().GetSnapshotId()))
-	mustCode(t, err, codes.OK, "restore of 4 MiB")
+	id, err := e.create("b3", 0, true, csitest.FromSnapshot(snap.GetSnapshot().GetSnapshotId()))
+	csitest.MustCode(t, err, codes.OK, "restore of 4 MiB")
 	if img, err := readAt(filepath.Join(e.root, "block", id+".img"), 7); err != nil || string(img) != "block b" {
 		t.Errorf("restored image: %q, %v", img, err)
 	}
-	_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-	mustCode(t, err, codes.OK, "DeleteVolume b3")
+	_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume b3")
 
 	e.detach(b, sB, tB)
-	_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: b})
-	mustCode(t, err, codes.OK, "DeleteVolume b")
-	_, err = in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
-	mustCode(t, err, codes.OK, "DeleteSnapshot")
-	if n := dirNames(t, filepath.Join(e.root, "block")); len(n) != 0 {
+	_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: b})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume b")
+	_, err = in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()})
+	csitest.MustCode(t, err, codes.OK, "DeleteSnapshot")
+	if n := csitest.DirNames(t, filepath.Join(e.root, "block")); len(n) != 0 {
 		t.Errorf("images left: %v", n)
 	}
 }

@@ -17,33 +17,6 @@ import (
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
-// Shared with the other driver-level test packages (tests/csitest).
-var (
-	ctx          = csitest.Ctx
-	mntCap       = csitest.MntCap
-	blkCap       = csitest.BlkCap
-	capOf        = csitest.CapOf
-	rng          = csitest.Range
-	fromSnapshot = csitest.FromSnapshot
-	fromVolume   = csitest.FromVolume
-	codeIs       = csitest.CodeIs
-	realPath     = csitest.RealPath
-	assertGone   = csitest.AssertGone
-
-	mkdir           = csitest.Mkdir
-	randomBytes     = csitest.RandomBytes
-	assertFileBytes = csitest.AssertFileBytes
-	mustCode        = csitest.MustCode
-	mountsAt        = csitest.MountsAt
-	mountsUnder     = csitest.MountsUnder
-	dirNames        = csitest.DirNames
-)
-
-const (
-	Ki = int64(1) << 10
-	Mi = int64(1) << 20
-)
-
 // quote prints s with control bytes escaped, for messages.
 func quote(s string) string {
 	if len(s) > 80 {
@@ -124,7 +97,7 @@ func mountPoints(t testing.TB, dirs ...string) []string {
 	t.Helper()
 	var out []string
 	for _, d := range dirs {
-		for _, m := range mountsUnder(t, d) {
+		for _, m := range csitest.MountsUnder(t, d) {
 			out = append(out, fmt.Sprintf("%s <- %d:%d%s", m.Mountpoint, m.Major, m.Minor, m.Root))
 		}
 	}
@@ -147,7 +120,7 @@ func loopsUnder(t testing.TB, dir string) []string {
 // cleanupMountsAndLoops removes what a failed test left under dir (mounts,
 // deepest first, and loop devices backed by files there).
 func cleanupMountsAndLoops(t testing.TB, dir string) {
-	ms := mountsUnder(t, dir)
+	ms := csitest.MountsUnder(t, dir)
 	for i := len(ms) - 1; i >= 0; i-- {
 		_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
 	}
@@ -164,7 +137,7 @@ func cleanupMountsAndLoops(t testing.TB, dir string) {
 // into the next test.
 func assertClean(t testing.TB, dir string) {
 	t.Helper()
-	for _, m := range mountsUnder(t, dir) {
+	for _, m := range csitest.MountsUnder(t, dir) {
 		t.Errorf("left mounted: %s", m.Mountpoint)
 	}
 	for _, l := range loopsUnder(t, dir) {
@@ -298,7 +271,7 @@ func (w *watcher) snap() wsnap {
 	}
 	var ms []string
 	for _, r := range w.roots {
-		for _, m := range mountsUnder(w.t, r) {
+		for _, m := range csitest.MountsUnder(w.t, r) {
 			if !w.skipped(m.Mountpoint) {
 				ms = append(ms, fmt.Sprintf("%s <- %d:%d%s %s", m.Mountpoint, m.Major, m.Minor, m.Root, m.Options))
 			}
@@ -307,7 +280,7 @@ func (w *watcher) snap() wsnap {
 	}
 	// Mounts on the host's own directories a traversal could aim at.
 	for _, p := range []string{"/", "/etc", "/tmp", "/var", "/var/lib", "/root", "/usr"} {
-		for _, m := range mountsAt(w.t, p) {
+		for _, m := range csitest.MountsAt(w.t, p) {
 			ms = append(ms, fmt.Sprintf("%s <- %d:%d%s", m.Mountpoint, m.Major, m.Minor, m.Root))
 		}
 	}

@@ -48,15 +48,15 @@ type hostileEnv struct {
 
 func newHostileEnv(t *testing.T) *hostileEnv {
 	in := testdriver.Start(t, func(o *driver.Options) { o.Engine = "dir" })
-	e := &hostileEnv{t: t, in: in, dir: realPath(in.Dir), byRPC: map[string]int{}}
-	e.root = realPath(in.Opts.DataRoot)
-	e.etc = mkdir(t, filepath.Join(e.dir, "etc"))
+	e := &hostileEnv{t: t, in: in, dir: csitest.RealPath(in.Dir), byRPC: map[string]int{}}
+	e.root = csitest.RealPath(in.Opts.DataRoot)
+	e.etc = csitest.Mkdir(t, filepath.Join(e.dir, "etc"))
 	writeSynced(t, filepath.Join(e.etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"))
-	mkdir(t, filepath.Join(e.etc, "ssl"))
+	csitest.Mkdir(t, filepath.Join(e.etc, "ssl"))
 	writeSynced(t, filepath.Join(e.etc, "ssl", "key.pem"), []byte("secret"))
-	e.keep = mkdir(t, filepath.Join(e.dir, "srv", "keep"))
+	e.keep = csitest.Mkdir(t, filepath.Join(e.dir, "srv", "keep"))
 	writeSynced(t, filepath.Join(e.keep, "file"), []byte("keep me"))
-	e.pods = mkdir(t, filepath.Join(e.dir, "pods"))
+	e.pods = csitest.Mkdir(t, filepath.Join(e.dir, "pods"))
 
 	e.x = e.create("hostile-x", false)
 	e.y = e.create("hostile-y", false)
@@ -79,22 +79,22 @@ func newHostileEnv(t *testing.T) *hostileEnv {
 }
 
 func (e *hostileEnv) create(name string, block bool) string {
-	resp, err := e.in.Controller.CreateVolume(ctx(e.t), &csi.CreateVolumeRequest{
-		Name: name, CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{capOf(block)},
+	resp, err := e.in.Controller.CreateVolume(csitest.Ctx(e.t), &csi.CreateVolumeRequest{
+		Name: name, CapacityRange: csitest.Range(4*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)},
 	})
-	mustCode(e.t, err, codes.OK, "CreateVolume "+name)
+	csitest.MustCode(e.t, err, codes.OK, "CreateVolume "+name)
 	return resp.GetVolume().GetVolumeId()
 }
 
 // attach stages and publishes a volume at fresh paths.
 func (e *hostileEnv) attach(id string, block bool) (staging, target string) {
 	e.seq++
-	staging = mkdir(e.t, filepath.Join(e.dir, "staging", fmt.Sprint(e.seq)))
+	staging = csitest.Mkdir(e.t, filepath.Join(e.dir, "staging", fmt.Sprint(e.seq)))
 	target = filepath.Join(e.pods, fmt.Sprintf("t%d", e.seq))
-	_, err := e.in.Node.NodeStageVolume(ctx(e.t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capOf(block)})
-	mustCode(e.t, err, codes.OK, "NodeStageVolume "+id)
-	_, err = e.in.Node.NodePublishVolume(ctx(e.t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capOf(block)})
-	mustCode(e.t, err, codes.OK, "NodePublishVolume "+id)
+	_, err := e.in.Node.NodeStageVolume(csitest.Ctx(e.t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.CapOf(block)})
+	csitest.MustCode(e.t, err, codes.OK, "NodeStageVolume "+id)
+	_, err = e.in.Node.NodePublishVolume(csitest.Ctx(e.t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: csitest.CapOf(block)})
+	csitest.MustCode(e.t, err, codes.OK, "NodePublishVolume "+id)
 	return staging, target
 }
 
@@ -222,7 +222,7 @@ func validEphemeralID(s string) bool {
 func TestHostileInputCorpus(t *testing.T) {
 	e := newHostileEnv(t)
 	ids := hostileIDs(e)
-	e.volsBefore = dirNames(t, filepath.Join(e.root, "volumes"))
+	e.volsBefore = csitest.DirNames(t, filepath.Join(e.root, "volumes"))
 
 	t.Run("ids", func(t *testing.T) { e.t = t; e.idCases(ids) })
 	t.Run("node paths", func(t *testing.T) { e.t = t; e.pathCases() })
@@ -238,11 +238,11 @@ func TestHostileInputCorpus(t *testing.T) {
 	t.Logf("hostile corpus: %d calls over %d RPCs (%d hostile ids): %s", e.cases, len(e.byRPC), len(ids), strings.Join(rpcs, " "))
 
 	// Everything the corpus created is gone again; X, Y and B are intact.
-	if got := dirNames(t, filepath.Join(e.root, "volumes")); !slices.Equal(got, e.volsBefore) {
+	if got := csitest.DirNames(t, filepath.Join(e.root, "volumes")); !slices.Equal(got, e.volsBefore) {
 		t.Errorf("volumes after the corpus: %v, want %v", got, e.volsBefore)
 	}
-	assertFileBytes(t, filepath.Join(e.tX, "x-data"), []byte("x"))
-	assertFileBytes(t, filepath.Join(e.tY, "y-data"), []byte("y"))
+	csitest.AssertFileBytes(t, filepath.Join(e.tX, "x-data"), []byte("x"))
+	csitest.AssertFileBytes(t, filepath.Join(e.tY, "y-data"), []byte("y"))
 	e.teardown()
 }
 
@@ -251,17 +251,17 @@ func (e *hostileEnv) teardown() {
 	for _, v := range []struct {
 		id, s, tg string
 	}{{e.x, e.sX, e.tX}, {e.y, e.sY, e.tY}, {e.b, e.sB, e.tB}} {
-		_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.tg})
-		codeIs(t, err, codes.OK, "NodeUnpublishVolume "+v.id)
-		_, err = in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.s})
-		codeIs(t, err, codes.OK, "NodeUnstageVolume "+v.id)
+		_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.tg})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume "+v.id)
+		_, err = in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.s})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume "+v.id)
 	}
 	for _, id := range []string{e.x, e.y, e.z, e.b} {
-		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.OK, "DeleteVolume "+id)
+		_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+id)
 	}
 	for _, d := range []string{"volumes", "block", "snapshots"} {
-		if n := dirNames(t, filepath.Join(e.root, d)); len(n) != 0 {
+		if n := csitest.DirNames(t, filepath.Join(e.root, d)); len(n) != 0 {
 			t.Errorf("%s holds %v after every volume was deleted", d, n)
 		}
 	}
@@ -282,7 +282,7 @@ func (e *hostileEnv) idCases(ids []string) {
 		var made string
 		e.run(hcase{rpc: "CreateVolume", input: "name=" + q, want: wantName, dataRoot: true,
 			call: func(cx context.Context) error {
-				r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: id, CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+				r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: id, CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 				made = r.GetVolume().GetVolumeId()
 				return err
 			},
@@ -297,8 +297,8 @@ func (e *hostileEnv) idCases(ids []string) {
 				if !exists(filepath.Join(e.root, "volumes", made)) {
 					t.Errorf("CreateVolume name=%s: no data for %s", q, made)
 				}
-				_, err := c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: made})
-				codeIs(t, err, codes.OK, "DeleteVolume of the volume named "+q)
+				_, err := c.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: made})
+				csitest.CodeIs(t, err, codes.OK, "DeleteVolume of the volume named "+q)
 				e.assertVolumes(t)
 			}})
 		var snapMade string
@@ -315,9 +315,9 @@ func (e *hostileEnv) idCases(ids []string) {
 				if !volume.ValidSnapshotID(snapMade) {
 					t.Errorf("CreateSnapshot name=%s returned id %q", q, snapMade)
 				}
-				_, err := c.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapMade})
-				codeIs(t, err, codes.OK, "DeleteSnapshot of the snapshot named "+q)
-				if s := dirNames(t, filepath.Join(e.root, "snapshots")); len(s) != 0 {
+				_, err := c.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapMade})
+				csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot of the snapshot named "+q)
+				if s := csitest.DirNames(t, filepath.Join(e.root, "snapshots")); len(s) != 0 {
 					t.Errorf("snapshots left: %v", s)
 				}
 			}})
@@ -337,11 +337,11 @@ func (e *hostileEnv) idCases(ids []string) {
 				return err
 			}},
 			{"ValidateVolumeCapabilities", codes.NotFound, func(cx context.Context) error {
-				_, err := c.ValidateVolumeCapabilities(cx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+				_, err := c.ValidateVolumeCapabilities(cx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 				return err
 			}},
 			{"ControllerExpandVolume", codes.NotFound, func(cx context.Context) error {
-				_, err := c.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: rng(8*Mi, 0)})
+				_, err := c.ControllerExpandVolume(cx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: csitest.Range(8*csitest.Mi, 0)})
 				return err
 			}},
 			{"ControllerGetVolumeHealth", codes.NotFound, func(cx context.Context) error {
@@ -349,15 +349,15 @@ func (e *hostileEnv) idCases(ids []string) {
 				return err
 			}},
 			{"ControllerPublishVolume", codes.Unimplemented, func(cx context.Context) error {
-				_, err := c.ControllerPublishVolume(cx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: mntCap()})
+				_, err := c.ControllerPublishVolume(cx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: csitest.MntCap()})
 				return err
 			}},
 			{"CreateVolume from volume", codes.NotFound, func(cx context.Context) error {
-				_, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-clone", VolumeContentSource: fromVolume(id), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+				_, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-clone", VolumeContentSource: csitest.FromVolume(id), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 				return err
 			}},
 			{"CreateVolume from snapshot", codes.NotFound, func(cx context.Context) error {
-				_, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-restore", VolumeContentSource: fromSnapshot(id), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+				_, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-restore", VolumeContentSource: csitest.FromSnapshot(id), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 				return err
 			}},
 			{"CreateSnapshot source", codes.NotFound, func(cx context.Context) error {
@@ -399,7 +399,7 @@ func (e *hostileEnv) idCases(ids []string) {
 				return err
 			}},
 			{"NodeStageVolume", codes.NotFound, func(cx context.Context) error {
-				_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: e.sX, VolumeCapability: mntCap()})
+				_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: e.sX, VolumeCapability: csitest.MntCap()})
 				return err
 			}},
 			{"NodeUnstageVolume", codes.OK, func(cx context.Context) error {
@@ -408,7 +408,7 @@ func (e *hostileEnv) idCases(ids []string) {
 				return err
 			}},
 			{"NodePublishVolume", codes.NotFound, func(cx context.Context) error {
-				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: e.sX, TargetPath: e.fresh(), VolumeCapability: mntCap()})
+				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: e.sX, TargetPath: e.fresh(), VolumeCapability: csitest.MntCap()})
 				return err
 			}},
 			{"NodeUnpublishVolume", codes.OK, func(cx context.Context) error {
@@ -458,7 +458,7 @@ func (e *hostileEnv) idCases(ids []string) {
 		target := e.fresh()
 		e.run(hcase{rpc: "NodePublishVolume ephemeral", input: "id=" + q, want: ephWant, dataRoot: true, may: []string{target},
 			call: func(cx context.Context) error {
-				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeCapability: mntCap(),
+				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeCapability: csitest.MntCap(),
 					VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "size": "1Mi"}})
 				return err
 			},
@@ -466,9 +466,9 @@ func (e *hostileEnv) idCases(ids []string) {
 				if ephWant == codes.OK {
 					writeSynced(t, filepath.Join(target, "f"), []byte("ephemeral"))
 				}
-				_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-				codeIs(t, err, codes.OK, "NodeUnpublishVolume of ephemeral "+q)
-				assertGone(t, target)
+				_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+				csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume of ephemeral "+q)
+				csitest.AssertGone(t, target)
 				e.assertVolumes(t)
 			}})
 	}
@@ -477,7 +477,7 @@ func (e *hostileEnv) idCases(ids []string) {
 // assertVolumes: the data root holds exactly the corpus's own volumes.
 func (e *hostileEnv) assertVolumes(t *testing.T) {
 	t.Helper()
-	if got := dirNames(t, filepath.Join(e.root, "volumes")); !slices.Equal(got, e.volsBefore) {
+	if got := csitest.DirNames(t, filepath.Join(e.root, "volumes")); !slices.Equal(got, e.volsBefore) {
 		t.Errorf("volumes now %v, want %v: something was left behind or removed", got, e.volsBefore)
 	}
 }
@@ -490,7 +490,7 @@ func (e *hostileEnv) pathCases() {
 	t, n := e.t, e.in.Node
 	mk := func(name string, f func(p string) error) string {
 		p := filepath.Join(e.dir, "links", name)
-		mkdir(t, filepath.Dir(p))
+		csitest.Mkdir(t, filepath.Dir(p))
 		if err := f(p); err != nil {
 			t.Fatal(err)
 		}
@@ -521,13 +521,13 @@ func (e *hostileEnv) pathCases() {
 
 	pub := func(target string) func(cx context.Context) error {
 		return func(cx context.Context) error {
-			_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, TargetPath: target, VolumeCapability: mntCap()})
+			_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, TargetPath: target, VolumeCapability: csitest.MntCap()})
 			return err
 		}
 	}
 	stageAt := func(staging string) func(cx context.Context) error {
 		return func(cx context.Context) error {
-			_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: e.z, StagingTargetPath: staging, VolumeCapability: mntCap()})
+			_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: e.z, StagingTargetPath: staging, VolumeCapability: csitest.MntCap()})
 			return err
 		}
 	}
@@ -602,10 +602,10 @@ func (e *hostileEnv) pathCases() {
 	fresh := e.fresh()
 	e.run(hcase{rpc: "NodePublishVolume", input: "target that does not exist", want: ok, may: []string{fresh}, call: pub(fresh),
 		after: func(t *testing.T) {
-			assertFileBytes(t, filepath.Join(fresh, "x-data"), []byte("x"))
-			_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: e.x, TargetPath: fresh})
-			codeIs(t, err, ok, "NodeUnpublishVolume "+fresh)
-			assertGone(t, fresh)
+			csitest.AssertFileBytes(t, filepath.Join(fresh, "x-data"), []byte("x"))
+			_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: e.x, TargetPath: fresh})
+			csitest.CodeIs(t, err, ok, "NodeUnpublishVolume "+fresh)
+			csitest.AssertGone(t, fresh)
 		}})
 
 	// Unpublish and unstage: a symlink is removed, never followed; nothing
@@ -644,10 +644,10 @@ func (e *hostileEnv) pathCases() {
 		e.run(hcase{rpc: "NodeUnpublishVolume", input: "target " + r.name, want: r.unpub, may: may, call: unpub(r.p)})
 	}
 	for _, l := range []string{linkEtc, linkTY, linkRoot} {
-		assertGone(t, l)
+		csitest.AssertGone(t, l)
 	}
-	assertFileBytes(t, filepath.Join(e.tY, "y-data"), []byte("y"))
-	if ms := mountsAt(t, e.tY); len(ms) != 1 {
+	csitest.AssertFileBytes(t, filepath.Join(e.tY, "y-data"), []byte("y"))
+	if ms := csitest.MountsAt(t, e.tY); len(ms) != 1 {
 		t.Errorf("Y's target holds %d mounts, want 1", len(ms))
 	}
 
@@ -705,14 +705,14 @@ func (e *hostileEnv) contextCases() {
 		e.run(hcase{rpc: "CreateVolume", input: in, want: p.want, dataRoot: true,
 			call: func(cx context.Context) error {
 				r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: fmt.Sprintf("param-%d", i), Parameters: p.params,
-					CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+					CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 				made = r.GetVolume().GetVolumeId()
 				return err
 			},
 			after: func(t *testing.T) {
 				if made != "" {
-					_, err := c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: made})
-					codeIs(t, err, ok, "DeleteVolume "+made)
+					_, err := c.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: made})
+					csitest.CodeIs(t, err, ok, "DeleteVolume "+made)
 				}
 				e.assertVolumes(t)
 			}})
@@ -724,8 +724,8 @@ func (e *hostileEnv) contextCases() {
 			call: func(cx context.Context) error {
 				r, err := c.CreateSnapshot(cx, &csi.CreateSnapshotRequest{Name: fmt.Sprintf("param-snap-%d", i), SourceVolumeId: e.z, Parameters: p.params})
 				if id := r.GetSnapshot().GetSnapshotId(); id != "" {
-					_, derr := c.DeleteSnapshot(ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
-					codeIs(e.t, derr, ok, "DeleteSnapshot "+id)
+					_, derr := c.DeleteSnapshot(csitest.Ctx(e.t), &csi.DeleteSnapshotRequest{SnapshotId: id})
+					csitest.CodeIs(e.t, derr, ok, "DeleteSnapshot "+id)
 				}
 				return err
 			}})
@@ -755,13 +755,13 @@ func (e *hostileEnv) contextCases() {
 		target := e.fresh()
 		e.run(hcase{rpc: "NodePublishVolume ephemeral", input: fmt.Sprintf("volume_context=%q", a.attrs), want: a.want, dataRoot: true, may: []string{target},
 			call: func(cx context.Context) error {
-				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: "csi-attrs", TargetPath: target, VolumeCapability: mntCap(), VolumeContext: attrs})
+				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: "csi-attrs", TargetPath: target, VolumeCapability: csitest.MntCap(), VolumeContext: attrs})
 				return err
 			},
 			after: func(t *testing.T) {
-				_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-attrs", TargetPath: target})
-				codeIs(t, err, ok, "NodeUnpublishVolume csi-attrs")
-				assertGone(t, target)
+				_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-attrs", TargetPath: target})
+				csitest.CodeIs(t, err, ok, "NodeUnpublishVolume csi-attrs")
+				csitest.AssertGone(t, target)
 				e.assertVolumes(t)
 			}})
 	}
@@ -773,24 +773,24 @@ func (e *hostileEnv) contextCases() {
 	e.run(hcase{rpc: "NodePublishVolume", input: "volume_context/publish_context/secrets steering to /etc", want: ok, may: []string{target},
 		call: func(cx context.Context) error {
 			_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, TargetPath: target,
-				VolumeCapability: mntCap(), VolumeContext: steer, PublishContext: steer, Secrets: steer})
+				VolumeCapability: csitest.MntCap(), VolumeContext: steer, PublishContext: steer, Secrets: steer})
 			return err
 		},
 		after: func(t *testing.T) {
-			assertFileBytes(t, filepath.Join(target, "x-data"), []byte("x"))
-			_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: e.x, TargetPath: target})
-			codeIs(t, err, ok, "NodeUnpublishVolume "+target)
+			csitest.AssertFileBytes(t, filepath.Join(target, "x-data"), []byte("x"))
+			_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: e.x, TargetPath: target})
+			csitest.CodeIs(t, err, ok, "NodeUnpublishVolume "+target)
 		}})
 	e.run(hcase{rpc: "NodeStageVolume", input: "volume_context/publish_context/secrets steering to /etc (repeat stage of X)", want: ok,
 		call: func(cx context.Context) error {
-			_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, VolumeCapability: mntCap(),
+			_, err := n.NodeStageVolume(cx, &csi.NodeStageVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, VolumeCapability: csitest.MntCap(),
 				VolumeContext: steer, PublishContext: steer, Secrets: steer})
 			return err
 		}})
 	e.run(hcase{rpc: "ValidateVolumeCapabilities", input: "volume_context steering to /etc", want: ok,
 		call: func(cx context.Context) error {
 			_, err := c.ValidateVolumeCapabilities(cx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: e.x, VolumeContext: steer,
-				VolumeCapabilities: []*csi.VolumeCapability{mntCap()}, Secrets: steer})
+				VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, Secrets: steer})
 			return err
 		}})
 	// Mount flags that would change what is mounted, not how.
@@ -798,14 +798,14 @@ func (e *hostileEnv) contextCases() {
 		target := e.fresh()
 		e.run(hcase{rpc: "NodePublishVolume", input: "mount_flags=" + quote(f), want: ia, may: []string{target},
 			call: func(cx context.Context) error {
-				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, TargetPath: target, VolumeCapability: mntCap(f)})
+				_, err := n.NodePublishVolume(cx, &csi.NodePublishVolumeRequest{VolumeId: e.x, StagingTargetPath: e.sX, TargetPath: target, VolumeCapability: csitest.MntCap(f)})
 				return err
 			},
 			after: func(t *testing.T) {
-				if ms := mountsAt(t, target); len(ms) != 0 {
+				if ms := csitest.MountsAt(t, target); len(ms) != 0 {
 					t.Errorf("mount_flags=%s: %s left mounted", quote(f), target)
 				}
-				_, _ = n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: e.x, TargetPath: target})
+				_, _ = n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: e.x, TargetPath: target})
 			}})
 	}
 }
@@ -818,7 +818,7 @@ func (e *hostileEnv) contextCases() {
 func (e *hostileEnv) snapshotContents() {
 	t, c, n := e.t, e.in.Controller, e.in.Node
 	root := filepath.Join(e.tX, "hostile")
-	mkdir(t, filepath.Join(root, "d"))
+	csitest.Mkdir(t, filepath.Join(root, "d"))
 	links := map[string]string{
 		"abs-etc":    e.etc,
 		"abs-file":   filepath.Join(e.etc, "passwd"),
@@ -861,13 +861,13 @@ func (e *hostileEnv) snapshotContents() {
 	}
 	e.run(hcase{rpc: "CreateVolume", input: "restored from that snapshot", want: codes.OK, dataRoot: true,
 		call: func(cx context.Context) error {
-			r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-restored", VolumeContentSource: fromSnapshot(snapID), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+			r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-restored", VolumeContentSource: csitest.FromSnapshot(snapID), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 			restored = r.GetVolume().GetVolumeId()
 			return err
 		}})
 	e.run(hcase{rpc: "CreateVolume", input: "cloned from that volume", want: codes.OK, dataRoot: true,
 		call: func(cx context.Context) error {
-			r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-cloned", VolumeContentSource: fromVolume(e.x), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
+			r, err := c.CreateVolume(cx, &csi.CreateVolumeRequest{Name: "hostile-cloned", VolumeContentSource: csitest.FromVolume(e.x), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 			cloned = r.GetVolume().GetVolumeId()
 			return err
 		}})
@@ -900,28 +900,28 @@ func (e *hostileEnv) snapshotContents() {
 	// point out, the stand-in /etc is untouched (watcher), nothing was
 	// created where the dangling link points.
 	sR, tR := e.attach(restored, false)
-	assertGone(t, filepath.Join(e.dir, "nowhere"))
+	csitest.AssertGone(t, filepath.Join(e.dir, "nowhere"))
 	for _, p := range []string{tR, sR} {
-		_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: restored, TargetPath: tR})
-		codeIs(t, err, codes.OK, "NodeUnpublishVolume restored")
-		_, err = n.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: restored, StagingTargetPath: sR})
-		codeIs(t, err, codes.OK, "NodeUnstageVolume restored")
+		_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: restored, TargetPath: tR})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume restored")
+		_, err = n.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: restored, StagingTargetPath: sR})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume restored")
 		_ = p
 	}
 	if err := os.Remove(sR); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{restored, cloned} {
-		_, err := c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.OK, "DeleteVolume "+id)
+		_, err := c.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+id)
 	}
-	_, err := c.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapID})
-	codeIs(t, err, codes.OK, "DeleteSnapshot "+snapID)
+	_, err := c.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapID})
+	csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot "+snapID)
 	if err := os.RemoveAll(root); err != nil {
 		t.Fatal(err)
 	}
 	e.assertVolumes(t)
-	if s := dirNames(t, filepath.Join(e.root, "snapshots")); len(s) != 0 {
+	if s := csitest.DirNames(t, filepath.Join(e.root, "snapshots")); len(s) != 0 {
 		t.Errorf("snapshots left: %v", s)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
@@ -43,12 +44,12 @@ func TestRecoveryLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := p.controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "v", CapacityRange: rng(8*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	mustCode(t, err, codes.OK, "CreateVolume")
+	resp, err := p.controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "v", CapacityRange: csitest.Range(8*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.MustCode(t, err, codes.OK, "CreateVolume")
 	vid := resp.GetVolume().GetVolumeId()
 	writeSynced(t, filepath.Join(root, "volumes", vid, "f"), []byte("volume bytes"))
-	sresp, err := p.controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: vid})
-	mustCode(t, err, codes.OK, "CreateSnapshot")
+	sresp, err := p.controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: vid})
+	csitest.MustCode(t, err, codes.OK, "CreateSnapshot")
 	sid := sresp.GetSnapshot().GetSnapshotId()
 	p.stop(t)
 
@@ -83,7 +84,7 @@ func TestRecoveryLeftovers(t *testing.T) {
 		t.Errorf("the volume moved to orphaned/ became read-only")
 	}
 	for _, d := range []string{"volumes", "snapshots"} {
-		for _, n := range dirNames(t, filepath.Join(root, d)) {
+		for _, n := range csitest.DirNames(t, filepath.Join(root, d)) {
 			if d != "volumes" || n != filepath.Base(stuck) {
 				t.Errorf("%s/%s still there", d, n)
 			}
@@ -99,13 +100,13 @@ func TestRecoveryLeftovers(t *testing.T) {
 		t.Errorf("the log does not name the leftover %s", stuck)
 	}
 	// It serves: a create, its snapshot and a restore.
-	resp, err = p.controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "after", CapacityRange: rng(8*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	mustCode(t, err, codes.OK, "CreateVolume after the start")
-	sresp, err = p.controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "s2", SourceVolumeId: resp.GetVolume().GetVolumeId()})
-	mustCode(t, err, codes.OK, "CreateSnapshot after the start")
-	_, err = p.controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "r", CapacityRange: rng(8*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
-		VolumeContentSource: fromSnapshot(sresp.GetSnapshot().GetSnapshotId())})
-	mustCode(t, err, codes.OK, "restore after the start")
+	resp, err = p.controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "after", CapacityRange: csitest.Range(8*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.MustCode(t, err, codes.OK, "CreateVolume after the start")
+	sresp, err = p.controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "s2", SourceVolumeId: resp.GetVolume().GetVolumeId()})
+	csitest.MustCode(t, err, codes.OK, "CreateSnapshot after the start")
+	_, err = p.controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "r", CapacityRange: csitest.Range(8*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
+		VolumeContentSource: csitest.FromSnapshot(sresp.GetSnapshot().GetSnapshotId())})
+	csitest.MustCode(t, err, codes.OK, "restore after the start")
 }
 
 func freeAddr(t *testing.T) string {

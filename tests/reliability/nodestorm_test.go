@@ -16,6 +16,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
+	"github.com/localdir-csi/localdir/tests/csitest"
 )
 
 // The crash storm in cluster mode: a real control plane (etcd and
@@ -103,7 +104,7 @@ func TestCrashStormNodeMode(t *testing.T) {
 	}
 	assertClean(t, dir)
 	t.Logf("survived %d node kills (%d during start-up, %d with the controller; %d rounds restarted under calls in flight, %d state files checked while down); %d entries in orphaned/; %s",
-		s.kills, s.startupKills, s.ctrlKills, s.rideThrough, s.recordChecks, len(dirNames(t, filepath.Join(s.root, "orphaned"))), s.summary())
+		s.kills, s.startupKills, s.ctrlKills, s.rideThrough, s.recordChecks, len(csitest.DirNames(t, filepath.Join(s.root, "orphaned"))), s.summary())
 }
 
 func (s *nodeStorm) clients() csiClients {
@@ -344,7 +345,7 @@ func (s *nodeStorm) dataNames() (want, got []string) {
 		}
 	}
 	for _, d := range []string{"volumes", "block", "snapshots"} {
-		for _, n := range dirNames(s.t, filepath.Join(s.root, d)) {
+		for _, n := range csitest.DirNames(s.t, filepath.Join(s.root, d)) {
 			got = append(got, d+"/"+n)
 		}
 	}

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -215,11 +217,72 @@ func TestCopyTreeStopsAtMountPoints(t *testing.T) {
 // outside must stay untouched: a name that was a symlink when looked at is
 // copied as a symlink, one that turns into a symlink between the stat and
 // the open makes the copy fail (ELOOP), never follow.
+//
+// The test only means something when swaps landed inside copies: it
+// copies until at least minSwapsInWindow copies were hit mid-walk (refused
+// mid-swap, or completed with both names of one type because the swap
+// came between them) and fails when that never happens within its budget.
 func TestCopyTreeSymlinkSwapRace(t *testing.T) {
 	requireRoot(t)
 	base := t.TempDir()
 	src, outside := filepath.Join(base, "src"), filepath.Join(base, "outside")
 	secret := []byte("OUTSIDE-SECRET-CONTENT")
+	buildSwapTrees(t, src, outside, secret)
+	outsideBefore := treecmp.Scan(t, outside)
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(src, "sw"), unix.AT_FDCWD, filepath.Join(src, "sw-alt"), unix.RENAME_EXCHANGE); err != nil {
+				t.Errorf("RENAME_EXCHANGE: %v", err)
+				return
+			}
+		}
+	}()
+	const (
+		minRounds        = 60
+		maxRounds        = 5000
+		minSwapsInWindow = 5
+		budget           = 60 * time.Second
+	)
+	var sc swapCounts
+	start := time.Now()
+	for i := 0; i < minRounds || (sc.inWindow() < minSwapsInWindow && i < maxRounds && time.Since(start) < budget); i++ {
+		sc.rounds++
+		dst := filepath.Join(base, "dst", strconv.Itoa(i))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CopyTree(src, dst)
+		sc.add(t, err, dst, filepath.Join(outside, "odir"))
+		assertNoSecret(t, dst, secret)
+		if err := os.RemoveAll(dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if d := treecmp.Diff(outsideBefore, treecmp.Scan(t, outside), treecmp.Options{}); len(d) > 0 {
+		t.Errorf("the directory outside the source changed: %v", d)
+	}
+	t.Logf("%d copies: %d complete (%d with both names of one type), %d refused mid-swap, %d failed otherwise (first error: %v); entries seen as symlink %d, as directory %d",
+		sc.rounds, sc.ok, sc.mixed, sc.refused, sc.otherErr, sc.firstErr, sc.sawLink, sc.sawDir)
+	if sc.ok == 0 {
+		t.Errorf("no copy completed in %d attempts; a racing rename must not make every copy fail", sc.rounds)
+	}
+	if sc.inWindow() < minSwapsInWindow {
+		t.Fatalf("a swap landed inside a copy only %d times in %d copies (%v), want at least %d: the race this test is about did not happen",
+			sc.inWindow(), sc.rounds, time.Since(start).Round(time.Millisecond), minSwapsInWindow)
+	}
+}
+
+// buildSwapTrees makes src/sw (20 files), outside/odir (20 files holding
+// secret) and the symlink src/sw-alt → outside/odir.
+func buildSwapTrees(t *testing.T, src, outside string, secret []byte) {
+	t.Helper()
 	for _, d := range []string{filepath.Join(src, "sw"), filepath.Join(outside, "odir")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -236,66 +299,62 @@ func TestCopyTreeSymlinkSwapRace(t *testing.T) {
 	if err := os.Symlink(filepath.Join(outside, "odir"), filepath.Join(src, "sw-alt")); err != nil {
 		t.Fatal(err)
 	}
-	outsideBefore := treecmp.Scan(t, outside)
+}
 
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for !stop.Load() {
-			if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(src, "sw"), unix.AT_FDCWD, filepath.Join(src, "sw-alt"), unix.RENAME_EXCHANGE); err != nil {
-				t.Errorf("RENAME_EXCHANGE: %v", err)
-				return
+// swapCounts tallies what TestCopyTreeSymlinkSwapRace's copies saw.
+type swapCounts struct {
+	rounds, ok, failed int
+	// refused: copies that failed because an entry changed type between
+	// its stat and its open or readlink (the swap landed in that window).
+	refused, otherErr int
+	// mixed: complete copies holding sw and sw-alt as the same type (the
+	// swap landed between the two entries of one copy).
+	mixed           int
+	sawLink, sawDir int
+	firstErr        error
+}
+
+// inWindow counts the copies a swap demonstrably hit mid-walk.
+func (c *swapCounts) inWindow() int { return c.refused + c.mixed }
+
+// add records the outcome of one CopyTree(src, dst) and checks each copied
+// name: a symlink keeps the original target, anything else is a directory.
+func (c *swapCounts) add(t *testing.T, err error, dst, target string) {
+	t.Helper()
+	switch {
+	case err == nil:
+		c.ok++
+	case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EINVAL):
+		c.failed++
+		c.refused++
+	default:
+		c.failed++
+		c.otherErr++
+	}
+	if err != nil && c.firstErr == nil {
+		c.firstErr = err
+	}
+	var kinds []string
+	for _, name := range []string{"sw", "sw-alt"} {
+		p := filepath.Join(dst, name)
+		fi, lerr := os.Lstat(p)
+		switch {
+		case lerr != nil:
+			// not reached before the error
+		case fi.Mode()&os.ModeSymlink != 0:
+			c.sawLink++
+			kinds = append(kinds, "link")
+			if got, _ := os.Readlink(p); got != target {
+				t.Errorf("%s: symlink to %q, want the original target", p, got)
 			}
-		}
-	}()
-	var ok, failed, sawLink, sawDir int
-	var firstErr error
-	const rounds = 60
-	for i := 0; i < rounds; i++ {
-		dst := filepath.Join(base, "dst", string(rune('a'+i%26))+string(rune('a'+i/26)))
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		_, err := CopyTree(src, dst)
-		if err != nil {
-			failed++
-			if firstErr == nil {
-				firstErr = err
-			}
-		} else {
-			ok++
-		}
-		for _, name := range []string{"sw", "sw-alt"} {
-			p := filepath.Join(dst, name)
-			fi, lerr := os.Lstat(p)
-			switch {
-			case lerr != nil:
-				// not reached before the error
-			case fi.Mode()&os.ModeSymlink != 0:
-				sawLink++
-				if target, _ := os.Readlink(p); target != filepath.Join(outside, "odir") {
-					t.Errorf("%s: symlink to %q, want the original target", p, target)
-				}
-			case fi.IsDir():
-				sawDir++
-			default:
-				t.Errorf("%s: unexpected type %v", p, fi.Mode())
-			}
-		}
-		assertNoSecret(t, dst, secret)
-		if err := os.RemoveAll(dst); err != nil {
-			t.Fatal(err)
+		case fi.IsDir():
+			c.sawDir++
+			kinds = append(kinds, "dir")
+		default:
+			t.Errorf("%s: unexpected type %v", p, fi.Mode())
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
-	if d := treecmp.Diff(outsideBefore, treecmp.Scan(t, outside), treecmp.Options{}); len(d) > 0 {
-		t.Errorf("the directory outside the source changed: %v", d)
-	}
-	t.Logf("copies: %d complete, %d refused mid-swap (first: %v); entries seen as symlink %d, as directory %d", ok, failed, firstErr, sawLink, sawDir)
-	if ok == 0 {
-		t.Errorf("no copy completed in %d attempts; a racing rename must not make every copy fail", rounds)
+	if err == nil && len(kinds) == 2 && kinds[0] == kinds[1] {
+		c.mixed++
 	}
 }

@@ -71,6 +71,34 @@ type tools struct {
 
 func TestDeploy(t *testing.T) {
 	root := clustertest.Root(t)
+	tl := newTools(t, root)
+	env := clustertest.Start(t)
+	tl.kubeconfig = env.Kubeconfig
+	tl.installPrerequisites(t)
+	d := tl.render(t, env)
+
+	t.Run("KustomizeServerDryRun", func(t *testing.T) {
+		tl.serverDryRun(t, d.kz)
+	})
+	t.Run("HelmServerDryRun", func(t *testing.T) {
+		tl.serverDryRun(t, d.hm)
+	})
+	t.Run("HelmServerDryRunAttachRequired", func(t *testing.T) {
+		tl.serverDryRun(t, d.hmAttach)
+	})
+	t.Run("HelmLint", d.helmLint)
+	t.Run("BothShipTheGeneratedCRDs", d.bothShipTheGeneratedCRDs)
+	t.Run("SameObjects", d.sameObjects)
+	t.Run("SameImages", d.sameImages)
+	t.Run("PrinterColumns", d.printerColumns)
+	t.Run("Explain", d.explain)
+	// Last: it installs the chart for real.
+	t.Run("HelmUninstallKeepsCRDs", d.helmUninstallKeepsCRDs)
+}
+
+// newTools finds kustomize, helm and kubectl in _output/tools/bin.
+func newTools(t *testing.T, root string) *tools {
+	t.Helper()
 	bin := filepath.Join(root, "_output", "tools", "bin")
 	tl := &tools{root: root, home: t.TempDir()}
 	for name, p := range map[string]*string{"kustomize": &tl.kustomizeBin, "helm": &tl.helmBin, "kubectl": &tl.kubectlBin} {
@@ -79,11 +107,14 @@ func TestDeploy(t *testing.T) {
 			t.Fatalf("%s is missing: run `make tools` first (builds it from its Go module into %s)", name, bin)
 		}
 	}
-	env := clustertest.Start(t)
-	tl.kubeconfig = env.Kubeconfig
+	return tl
+}
 
-	// The VolumeSnapshotClass needs its CRD, and namespaced objects need
-	// their namespace to exist even in a dry run: install both for real.
+// installPrerequisites: the VolumeSnapshotClass needs its CRD, and
+// namespaced objects need their namespace to exist even in a dry run:
+// install both for real.
+func (tl *tools) installPrerequisites(t *testing.T) {
+	t.Helper()
 	dir := snapshotCRDDir(t)
 	for _, f := range snapshotCRDs {
 		tl.kubectlOK(t, nil, "apply", "--server-side", "-f", filepath.Join(dir, f))
@@ -93,199 +124,209 @@ func TestDeploy(t *testing.T) {
 		"crd/volumesnapshotcontents.snapshot.storage.k8s.io",
 		"crd/volumesnapshots.snapshot.storage.k8s.io")
 	tl.kubectlOK(t, nil, "create", "namespace", namespace)
+}
 
-	kz := tl.run(t, nil, tl.kustomizeBin, "build", filepath.Join(root, "deploy", "kubernetes"))
-	helmArgs := []string{"template", "localdir", filepath.Join(root, "deploy", "helm", "localdir"), "--namespace", namespace, "--include-crds"}
-	hm := tl.run(t, nil, tl.helmBin, helmArgs...)
-	hmAttach := tl.run(t, nil, tl.helmBin, append(helmArgs, "--set", "attachRequired=true")...)
+// rendered holds the manifests under test: kustomize build, helm template
+// (default values) and helm template with attachRequired=true.
+type rendered struct {
+	tl               *tools
+	env              *clustertest.Env
+	chart            string
+	kz, hm, hmAttach []byte
+}
 
-	t.Run("KustomizeServerDryRun", func(t *testing.T) {
-		tl.serverDryRun(t, kz)
-	})
-	t.Run("HelmServerDryRun", func(t *testing.T) {
-		tl.serverDryRun(t, hm)
-	})
-	t.Run("HelmServerDryRunAttachRequired", func(t *testing.T) {
-		tl.serverDryRun(t, hmAttach)
-	})
+func (tl *tools) render(t *testing.T, env *clustertest.Env) *rendered {
+	t.Helper()
+	d := &rendered{tl: tl, env: env, chart: filepath.Join(tl.root, "deploy", "helm", "localdir")}
+	d.kz = tl.run(t, nil, tl.kustomizeBin, "build", filepath.Join(tl.root, "deploy", "kubernetes"))
+	helmArgs := []string{"template", "localdir", d.chart, "--namespace", namespace, "--include-crds"}
+	d.hm = tl.run(t, nil, tl.helmBin, helmArgs...)
+	d.hmAttach = tl.run(t, nil, tl.helmBin, append(helmArgs, "--set", "attachRequired=true")...)
+	return d
+}
 
-	t.Run("HelmLint", func(t *testing.T) {
-		chart := filepath.Join(root, "deploy", "helm", "localdir")
-		for _, extra := range [][]string{nil, {"--set", "attachRequired=true"}} {
-			out := tl.run(t, nil, tl.helmBin, append([]string{"lint", "--strict", chart}, extra...)...)
-			if !strings.Contains(string(out), "1 chart(s) linted, 0 chart(s) failed") {
-				t.Errorf("helm lint --strict %v: unexpected output:\n%s", extra, out)
-			}
+func (d *rendered) helmLint(t *testing.T) {
+	for _, extra := range [][]string{nil, {"--set", "attachRequired=true"}} {
+		out := d.tl.run(t, nil, d.tl.helmBin, append([]string{"lint", "--strict", d.chart}, extra...)...)
+		if !strings.Contains(string(out), "1 chart(s) linted, 0 chart(s) failed") {
+			t.Errorf("helm lint --strict %v: unexpected output:\n%s", extra, out)
 		}
-	})
+	}
+}
 
-	t.Run("BothShipTheGeneratedCRDs", func(t *testing.T) {
-		// Exactly what `make generate` wrote to deploy/kubernetes/crds: all
-		// of it in kustomization.yaml, and in the chart's crds/ folder,
-		// where Helm keeps CRDs across `helm uninstall`.
-		want := crdDocs(t, filepath.Join(root, "deploy", "kubernetes", "crds"))
-		for name, manifests := range map[string][]byte{
-			"kustomize build deploy/kubernetes":   kz,
-			"helm show crds deploy/helm/localdir": tl.run(t, nil, tl.helmBin, "show", "crds", filepath.Join(root, "deploy", "helm", "localdir")),
-		} {
-			got := map[string]string{}
-			for _, o := range decodeAll(t, manifests) {
-				if o.GetKind() != "CustomResourceDefinition" {
-					continue
-				}
-				b, err := json.Marshal(o.Object)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got[o.GetName()] = string(b)
-			}
-			if !slices.Equal(keys(got), keys(want)) {
-				t.Errorf("%s ships CRDs %v, deploy/kubernetes/crds has %v", name, keys(got), keys(want))
-			}
-			for crd, w := range want {
-				if g, ok := got[crd]; ok && g != w {
-					t.Errorf("%s: CRD %s differs from deploy/kubernetes/crds", name, crd)
-				}
+// bothShipTheGeneratedCRDs: exactly what `make generate` wrote to
+// deploy/kubernetes/crds: all of it in kustomization.yaml, and in the
+// chart's crds/ folder, where Helm keeps CRDs across `helm uninstall`.
+func (d *rendered) bothShipTheGeneratedCRDs(t *testing.T) {
+	want := crdDocs(t, filepath.Join(d.tl.root, "deploy", "kubernetes", "crds"))
+	for name, manifests := range map[string][]byte{
+		"kustomize build deploy/kubernetes":   d.kz,
+		"helm show crds deploy/helm/localdir": d.tl.run(t, nil, d.tl.helmBin, "show", "crds", d.chart),
+	} {
+		got := crdJSON(t, manifests)
+		if !slices.Equal(keys(got), keys(want)) {
+			t.Errorf("%s ships CRDs %v, deploy/kubernetes/crds has %v", name, keys(got), keys(want))
+		}
+		for crd, w := range want {
+			if g, ok := got[crd]; ok && g != w {
+				t.Errorf("%s: CRD %s differs from deploy/kubernetes/crds", name, crd)
 			}
 		}
-	})
+	}
+}
 
-	t.Run("SameObjects", func(t *testing.T) {
-		// The chart renders the kustomize objects (but the Namespace, which
-		// Helm leaves to --create-namespace) when attachRequired is on,
-		// and leaves out only csi-attacher's RBAC when it is off.
-		kzObjs := objectIDs(t, kz, "Namespace")
-		if diff := setDiff(kzObjs, objectIDs(t, hmAttach)); diff != "" {
-			t.Errorf("kustomize vs helm --set attachRequired=true objects differ:\n%s", diff)
+// crdJSON returns the CRDs among manifests, name → JSON.
+func crdJSON(t *testing.T, manifests []byte) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for _, o := range decodeAll(t, manifests) {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
 		}
-		var noAttacher []string
-		for _, id := range kzObjs {
-			if !strings.HasSuffix(id, "/localdir-external-attacher") {
-				noAttacher = append(noAttacher, id)
-			}
+		b, err := json.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if len(noAttacher) != len(kzObjs)-4 {
-			t.Errorf("kustomize renders %d csi-attacher RBAC objects, want 4 (ClusterRole, Role and their bindings)", len(kzObjs)-len(noAttacher))
-		}
-		if diff := setDiff(noAttacher, objectIDs(t, hm)); diff != "" {
-			t.Errorf("kustomize (without csi-attacher RBAC) vs helm default objects differ:\n%s", diff)
-		}
-	})
+		got[o.GetName()] = string(b)
+	}
+	return got
+}
 
-	t.Run("SameImages", func(t *testing.T) {
-		kzImages := images(t, kz)
-		for _, img := range kzImages {
-			repo, tag, ok := strings.Cut(img, ":")
-			if !ok || tag == "" || tag == "latest" || strings.Contains(repo, "@") {
-				t.Errorf("image %q has no pinned tag: is it missing from kustomization.yaml images:?", img)
-			}
-		}
-		want := []string{
-			"localdir/localdir-csi", attacherImage,
-			"registry.k8s.io/sig-storage/csi-provisioner",
-			"registry.k8s.io/sig-storage/csi-resizer",
-			"registry.k8s.io/sig-storage/csi-snapshotter",
-			"registry.k8s.io/sig-storage/csi-node-driver-registrar",
-			"registry.k8s.io/sig-storage/livenessprobe",
-		}
-		var repos []string
-		for _, img := range kzImages {
-			repo, _, _ := strings.Cut(img, ":")
-			repos = append(repos, repo)
-		}
-		if diff := setDiff(want, repos); diff != "" {
-			t.Errorf("kustomize images are not the driver and its six sidecars:\n%s", diff)
-		}
-		if diff := setDiff(kzImages, images(t, hmAttach)); diff != "" {
-			t.Errorf("kustomization.yaml images and helm values.yaml images (attachRequired=true) differ:\n%s", diff)
-		}
-		var noAttacher []string
-		for _, img := range kzImages {
-			if !strings.HasPrefix(img, attacherImage+":") {
-				noAttacher = append(noAttacher, img)
-			}
-		}
-		if diff := setDiff(noAttacher, images(t, hm)); diff != "" {
-			t.Errorf("helm default images should be kustomize's without csi-attacher:\n%s", diff)
-		}
+// sameObjects: the chart renders the kustomize objects (but the Namespace,
+// which Helm leaves to --create-namespace) when attachRequired is on, and
+// leaves out only csi-attacher's RBAC when it is off.
+func (d *rendered) sameObjects(t *testing.T) {
+	kzObjs := objectIDs(t, d.kz, "Namespace")
+	if diff := setDiff(kzObjs, objectIDs(t, d.hmAttach)); diff != "" {
+		t.Errorf("kustomize vs helm --set attachRequired=true objects differ:\n%s", diff)
+	}
+	noAttacher := slices.DeleteFunc(slices.Clone(kzObjs), func(id string) bool {
+		return strings.HasSuffix(id, "/localdir-external-attacher")
 	})
+	if len(noAttacher) != len(kzObjs)-4 {
+		t.Errorf("kustomize renders %d csi-attacher RBAC objects, want 4 (ClusterRole, Role and their bindings)", len(kzObjs)-len(noAttacher))
+	}
+	if diff := setDiff(noAttacher, objectIDs(t, d.hm)); diff != "" {
+		t.Errorf("kustomize (without csi-attacher RBAC) vs helm default objects differ:\n%s", diff)
+	}
+}
 
-	t.Run("PrinterColumns", func(t *testing.T) {
-		lv := &v1.LocalVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "vol-00112233445566778899aabbccddeeff", Labels: map[string]string{v1.NodeLabel: "node-a"}},
-			Spec:       v1.LocalVolumeSpec{Node: "node-a", Size: resource.MustParse("1Gi"), CSIName: "pvc-printer-columns"},
+// sameImages: kustomize pins the driver and its six sidecars by tag, helm
+// with attachRequired=true renders the same images, and by default the
+// same without csi-attacher.
+func (d *rendered) sameImages(t *testing.T) {
+	kzImages := images(t, d.kz)
+	var repos []string
+	for _, img := range kzImages {
+		repo, tag, ok := strings.Cut(img, ":")
+		if !ok || tag == "" || tag == "latest" || strings.Contains(repo, "@") {
+			t.Errorf("image %q has no pinned tag: is it missing from kustomization.yaml images:?", img)
 		}
-		if err := env.Client.Create(context.Background(), lv); err != nil {
-			t.Fatalf("create LocalVolume: %v", err)
-		}
-		out := string(tl.kubectlOK(t, nil, "get", "localvolumes"))
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 2 {
-			t.Fatalf("kubectl get localvolumes: want a header and one row, got:\n%s", out)
-		}
-		if got, want := strings.Fields(lines[0]), []string{"NAME", "NODE", "SIZE", "PHASE", "AGE"}; !slices.Equal(got, want) {
-			t.Errorf("kubectl get localvolumes header = %v, want %v", got, want)
-		}
-		if got := strings.Fields(lines[1]); len(got) < 3 || got[0] != lv.Name || got[1] != "node-a" || got[2] != "1Gi" {
-			t.Errorf("kubectl get localvolumes row = %q, want %s node-a 1Gi …", lines[1], lv.Name)
-		}
-		wide := strings.Split(strings.TrimSpace(string(tl.kubectlOK(t, nil, "get", "lv", "-o", "wide"))), "\n")
-		if got, want := strings.Fields(wide[0]), []string{"NAME", "NODE", "SIZE", "MODE", "PHASE", "PV", "AGE"}; !slices.Equal(got, want) {
-			t.Errorf("kubectl get lv -o wide header = %v, want %v", got, want)
-		}
+		repos = append(repos, repo)
+	}
+	want := []string{
+		"localdir/localdir-csi", attacherImage,
+		"registry.k8s.io/sig-storage/csi-provisioner",
+		"registry.k8s.io/sig-storage/csi-resizer",
+		"registry.k8s.io/sig-storage/csi-snapshotter",
+		"registry.k8s.io/sig-storage/csi-node-driver-registrar",
+		"registry.k8s.io/sig-storage/livenessprobe",
+	}
+	if diff := setDiff(want, repos); diff != "" {
+		t.Errorf("kustomize images are not the driver and its six sidecars:\n%s", diff)
+	}
+	if diff := setDiff(kzImages, images(t, d.hmAttach)); diff != "" {
+		t.Errorf("kustomization.yaml images and helm values.yaml images (attachRequired=true) differ:\n%s", diff)
+	}
+	noAttacher := slices.DeleteFunc(slices.Clone(kzImages), func(img string) bool {
+		return strings.HasPrefix(img, attacherImage+":")
 	})
+	if diff := setDiff(noAttacher, images(t, d.hm)); diff != "" {
+		t.Errorf("helm default images should be kustomize's without csi-attacher:\n%s", diff)
+	}
+}
 
-	t.Run("Explain", func(t *testing.T) {
-		// The OpenAPI document of a new CRD is published asynchronously.
-		var out string
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			b, err := tl.kubectl(t, nil, "explain", "localvolume.spec.size")
-			out = strings.Join(strings.Fields(string(b)), " ")
-			if err == nil && strings.Contains(out, "capacity in bytes") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("kubectl explain localvolume.spec.size (err %v) does not print the field's documentation:\n%s", err, b)
-			}
-			time.Sleep(time.Second)
-		}
-		// A quantity's schema is integer-or-string, which kubectl explain
-		// prints as <Object>.
-		for _, want := range []string{"KIND: LocalVolume", "FIELD: size <Object>", "Size is the volume's capacity in bytes."} {
-			if !strings.Contains(out, want) {
-				t.Errorf("kubectl explain localvolume.spec.size: %q missing from:\n%s", want, out)
-			}
-		}
-	})
+// printerColumns: kubectl get localvolumes (and -o wide) print the
+// printer columns of a LocalVolume it creates (kept for
+// helmUninstallKeepsCRDs).
+func (d *rendered) printerColumns(t *testing.T) {
+	lv := &v1.LocalVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "vol-00112233445566778899aabbccddeeff", Labels: map[string]string{v1.NodeLabel: "node-a"}},
+		Spec:       v1.LocalVolumeSpec{Node: "node-a", Size: resource.MustParse("1Gi"), CSIName: "pvc-printer-columns"},
+	}
+	if err := d.env.Client.Create(context.Background(), lv); err != nil {
+		t.Fatalf("create LocalVolume: %v", err)
+	}
+	out := string(d.tl.kubectlOK(t, nil, "get", "localvolumes"))
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("kubectl get localvolumes: want a header and one row, got:\n%s", out)
+	}
+	if got, want := strings.Fields(lines[0]), []string{"NAME", "NODE", "SIZE", "PHASE", "AGE"}; !slices.Equal(got, want) {
+		t.Errorf("kubectl get localvolumes header = %v, want %v", got, want)
+	}
+	if got := strings.Fields(lines[1]); len(got) < 3 || got[0] != lv.Name || got[1] != "node-a" || got[2] != "1Gi" {
+		t.Errorf("kubectl get localvolumes row = %q, want %s node-a 1Gi …", lines[1], lv.Name)
+	}
+	wide := strings.Split(strings.TrimSpace(string(d.tl.kubectlOK(t, nil, "get", "lv", "-o", "wide"))), "\n")
+	if got, want := strings.Fields(wide[0]), []string{"NAME", "NODE", "SIZE", "MODE", "PHASE", "PV", "AGE"}; !slices.Equal(got, want) {
+		t.Errorf("kubectl get lv -o wide header = %v, want %v", got, want)
+	}
+}
 
-	// Last: it installs the chart for real. A CRD in templates/ instead of
-	// crds/ would be deleted by `helm uninstall`, and with it every
-	// LocalVolume, LocalSnapshot and LocalNode of the cluster.
-	t.Run("HelmUninstallKeepsCRDs", func(t *testing.T) {
-		chart := filepath.Join(root, "deploy", "helm", "localdir")
-		for _, id := range objectIDs(t, tl.run(t, nil, tl.helmBin, "template", "localdir", chart, "--namespace", namespace)) {
-			if strings.HasPrefix(id, "CustomResourceDefinition/") {
-				t.Errorf("%s is rendered from templates/: CRDs belong in the chart's crds/ folder", id)
-			}
+// explain: kubectl explain localvolume.spec.size prints the field's
+// documentation. The OpenAPI document of a new CRD is published
+// asynchronously: retried for up to 60 s.
+func (d *rendered) explain(t *testing.T) {
+	var out string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, err := d.tl.kubectl(t, nil, "explain", "localvolume.spec.size")
+		out = strings.Join(strings.Fields(string(b)), " ")
+		if err == nil && strings.Contains(out, "capacity in bytes") {
+			break
 		}
-		var lvs v1.LocalVolumeList
-		if err := env.Client.List(context.Background(), &lvs); err != nil || len(lvs.Items) == 0 {
-			t.Fatalf("want the LocalVolume of PrinterColumns to exist before the install (err %v)", err)
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl explain localvolume.spec.size (err %v) does not print the field's documentation:\n%s", err, b)
 		}
-		tl.run(t, nil, tl.helmBin, "install", "localdir", chart, "--namespace", namespace)
-		tl.kubectlOK(t, nil, "get", "csidriver/localdir.csi.dev", "storageclass/localdir", "volumesnapshotclass/localdir")
-		tl.kubectlOK(t, nil, "--namespace", namespace, "get", "deployment/localdir-controller", "daemonset/localdir-node")
-		tl.run(t, nil, tl.helmBin, "uninstall", "localdir", "--namespace", namespace)
-		if out, err := tl.kubectl(t, nil, "get", "csidriver/localdir.csi.dev"); err == nil || !strings.Contains(string(out), "NotFound") {
-			t.Errorf("CSIDriver still there after helm uninstall (err %v):\n%s", err, out)
+		time.Sleep(time.Second)
+	}
+	// A quantity's schema is integer-or-string, which kubectl explain prints
+	// as <Object>.
+	for _, want := range []string{"KIND: LocalVolume", "FIELD: size <Object>", "Size is the volume's capacity in bytes."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl explain localvolume.spec.size: %q missing from:\n%s", want, out)
 		}
-		tl.kubectlOK(t, nil, "get", "crd/localvolumes.localdir.csi.dev", "crd/localsnapshots.localdir.csi.dev", "crd/localnodes.localdir.csi.dev")
-		var after v1.LocalVolumeList
-		if err := env.Client.List(context.Background(), &after); err != nil || len(after.Items) != len(lvs.Items) {
-			t.Errorf("after helm uninstall: %d LocalVolumes, want %d (err %v)", len(after.Items), len(lvs.Items), err)
+	}
+}
+
+// helmUninstallKeepsCRDs installs the chart for real and uninstalls it: a
+// CRD in templates/ instead of crds/ would be deleted by `helm uninstall`,
+// and with it every LocalVolume, LocalSnapshot and LocalNode of the
+// cluster.
+func (d *rendered) helmUninstallKeepsCRDs(t *testing.T) {
+	tl := d.tl
+	for _, id := range objectIDs(t, tl.run(t, nil, tl.helmBin, "template", "localdir", d.chart, "--namespace", namespace)) {
+		if strings.HasPrefix(id, "CustomResourceDefinition/") {
+			t.Errorf("%s is rendered from templates/: CRDs belong in the chart's crds/ folder", id)
 		}
-	})
+	}
+	var lvs v1.LocalVolumeList
+	if err := d.env.Client.List(context.Background(), &lvs); err != nil || len(lvs.Items) == 0 {
+		t.Fatalf("want the LocalVolume of PrinterColumns to exist before the install (err %v)", err)
+	}
+	tl.run(t, nil, tl.helmBin, "install", "localdir", d.chart, "--namespace", namespace)
+	tl.kubectlOK(t, nil, "get", "csidriver/localdir.csi.dev", "storageclass/localdir", "volumesnapshotclass/localdir")
+	tl.kubectlOK(t, nil, "--namespace", namespace, "get", "deployment/localdir-controller", "daemonset/localdir-node")
+	tl.run(t, nil, tl.helmBin, "uninstall", "localdir", "--namespace", namespace)
+	if out, err := tl.kubectl(t, nil, "get", "csidriver/localdir.csi.dev"); err == nil || !strings.Contains(string(out), "NotFound") {
+		t.Errorf("CSIDriver still there after helm uninstall (err %v):\n%s", err, out)
+	}
+	tl.kubectlOK(t, nil, "get", "crd/localvolumes.localdir.csi.dev", "crd/localsnapshots.localdir.csi.dev", "crd/localnodes.localdir.csi.dev")
+	var after v1.LocalVolumeList
+	if err := d.env.Client.List(context.Background(), &after); err != nil || len(after.Items) != len(lvs.Items) {
+		t.Errorf("after helm uninstall: %d LocalVolumes, want %d (err %v)", len(after.Items), len(lvs.Items), err)
+	}
 }
 
 // serverDryRun sends manifests to `kubectl apply --server-side

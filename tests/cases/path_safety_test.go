@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -46,15 +47,15 @@ func TestC13PathTraversalThroughIDs(t *testing.T) {
 
 	// The victims, at every level a traversal could reach but the root.
 	for k := 2; k <= 4; k++ {
-		mkdir(t, filepath.Join(levels[k], "victim-data.snap"))
+		csitest.Mkdir(t, filepath.Join(levels[k], "victim-data.snap"))
 		writeSynced(t, filepath.Join(levels[k], "victim-data.snap", "config.bak"), []byte("config"))
-		mkdir(t, filepath.Join(levels[k], "victim-vol"))
+		csitest.Mkdir(t, filepath.Join(levels[k], "victim-vol"))
 		writeSynced(t, filepath.Join(levels[k], "victim-vol", "keep"), []byte("keep"))
 	}
 
 	// A real published volume, so that T exists and is a mount.
-	x := createVolume(t, in, "c13", 4*Mi).GetVolumeId()
-	staging := mkdir(t, filepath.Join(dir, "S"))
+	x := createVolume(t, in, "c13", 4*csitest.Mi).GetVolumeId()
+	staging := csitest.Mkdir(t, filepath.Join(dir, "S"))
 	target := filepath.Join(dir, "T")
 	stage(t, in, x, staging)
 	publish(t, in, x, staging, target)
@@ -92,75 +93,75 @@ func TestC13PathTraversalThroughIDs(t *testing.T) {
 		}
 	}
 	for _, id := range volIDs {
-		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.OK, "DeleteVolume "+strconvQuote(id))
+		_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+strconvQuote(id))
 		victimsIntact("DeleteVolume " + strconvQuote(id))
 
-		_, err = in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		_, err = in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
 			Name:               "x",
-			VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+			VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
 				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}},
 		})
-		codeIs(t, err, codes.NotFound, "CreateVolume cloned from "+strconvQuote(id))
+		csitest.CodeIs(t, err, codes.NotFound, "CreateVolume cloned from "+strconvQuote(id))
 
-		_, err = in.Node.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
-		codeIs(t, err, codes.NotFound, "NodeGetVolumeStats "+strconvQuote(id))
+		_, err = in.Node.NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+		csitest.CodeIs(t, err, codes.NotFound, "NodeGetVolumeStats "+strconvQuote(id))
 
-		_, err = in.Controller.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{
-			VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-		codeIs(t, err, codes.NotFound, "ValidateVolumeCapabilities "+strconvQuote(id))
+		_, err = in.Controller.ValidateVolumeCapabilities(csitest.Ctx(t), &csi.ValidateVolumeCapabilitiesRequest{
+			VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+		csitest.CodeIs(t, err, codes.NotFound, "ValidateVolumeCapabilities "+strconvQuote(id))
 
-		_, err = in.Controller.ControllerGetVolume(ctx(t), &csi.ControllerGetVolumeRequest{VolumeId: id})
-		codeIs(t, err, codes.NotFound, "ControllerGetVolume "+strconvQuote(id))
+		_, err = in.Controller.ControllerGetVolume(csitest.Ctx(t), &csi.ControllerGetVolumeRequest{VolumeId: id})
+		csitest.CodeIs(t, err, codes.NotFound, "ControllerGetVolume "+strconvQuote(id))
 
 		// Stage with a traversal id must not bind the victim anywhere.
-		s2 := mkdir(t, filepath.Join(dir, "S2"))
-		_, err = in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s2, VolumeCapability: mntCap()})
-		codeIs(t, err, codes.NotFound, "NodeStageVolume "+strconvQuote(id))
+		s2 := csitest.Mkdir(t, filepath.Join(dir, "S2"))
+		_, err = in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: s2, VolumeCapability: csitest.MntCap()})
+		csitest.CodeIs(t, err, codes.NotFound, "NodeStageVolume "+strconvQuote(id))
 		assertMountCount(t, s2, 0)
 		t2 := filepath.Join(dir, "T2")
-		_, err = in.Node.NodePublishVolume(ctx(t), publishReq(id, staging, t2))
-		codeIs(t, err, codes.NotFound, "NodePublishVolume "+strconvQuote(id))
-		assertGone(t, t2)
+		_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(id, staging, t2))
+		csitest.CodeIs(t, err, codes.NotFound, "NodePublishVolume "+strconvQuote(id))
+		csitest.AssertGone(t, t2)
 		if err := os.Remove(s2); err != nil {
 			t.Fatal(err)
 		}
 
 		// A page token carrying the id is not one the driver issued.
 		tok := base64.RawURLEncoding.EncodeToString([]byte("v1:" + id))
-		_, err = in.Controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{StartingToken: tok})
-		codeIs(t, err, codes.Aborted, "ListVolumes with a token for "+strconvQuote(id))
+		_, err = in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{StartingToken: tok})
+		csitest.CodeIs(t, err, codes.Aborted, "ListVolumes with a token for "+strconvQuote(id))
 	}
 	for _, id := range snapIDs {
-		_, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		_, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
 			Name:               "x",
-			VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+			VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
 				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}},
 		})
-		codeIs(t, err, codes.NotFound, "CreateVolume restored from "+strconvQuote(id))
+		csitest.CodeIs(t, err, codes.NotFound, "CreateVolume restored from "+strconvQuote(id))
 	}
 	for _, id := range evilIDs {
 		te := filepath.Join(dir, "TE")
-		_, err := in.Node.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{
-			VolumeId: id, TargetPath: te, VolumeCapability: mntCap(),
+		_, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
+			VolumeId: id, TargetPath: te, VolumeCapability: csitest.MntCap(),
 			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true"},
 		})
-		codeIs(t, err, codes.InvalidArgument, "ephemeral NodePublishVolume "+strconvQuote(id))
-		assertGone(t, te)
+		csitest.CodeIs(t, err, codes.InvalidArgument, "ephemeral NodePublishVolume "+strconvQuote(id))
+		csitest.AssertGone(t, te)
 	}
 	// Every place a join of "evil" could have landed.
 	for k := 1; k <= 4; k++ {
-		assertGone(t, filepath.Join(levels[k], "evil"))
+		csitest.AssertGone(t, filepath.Join(levels[k], "evil"))
 	}
-	assertGone(t, filepath.Join(volumesDir(in), "evil"))
+	csitest.AssertGone(t, filepath.Join(volumesDir(in), "evil"))
 
 	// A name is never a path either.
-	resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-		Name: "../../victim-vol", CapacityRange: rng(Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+	resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+		Name: "../../victim-vol", CapacityRange: csitest.Range(csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 	})
-	mustCode(t, err, codes.OK, "CreateVolume named ../../victim-vol")
+	csitest.MustCode(t, err, codes.OK, "CreateVolume named ../../victim-vol")
 	named := resp.GetVolume().GetVolumeId()
 	assertListMatchesDisk(t, in, x, named)
 	deleteVolume(t, in, named)
@@ -180,8 +181,8 @@ func TestC13PathTraversalThroughIDs(t *testing.T) {
 	}
 	assertTreeUnchanged(t, volumesDir(in), volTree)
 	for k := 2; k <= 4; k++ {
-		assertFileBytes(t, filepath.Join(levels[k], "victim-vol", "keep"), []byte("keep"))
-		assertFileBytes(t, filepath.Join(levels[k], "victim-data.snap", "config.bak"), []byte("config"))
+		csitest.AssertFileBytes(t, filepath.Join(levels[k], "victim-vol", "keep"), []byte("keep"))
+		csitest.AssertFileBytes(t, filepath.Join(levels[k], "victim-data.snap", "config.bak"), []byte("config"))
 	}
 
 	unpublish(t, in, x, target)
@@ -200,26 +201,26 @@ func strconvQuote(s string) string { return `"` + strings.ReplaceAll(s, "\x00", 
 func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 	in := testdriver.Start(t, nil)
 	dir := in.Dir
-	x := createVolume(t, in, "c15", 4*Mi).GetVolumeId()
-	staging := mkdir(t, filepath.Join(dir, "staging"))
+	x := createVolume(t, in, "c15", 4*csitest.Mi).GetVolumeId()
+	staging := csitest.Mkdir(t, filepath.Join(dir, "staging"))
 	stage(t, in, x, staging)
 
-	etc := mkdir(t, filepath.Join(dir, "etc"))
+	etc := csitest.Mkdir(t, filepath.Join(dir, "etc"))
 	writeSynced(t, filepath.Join(etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"))
-	keep := mkdir(t, filepath.Join(dir, "srv", "keep"))
+	keep := csitest.Mkdir(t, filepath.Join(dir, "srv", "keep"))
 	writeSynced(t, filepath.Join(keep, "file"), []byte("keep me"))
-	mkdir(t, filepath.Join(keep, "sub"))
+	csitest.Mkdir(t, filepath.Join(keep, "sub"))
 	writeSynced(t, filepath.Join(keep, "sub", "file"), []byte("keep me too"))
 	etcTree, keepTree := treeOf(t, etc), treeOf(t, keep)
 
 	t.Run("publish onto a symlink", func(t *testing.T) {
-		link := filepath.Join(mkdir(t, filepath.Join(dir, "pods", "p1", "vol")), "mount")
+		link := filepath.Join(csitest.Mkdir(t, filepath.Join(dir, "pods", "p1", "vol")), "mount")
 		if err := os.Symlink(etc, link); err != nil {
 			t.Fatal(err)
 		}
 		for range 2 {
-			_, err := in.Node.NodePublishVolume(ctx(t), publishReq(x, staging, link))
-			codeIs(t, err, codes.InvalidArgument, "NodePublishVolume onto a symlink")
+			_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(x, staging, link))
+			csitest.CodeIs(t, err, codes.InvalidArgument, "NodePublishVolume onto a symlink")
 		}
 		assertMountCount(t, etc, 0)
 		assertMountCount(t, link, 0)
@@ -234,31 +235,31 @@ func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 		if err := os.Symlink(etc, link); err != nil {
 			t.Fatal(err)
 		}
-		_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: link, VolumeCapability: mntCap()})
-		codeIs(t, err, codes.InvalidArgument, "NodeStageVolume onto a symlink")
+		_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: link, VolumeCapability: csitest.MntCap()})
+		csitest.CodeIs(t, err, codes.InvalidArgument, "NodeStageVolume onto a symlink")
 		assertMountCount(t, etc, 0)
 		assertTreeUnchanged(t, etc, etcTree)
 	})
 
 	t.Run("symlinked kubelet directory", func(t *testing.T) {
-		real := mkdir(t, filepath.Join(dir, "var-lib-kubelet"))
+		real := csitest.Mkdir(t, filepath.Join(dir, "var-lib-kubelet"))
 		kubelet := filepath.Join(dir, "kubelet")
 		if err := os.Symlink(real, kubelet); err != nil {
 			t.Fatal(err)
 		}
-		mkdir(t, filepath.Join(kubelet, "pods", "p2", "vol"))
-		s2 := mkdir(t, filepath.Join(kubelet, "plugins", "staging"))
+		csitest.Mkdir(t, filepath.Join(kubelet, "pods", "p2", "vol"))
+		s2 := csitest.Mkdir(t, filepath.Join(kubelet, "plugins", "staging"))
 		target := filepath.Join(kubelet, "pods", "p2", "vol", "mount")
-		y := createVolume(t, in, "c15-y", 4*Mi).GetVolumeId()
+		y := createVolume(t, in, "c15-y", 4*csitest.Mi).GetVolumeId()
 
 		stage(t, in, y, s2)
 		publish(t, in, y, s2, target)
 		writeSynced(t, filepath.Join(target, "f"), []byte("through the symlinked parent"))
-		assertFileBytes(t, filepath.Join(volDir(in, y), "f"), []byte("through the symlinked parent"))
+		csitest.AssertFileBytes(t, filepath.Join(volDir(in, y), "f"), []byte("through the symlinked parent"))
 		assertShowsVolume(t, in, filepath.Join(real, "pods", "p2", "vol", "mount"), y)
 
 		unpublish(t, in, y, target)
-		assertGone(t, filepath.Join(real, "pods", "p2", "vol", "mount"))
+		csitest.AssertGone(t, filepath.Join(real, "pods", "p2", "vol", "mount"))
 		unstage(t, in, y, s2)
 		deleteVolume(t, in, y)
 		if fi, err := os.Lstat(kubelet); err != nil || fi.Mode()&os.ModeSymlink == 0 {
@@ -272,10 +273,10 @@ func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 2 {
-			_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: t2})
-			codeIs(t, err, codes.OK, "NodeUnpublishVolume of a symlink")
+			_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: t2})
+			csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume of a symlink")
 		}
-		assertGone(t, t2)
+		csitest.AssertGone(t, t2)
 		assertTreeUnchanged(t, keep, keepTree)
 	})
 
@@ -288,11 +289,11 @@ func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 		if err := os.Symlink(target, t3); err != nil {
 			t.Fatal(err)
 		}
-		_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: t3})
-		codeIs(t, err, codes.OK, "NodeUnpublishVolume of a symlink to a mount")
-		assertGone(t, t3)
+		_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: t3})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume of a symlink to a mount")
+		csitest.AssertGone(t, t3)
 		assertShowsVolume(t, in, target, x)
-		assertFileBytes(t, filepath.Join(target, "f"), []byte("live"))
+		csitest.AssertFileBytes(t, filepath.Join(target, "f"), []byte("live"))
 		unpublish(t, in, x, target)
 	})
 

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -27,22 +28,22 @@ import (
 func TestC26CapabilityAndMountFlags(t *testing.T) {
 	in := testdriver.Start(t, nil)
 	dir := in.Dir
-	x := createVolume(t, in, "c26", 4*Mi).GetVolumeId()
-	staging := mkdir(t, filepath.Join(dir, "S"))
+	x := createVolume(t, in, "c26", 4*csitest.Mi).GetVolumeId()
+	staging := csitest.Mkdir(t, filepath.Join(dir, "S"))
 	stage(t, in, x, staging)
 
 	t.Run("blk capability", func(t *testing.T) {
 		tb := filepath.Join(dir, "TB")
-		_, err := in.Node.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{
-			VolumeId: x, StagingTargetPath: staging, TargetPath: tb, VolumeCapability: blkCap(),
+		_, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
+			VolumeId: x, StagingTargetPath: staging, TargetPath: tb, VolumeCapability: csitest.BlkCap(),
 		})
-		codeIs(t, err, codes.FailedPrecondition, "NodePublishVolume mount volume as blk")
+		csitest.CodeIs(t, err, codes.FailedPrecondition, "NodePublishVolume mount volume as blk")
 		assertMountCount(t, tb, 0)
-		assertGone(t, tb)
+		csitest.AssertGone(t, tb)
 
-		s2 := mkdir(t, filepath.Join(dir, "SB"))
-		_, err = in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s2, VolumeCapability: blkCap()})
-		codeIs(t, err, codes.FailedPrecondition, "NodeStageVolume mount volume as blk")
+		s2 := csitest.Mkdir(t, filepath.Join(dir, "SB"))
+		_, err = in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s2, VolumeCapability: csitest.BlkCap()})
+		csitest.CodeIs(t, err, codes.FailedPrecondition, "NodeStageVolume mount volume as blk")
 		assertMountCount(t, s2, 0)
 	})
 
@@ -93,8 +94,8 @@ func TestC26CapabilityAndMountFlags(t *testing.T) {
 		}
 
 		// The same target with other flags is a different publish.
-		_, err := in.Node.NodePublishVolume(ctx(t), publishReq(x, staging, target))
-		codeIs(t, err, codes.AlreadyExists, "NodePublishVolume at T without the flags")
+		_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(x, staging, target))
+		csitest.CodeIs(t, err, codes.AlreadyExists, "NodePublishVolume at T without the flags")
 		assertMountCount(t, target, 1)
 		if got := mountOptions(t, target); !slices.Equal(got, opts) {
 			t.Errorf("mount options changed %v -> %v", opts, got)
@@ -107,33 +108,33 @@ func TestC26CapabilityAndMountFlags(t *testing.T) {
 	t.Run("unknown flag", func(t *testing.T) {
 		for _, flags := range [][]string{{"no-such-opt"}, {"noexec", "no-such-opt"}, {"nodev,no-such-opt"}, {"noatime", "relatime"}} {
 			t3 := filepath.Join(dir, "T3")
-			_, err := in.Node.NodePublishVolume(ctx(t), publishReq(x, staging, t3, flags...))
-			codeIs(t, err, codes.InvalidArgument, "NodePublishVolume with flags "+filepath.Join(flags...))
+			_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(x, staging, t3, flags...))
+			csitest.CodeIs(t, err, codes.InvalidArgument, "NodePublishVolume with flags "+filepath.Join(flags...))
 			assertMountCount(t, t3, 0)
-			assertGone(t, t3)
+			csitest.AssertGone(t, t3)
 
-			s3 := mkdir(t, filepath.Join(dir, "S3"))
-			_, err = in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s3, VolumeCapability: mntCap(flags...)})
-			codeIs(t, err, codes.InvalidArgument, "NodeStageVolume with flags "+filepath.Join(flags...))
+			s3 := csitest.Mkdir(t, filepath.Join(dir, "S3"))
+			_, err = in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s3, VolumeCapability: csitest.MntCap(flags...)})
+			csitest.CodeIs(t, err, codes.InvalidArgument, "NodeStageVolume with flags "+filepath.Join(flags...))
 			assertMountCount(t, s3, 0)
 
 			// Refused already at CreateVolume (a StorageClass's
 			// mountOptions), and nothing is created.
 			name := "c26-flags-" + filepath.Base(filepath.Join(flags...))
-			_, err = in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-				Name: name, CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap(flags...)},
+			_, err = in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+				Name: name, CapacityRange: csitest.Range(4*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap(flags...)},
 			})
-			codeIs(t, err, codes.InvalidArgument, "CreateVolume with flags "+filepath.Join(flags...))
+			csitest.CodeIs(t, err, codes.InvalidArgument, "CreateVolume with flags "+filepath.Join(flags...))
 		}
-		list, err := in.Controller.ListVolumes(ctx(t), &csi.ListVolumesRequest{})
-		if codeIs(t, err, codes.OK, "ListVolumes") && len(list.GetEntries()) != 1 {
+		list, err := in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+		if csitest.CodeIs(t, err, codes.OK, "ListVolumes") && len(list.GetEntries()) != 1 {
 			t.Errorf("CreateVolume with unknown flags created volumes: %d listed, want 1", len(list.GetEntries()))
 		}
 		// Flags a bind mount applies, or accepts without effect, are fine.
-		v, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-			Name: "c26-good-flags", CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap("noatime", "rw,nodev")},
+		v, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+			Name: "c26-good-flags", CapacityRange: csitest.Range(4*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap("noatime", "rw,nodev")},
 		})
-		if codeIs(t, err, codes.OK, "CreateVolume with flags noatime, rw,nodev") {
+		if csitest.CodeIs(t, err, codes.OK, "CreateVolume with flags noatime, rw,nodev") {
 			deleteVolume(t, in, v.GetVolume().GetVolumeId())
 		}
 	})
@@ -146,14 +147,14 @@ func TestC26CapabilityAndMountFlags(t *testing.T) {
 			want      codes.Code
 			confirmed bool
 		}{
-			{"mnt", x, []*csi.VolumeCapability{mntCap()}, codes.OK, true},
-			{"blk", x, []*csi.VolumeCapability{blkCap()}, codes.OK, false},
-			{"mnt and blk", x, []*csi.VolumeCapability{mntCap(), blkCap()}, codes.OK, false},
-			{"unknown volume", "nope", []*csi.VolumeCapability{mntCap()}, codes.NotFound, false},
-			{"unknown well-formed id", unknownID, []*csi.VolumeCapability{mntCap()}, codes.NotFound, false},
+			{"mnt", x, []*csi.VolumeCapability{csitest.MntCap()}, codes.OK, true},
+			{"blk", x, []*csi.VolumeCapability{csitest.BlkCap()}, codes.OK, false},
+			{"mnt and blk", x, []*csi.VolumeCapability{csitest.MntCap(), csitest.BlkCap()}, codes.OK, false},
+			{"unknown volume", "nope", []*csi.VolumeCapability{csitest.MntCap()}, codes.NotFound, false},
+			{"unknown well-formed id", unknownID, []*csi.VolumeCapability{csitest.MntCap()}, codes.NotFound, false},
 		} {
-			resp, err := in.Controller.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: tc.id, VolumeCapabilities: tc.caps})
-			codeIs(t, err, tc.want, "ValidateVolumeCapabilities "+tc.name)
+			resp, err := in.Controller.ValidateVolumeCapabilities(csitest.Ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: tc.id, VolumeCapabilities: tc.caps})
+			csitest.CodeIs(t, err, tc.want, "ValidateVolumeCapabilities "+tc.name)
 			if err != nil {
 				continue
 			}
@@ -192,10 +193,10 @@ func runRetryingTxtBsy(p string) error {
 func TestC27NodeStageIdempotencyAndMismatch(t *testing.T) {
 	in := testdriver.Start(t, nil)
 	dir := in.Dir
-	x := createVolume(t, in, "c27-x", 4*Mi).GetVolumeId()
-	y := createVolume(t, in, "c27-y", 4*Mi).GetVolumeId()
-	z := createVolume(t, in, "c27-z", 4*Mi).GetVolumeId()
-	s := mkdir(t, filepath.Join(dir, "S"))
+	x := createVolume(t, in, "c27-x", 4*csitest.Mi).GetVolumeId()
+	y := createVolume(t, in, "c27-y", 4*csitest.Mi).GetVolumeId()
+	z := createVolume(t, in, "c27-z", 4*csitest.Mi).GetVolumeId()
+	s := csitest.Mkdir(t, filepath.Join(dir, "S"))
 
 	t.Run("stage twice", func(t *testing.T) {
 		stage(t, in, x, s)
@@ -209,8 +210,8 @@ func TestC27NodeStageIdempotencyAndMismatch(t *testing.T) {
 			t.Fatalf("precondition: the staging mount is already noatime (%v)", before)
 		}
 		for _, flags := range [][]string{{"noatime"}, {"noexec"}, {"ro"}} {
-			_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s, VolumeCapability: mntCap(flags...)})
-			codeIs(t, err, codes.AlreadyExists, "NodeStageVolume X with "+flags[0])
+			_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: s, VolumeCapability: csitest.MntCap(flags...)})
+			csitest.CodeIs(t, err, codes.AlreadyExists, "NodeStageVolume X with "+flags[0])
 			assertMountCount(t, s, 1)
 			if got := mountOptions(t, s); !slices.Equal(got, before) {
 				t.Errorf("staging mount options changed %v -> %v", before, got)
@@ -219,13 +220,13 @@ func TestC27NodeStageIdempotencyAndMismatch(t *testing.T) {
 	})
 
 	t.Run("stage another volume at the same path", func(t *testing.T) {
-		_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: y, StagingTargetPath: s, VolumeCapability: mntCap()})
-		codeIs(t, err, codes.AlreadyExists, "NodeStageVolume Y where X is staged")
+		_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: y, StagingTargetPath: s, VolumeCapability: csitest.MntCap()})
+		csitest.CodeIs(t, err, codes.AlreadyExists, "NodeStageVolume Y where X is staged")
 		assertShowsVolume(t, in, s, x)
 	})
 
 	t.Run("stage onto a foreign tmpfs", func(t *testing.T) {
-		s2 := mkdir(t, filepath.Join(dir, "S2"))
+		s2 := csitest.Mkdir(t, filepath.Join(dir, "S2"))
 		if err := unix.Mount("t", s2, "tmpfs", 0, "size=1m"); err != nil {
 			t.Fatal(err)
 		}
@@ -236,43 +237,43 @@ func TestC27NodeStageIdempotencyAndMismatch(t *testing.T) {
 		}()
 		writeSynced(t, filepath.Join(s2, "marker"), []byte("tmpfs"))
 		for range 2 {
-			_, err := in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: y, StagingTargetPath: s2, VolumeCapability: mntCap()})
-			codeIs(t, err, codes.AlreadyExists, "NodeStageVolume Y onto a tmpfs")
+			_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: y, StagingTargetPath: s2, VolumeCapability: csitest.MntCap()})
+			csitest.CodeIs(t, err, codes.AlreadyExists, "NodeStageVolume Y onto a tmpfs")
 		}
-		ms := mountsAt(t, s2)
+		ms := csitest.MountsAt(t, s2)
 		if len(ms) != 1 || ms[0].FSType != "tmpfs" || ms[0].Source != "t" {
 			t.Errorf("%s: want only the tmpfs mounted, got %d mounts", s2, len(ms))
 		}
-		assertFileBytes(t, filepath.Join(s2, "marker"), []byte("tmpfs"))
-		if got := dirEntries(t, volDir(in, y)); len(got) != 0 {
+		csitest.AssertFileBytes(t, filepath.Join(s2, "marker"), []byte("tmpfs"))
+		if got := csitest.DirNames(t, volDir(in, y)); len(got) != 0 {
 			t.Errorf("volume Y got entries %v", got)
 		}
 	})
 
 	t.Run("publish a volume never staged", func(t *testing.T) {
-		s3 := mkdir(t, filepath.Join(dir, "S3"))
+		s3 := csitest.Mkdir(t, filepath.Join(dir, "S3"))
 		target := filepath.Join(dir, "TZ")
 		for _, staging := range []string{s3, s, filepath.Join(dir, "no-such-staging")} {
-			_, err := in.Node.NodePublishVolume(ctx(t), publishReq(z, staging, target))
-			codeIs(t, err, codes.FailedPrecondition, "NodePublishVolume of unstaged Z with staging "+staging)
+			_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(z, staging, target))
+			csitest.CodeIs(t, err, codes.FailedPrecondition, "NodePublishVolume of unstaged Z with staging "+staging)
 			assertMountCount(t, target, 0)
-			assertGone(t, target)
+			csitest.AssertGone(t, target)
 		}
 	})
 
 	t.Run("unstage what is not staged", func(t *testing.T) {
-		s4 := mkdir(t, filepath.Join(dir, "S4"))
+		s4 := csitest.Mkdir(t, filepath.Join(dir, "S4"))
 		for _, staging := range []string{s4, filepath.Join(dir, "no-such-staging")} {
 			for range 2 {
-				_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: z, StagingTargetPath: staging})
-				codeIs(t, err, codes.OK, "NodeUnstageVolume of unstaged Z at "+staging)
+				_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: z, StagingTargetPath: staging})
+				csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume of unstaged Z at "+staging)
 			}
 		}
 		assertDir(t, s4)
 		assertMountCount(t, s4, 0)
 		// Unknown to the driver altogether: still OK.
-		_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: unknownID, StagingTargetPath: s4})
-		codeIs(t, err, codes.OK, "NodeUnstageVolume of an unknown volume")
+		_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: unknownID, StagingTargetPath: s4})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume of an unknown volume")
 	})
 
 	unstage(t, in, x, s)

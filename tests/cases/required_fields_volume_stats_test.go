@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -25,15 +26,15 @@ import (
 // feature; ControllerExpandVolume without id and NodeExpandVolume without
 // path to the expansion feature.
 func TestC31MissingRequiredFields(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 64 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 64 * csitest.Mi })
 	dir := in.Dir
-	staging := mkdir(t, filepath.Join(dir, "S"))
+	staging := csitest.Mkdir(t, filepath.Join(dir, "S"))
 	target := filepath.Join(dir, "T")
 	noMode := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}
-	unknownMode := mntCap()
+	unknownMode := csitest.MntCap()
 	unknownMode.AccessMode.Mode = csi.VolumeCapability_AccessMode_UNKNOWN
-	noType := &csi.VolumeCapability{AccessMode: mntCap().AccessMode}
-	caps := []*csi.VolumeCapability{mntCap()}
+	noType := &csi.VolumeCapability{AccessMode: csitest.MntCap().AccessMode}
+	caps := []*csi.VolumeCapability{csitest.MntCap()}
 	before := available(t, in)
 
 	for _, tc := range []struct {
@@ -90,11 +91,11 @@ func TestC31MissingRequiredFields(t *testing.T) {
 			return err
 		}},
 		{"NodeStageVolume without id", func(c context.Context) error {
-			_, err := in.Node.NodeStageVolume(c, &csi.NodeStageVolumeRequest{StagingTargetPath: staging, VolumeCapability: mntCap()})
+			_, err := in.Node.NodeStageVolume(c, &csi.NodeStageVolumeRequest{StagingTargetPath: staging, VolumeCapability: csitest.MntCap()})
 			return err
 		}},
 		{"NodeStageVolume without staging path", func(c context.Context) error {
-			_, err := in.Node.NodeStageVolume(c, &csi.NodeStageVolumeRequest{VolumeId: unknownID, VolumeCapability: mntCap()})
+			_, err := in.Node.NodeStageVolume(c, &csi.NodeStageVolumeRequest{VolumeId: unknownID, VolumeCapability: csitest.MntCap()})
 			return err
 		}},
 		{"NodeStageVolume without capability", func(c context.Context) error {
@@ -106,7 +107,7 @@ func TestC31MissingRequiredFields(t *testing.T) {
 			return err
 		}},
 		{"NodeStageVolume with a relative staging path", func(c context.Context) error {
-			_, err := in.Node.NodeStageVolume(c, &csi.NodeStageVolumeRequest{VolumeId: unknownID, StagingTargetPath: "relative/s", VolumeCapability: mntCap()})
+			_, err := in.Node.NodeStageVolume(c, &csi.NodeStageVolumeRequest{VolumeId: unknownID, StagingTargetPath: "relative/s", VolumeCapability: csitest.MntCap()})
 			return err
 		}},
 		{"NodeUnstageVolume without id", func(c context.Context) error {
@@ -162,11 +163,11 @@ func TestC31MissingRequiredFields(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			codeIs(t, tc.call(ctx(t)), codes.InvalidArgument, tc.name)
+			csitest.CodeIs(t, tc.call(csitest.Ctx(t)), codes.InvalidArgument, tc.name)
 			assertListMatchesDisk(t, in)
-			assertGone(t, target)
-			assertGone(t, filepath.Join(dir, "relative"))
-			if ms := mountsUnder(t, dir); len(ms) != 0 {
+			csitest.AssertGone(t, target)
+			csitest.AssertGone(t, filepath.Join(dir, "relative"))
+			if ms := csitest.MountsUnder(t, dir); len(ms) != 0 {
 				t.Errorf("%d mount(s) under %s after a refused call", len(ms), dir)
 			}
 		})
@@ -194,15 +195,15 @@ func TestC31MissingRequiredFields(t *testing.T) {
 func TestC32NodeGetVolumeStats(t *testing.T) {
 	in := testdriver.Start(t, nil)
 	dir := in.Dir
-	m := createVolume(t, in, "c32", 4*Mi).GetVolumeId()
-	other := createVolume(t, in, "c32-other", 4*Mi).GetVolumeId()
-	staging := mkdir(t, filepath.Join(dir, "S"))
+	m := createVolume(t, in, "c32", 4*csitest.Mi).GetVolumeId()
+	other := createVolume(t, in, "c32-other", 4*csitest.Mi).GetVolumeId()
+	staging := csitest.Mkdir(t, filepath.Join(dir, "S"))
 	target := filepath.Join(dir, "T")
 	stage(t, in, m, staging)
 	publish(t, in, m, staging, target)
-	otherStaging := mkdir(t, filepath.Join(dir, "S-other"))
+	otherStaging := csitest.Mkdir(t, filepath.Join(dir, "S-other"))
 	stage(t, in, other, otherStaging)
-	notMounted := mkdir(t, filepath.Join(dir, "plain"))
+	notMounted := csitest.Mkdir(t, filepath.Join(dir, "plain"))
 
 	for _, tc := range []struct {
 		name, id, path string
@@ -216,14 +217,14 @@ func TestC32NodeGetVolumeStats(t *testing.T) {
 		{"known volume, another volume's mount", m, otherStaging},
 		{"known volume, the data root", m, in.Opts.DataRoot},
 	} {
-		_, err := in.Node.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: tc.id, VolumePath: tc.path})
-		codeIs(t, err, codes.NotFound, "NodeGetVolumeStats "+tc.name)
+		_, err := in.Node.NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: tc.id, VolumePath: tc.path})
+		csitest.CodeIs(t, err, codes.NotFound, "NodeGetVolumeStats "+tc.name)
 	}
 
 	stats := func(p string) (bytes, inodes *csi.VolumeUsage) {
 		t.Helper()
-		resp, err := in.Node.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: m, VolumePath: p})
-		mustCode(t, err, codes.OK, "NodeGetVolumeStats at "+p)
+		resp, err := in.Node.NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: m, VolumePath: p})
+		csitest.MustCode(t, err, codes.OK, "NodeGetVolumeStats at "+p)
 		for _, u := range resp.GetUsage() {
 			switch u.GetUnit() {
 			case csi.VolumeUsage_BYTES:
@@ -239,17 +240,17 @@ func TestC32NodeGetVolumeStats(t *testing.T) {
 	}
 
 	emptyBytes, emptyInodes := stats(target)
-	if emptyBytes.GetTotal() != 4*Mi || emptyBytes.GetUsed() >= 64*Ki || emptyBytes.GetAvailable() != 4*Mi-emptyBytes.GetUsed() {
+	if emptyBytes.GetTotal() != 4*csitest.Mi || emptyBytes.GetUsed() >= 64*csitest.Ki || emptyBytes.GetAvailable() != 4*csitest.Mi-emptyBytes.GetUsed() {
 		t.Errorf("empty volume: bytes %v, want total 4Mi, used < 64Ki, available = total - used", emptyBytes)
 	}
 
-	writeSynced(t, filepath.Join(target, "one-mib"), randomBytes(32, int(Mi)))
+	writeSynced(t, filepath.Join(target, "one-mib"), csitest.RandomBytes(32, int(csitest.Mi)))
 	for _, p := range []string{target, staging} {
 		b, i := stats(p)
-		if b.GetTotal() != 4*Mi {
-			t.Errorf("%s: total %d, want the volume size %d", p, b.GetTotal(), 4*Mi)
+		if b.GetTotal() != 4*csitest.Mi {
+			t.Errorf("%s: total %d, want the volume size %d", p, b.GetTotal(), 4*csitest.Mi)
 		}
-		if b.GetUsed() < Mi || b.GetUsed() > Mi+64*Ki {
+		if b.GetUsed() < csitest.Mi || b.GetUsed() > csitest.Mi+64*csitest.Ki {
 			t.Errorf("%s: used %d after writing 1Mi, want in [1Mi, 1Mi+64Ki] (the volume's own usage)", p, b.GetUsed())
 		}
 		if b.GetAvailable() != b.GetTotal()-b.GetUsed() {
@@ -268,15 +269,15 @@ func TestC32NodeGetVolumeStats(t *testing.T) {
 	}
 
 	// Past its size: available is 0, never negative.
-	err := os.WriteFile(filepath.Join(target, "four-mib"), randomBytes(33, int(4*Mi)), 0o644)
+	err := os.WriteFile(filepath.Join(target, "four-mib"), csitest.RandomBytes(33, int(4*csitest.Mi)), 0o644)
 	b, _ := stats(target)
 	switch {
 	case err == nil:
-		if b.GetUsed() < 5*Mi || b.GetAvailable() != 0 || b.GetTotal() != 4*Mi {
+		if b.GetUsed() < 5*csitest.Mi || b.GetAvailable() != 0 || b.GetTotal() != 4*csitest.Mi {
 			t.Errorf("over-full volume: bytes %v, want used >= 5Mi, available 0, total 4Mi", b)
 		}
 	case errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.ENOSPC):
-		if b.GetUsed() > b.GetTotal() || b.GetAvailable() < 0 || b.GetTotal() != 4*Mi {
+		if b.GetUsed() > b.GetTotal() || b.GetAvailable() < 0 || b.GetTotal() != 4*csitest.Mi {
 			t.Errorf("volume with enforced capacity: bytes %v, want used <= total = 4Mi", b)
 		}
 	default:
@@ -284,8 +285,8 @@ func TestC32NodeGetVolumeStats(t *testing.T) {
 	}
 
 	unpublish(t, in, m, target)
-	_, err = in.Node.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: m, VolumePath: target})
-	codeIs(t, err, codes.NotFound, "NodeGetVolumeStats after unpublish")
+	_, err = in.Node.NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: m, VolumePath: target})
+	csitest.CodeIs(t, err, codes.NotFound, "NodeGetVolumeStats after unpublish")
 	unstage(t, in, m, staging)
 	unstage(t, in, other, otherStaging)
 	deleteVolume(t, in, m)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -20,24 +21,24 @@ import (
 // the directories it created and never fails on EINVAL/ENOENT.
 func TestC06UnpublishUnmountedOrMissingPath(t *testing.T) {
 	in := testdriver.Start(t, nil)
-	x := createVolume(t, in, "c06", 4*Mi).GetVolumeId()
-	staging := mkdir(t, filepath.Join(in.Dir, "staging"))
+	x := createVolume(t, in, "c06", 4*csitest.Mi).GetVolumeId()
+	staging := csitest.Mkdir(t, filepath.Join(in.Dir, "staging"))
 	stage(t, in, x, staging)
-	data := randomBytes(6, 4096)
+	data := csitest.RandomBytes(6, 4096)
 	writeSynced(t, filepath.Join(volDir(in, x), "keep"), data)
 
 	unpub := func(t *testing.T, target string) {
 		t.Helper()
-		_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: target})
-		codeIs(t, err, codes.OK, "NodeUnpublishVolume "+target)
+		_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: target})
+		csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume "+target)
 		assertMountCount(t, target, 0)
-		assertGone(t, target)
+		csitest.AssertGone(t, target)
 	}
 
 	t.Run("1 published, unpublished twice", func(t *testing.T) {
 		target := filepath.Join(in.Dir, "T")
 		publish(t, in, x, staging, target)
-		assertFileBytes(t, filepath.Join(target, "keep"), data)
+		csitest.AssertFileBytes(t, filepath.Join(target, "keep"), data)
 		unpub(t, target)
 		unpub(t, target)
 	})
@@ -60,7 +61,7 @@ func TestC06UnpublishUnmountedOrMissingPath(t *testing.T) {
 	})
 
 	t.Run("empty directory that was never mounted", func(t *testing.T) {
-		target := mkdir(t, filepath.Join(in.Dir, "T4"))
+		target := csitest.Mkdir(t, filepath.Join(in.Dir, "T4"))
 		unpub(t, target)
 	})
 
@@ -78,7 +79,7 @@ func TestC06UnpublishUnmountedOrMissingPath(t *testing.T) {
 
 	// The volume's data and the staging mount are untouched by all of it.
 	assertShowsVolume(t, in, staging, x)
-	assertFileBytes(t, filepath.Join(volDir(in, x), "keep"), data)
+	csitest.AssertFileBytes(t, filepath.Join(volDir(in, x), "keep"), data)
 	unstage(t, in, x, staging)
 	deleteVolume(t, in, x)
 }
@@ -95,8 +96,8 @@ func TestC07UnpublishUnknownVolume(t *testing.T) {
 	dir := in.Dir
 
 	t.Run("concurrent unpublish, then a third", func(t *testing.T) {
-		x := createVolume(t, in, "c07-x", 4*Mi).GetVolumeId()
-		staging := mkdir(t, filepath.Join(dir, "S1"))
+		x := createVolume(t, in, "c07-x", 4*csitest.Mi).GetVolumeId()
+		staging := csitest.Mkdir(t, filepath.Join(dir, "S1"))
 		target := filepath.Join(dir, "T")
 		stage(t, in, x, staging)
 		publish(t, in, x, staging, target)
@@ -109,7 +110,7 @@ func TestC07UnpublishUnknownVolume(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, errs[i] = in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: target})
+				_, errs[i] = in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: target})
 			}()
 		}
 		close(start)
@@ -133,8 +134,8 @@ func TestC07UnpublishUnknownVolume(t *testing.T) {
 	})
 
 	t.Run("record removed from the state while stopped", func(t *testing.T) {
-		x := createVolume(t, in, "c07-t4", 4*Mi).GetVolumeId()
-		staging := mkdir(t, filepath.Join(dir, "S4"))
+		x := createVolume(t, in, "c07-t4", 4*csitest.Mi).GetVolumeId()
+		staging := csitest.Mkdir(t, filepath.Join(dir, "S4"))
 		target := filepath.Join(dir, "T4")
 		stage(t, in, x, staging)
 		publish(t, in, x, staging, target)
@@ -159,18 +160,18 @@ func TestC07UnpublishUnknownVolume(t *testing.T) {
 		// The driver must not have removed the mounted, now unclaimed data.
 		assertShowsVolume(t, in, target, x)
 		for i := range 2 {
-			_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: target})
-			codeIs(t, err, codes.OK, fmt.Sprintf("NodeUnpublishVolume #%d of a volume the driver no longer knows", i+1))
+			_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: x, TargetPath: target})
+			csitest.CodeIs(t, err, codes.OK, fmt.Sprintf("NodeUnpublishVolume #%d of a volume the driver no longer knows", i+1))
 			assertMountCount(t, target, 0)
-			assertGone(t, target)
+			csitest.AssertGone(t, target)
 		}
 		for i := range 2 {
-			_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: staging})
-			codeIs(t, err, codes.OK, fmt.Sprintf("NodeUnstageVolume #%d of a volume the driver no longer knows", i+1))
+			_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: x, StagingTargetPath: staging})
+			csitest.CodeIs(t, err, codes.OK, fmt.Sprintf("NodeUnstageVolume #%d of a volume the driver no longer knows", i+1))
 			assertMountCount(t, staging, 0)
 			assertDir(t, staging) // the CO's directory stays
 		}
-		assertFileBytes(t, filepath.Join(volDir(in, x), "f"), []byte("c07"))
+		csitest.AssertFileBytes(t, filepath.Join(volDir(in, x), "f"), []byte("c07"))
 	})
 }
 
@@ -182,10 +183,10 @@ func TestC11LeftoverMountPointsAfterReboot(t *testing.T) {
 	for _, run := range []string{"publish again", "unpublish"} {
 		t.Run(run, func(t *testing.T) {
 			in := testdriver.Start(t, nil)
-			x := createVolume(t, in, "c11", 4*Mi).GetVolumeId()
-			staging := mkdir(t, filepath.Join(in.Dir, "S"))
+			x := createVolume(t, in, "c11", 4*csitest.Mi).GetVolumeId()
+			staging := csitest.Mkdir(t, filepath.Join(in.Dir, "S"))
 			target := filepath.Join(in.Dir, "T")
-			data := randomBytes(11, int(128*Ki))
+			data := csitest.RandomBytes(11, int(128*csitest.Ki))
 			stage(t, in, x, staging)
 			publish(t, in, x, staging, target)
 			writeSynced(t, filepath.Join(target, "f"), data)
@@ -208,13 +209,13 @@ func TestC11LeftoverMountPointsAfterReboot(t *testing.T) {
 			case "publish again":
 				// Publishing before staging again must see that the staging
 				// path no longer holds the volume.
-				_, err := in.Node.NodePublishVolume(ctx(t), publishReq(x, staging, target))
-				codeIs(t, err, codes.FailedPrecondition, "NodePublishVolume while the staging mount is gone")
+				_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(x, staging, target))
+				csitest.CodeIs(t, err, codes.FailedPrecondition, "NodePublishVolume while the staging mount is gone")
 				assertMountCount(t, target, 0)
 
 				stage(t, in, x, staging)
 				publish(t, in, x, staging, target)
-				assertFileBytes(t, filepath.Join(target, "f"), data)
+				csitest.AssertFileBytes(t, filepath.Join(target, "f"), data)
 				unpublish(t, in, x, target)
 				unstage(t, in, x, staging)
 			case "unpublish":
@@ -222,7 +223,7 @@ func TestC11LeftoverMountPointsAfterReboot(t *testing.T) {
 				unstage(t, in, x, staging)
 				assertDir(t, staging)
 			}
-			assertFileBytes(t, filepath.Join(volDir(in, x), "f"), data)
+			csitest.AssertFileBytes(t, filepath.Join(volDir(in, x), "f"), data)
 			deleteVolume(t, in, x)
 			assertListMatchesDisk(t, in)
 		})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -35,18 +36,18 @@ import (
 func TestC08RestartBetweenCalls(t *testing.T) {
 	testdriver.RequireRoot(t)
 	dir := testdriver.TempDir(t)
-	staging := mkdir(t, filepath.Join(dir, "staging"))
+	staging := csitest.Mkdir(t, filepath.Join(dir, "staging"))
 	target := filepath.Join(dir, "target")
-	data := randomBytes(8, int(256*Ki))
+	data := csitest.RandomBytes(8, int(256*csitest.Ki))
 	createReq := &csi.CreateVolumeRequest{
 		Name:               "pvc-r",
-		CapacityRange:      &csi.CapacityRange{RequiredBytes: 4 * Mi},
-		VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 4 * csitest.Mi},
+		VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 	}
 
 	p := startProc(t, dir)
-	resp, err := p.in.Controller.CreateVolume(ctx(t), createReq)
-	mustCode(t, err, codes.OK, "CreateVolume pvc-r")
+	resp, err := p.in.Controller.CreateVolume(csitest.Ctx(t), createReq)
+	csitest.MustCode(t, err, codes.OK, "CreateVolume pvc-r")
 	x := resp.GetVolume().GetVolumeId()
 	stage(t, p.in, x, staging)
 	publish(t, p.in, x, staging, target)
@@ -62,22 +63,22 @@ func TestC08RestartBetweenCalls(t *testing.T) {
 	p = startProc(t, dir)
 	assertListMatchesDisk(t, p.in, x)
 
-	resp, err = p.in.Controller.CreateVolume(ctx(t), createReq)
-	mustCode(t, err, codes.OK, "repeated CreateVolume pvc-r after restart")
+	resp, err = p.in.Controller.CreateVolume(csitest.Ctx(t), createReq)
+	csitest.MustCode(t, err, codes.OK, "repeated CreateVolume pvc-r after restart")
 	if got := resp.GetVolume().GetVolumeId(); got != x {
 		t.Errorf("repeated CreateVolume after restart returned %s, want %s", got, x)
 	}
 	assertListMatchesDisk(t, p.in, x)
 
 	for i := range 2 {
-		_, err = p.in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: staging, VolumeCapability: mntCap()})
-		codeIs(t, err, codes.OK, fmt.Sprintf("NodeStageVolume #%d after restart", i+1))
+		_, err = p.in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: x, StagingTargetPath: staging, VolumeCapability: csitest.MntCap()})
+		csitest.CodeIs(t, err, codes.OK, fmt.Sprintf("NodeStageVolume #%d after restart", i+1))
 		assertShowsVolume(t, p.in, staging, x)
-		_, err = p.in.Node.NodePublishVolume(ctx(t), publishReq(x, staging, target))
-		codeIs(t, err, codes.OK, fmt.Sprintf("NodePublishVolume #%d after restart", i+1))
+		_, err = p.in.Node.NodePublishVolume(csitest.Ctx(t), publishReq(x, staging, target))
+		csitest.CodeIs(t, err, codes.OK, fmt.Sprintf("NodePublishVolume #%d after restart", i+1))
 		assertShowsVolume(t, p.in, target, x)
 	}
-	assertFileBytes(t, filepath.Join(target, "data"), data)
+	csitest.AssertFileBytes(t, filepath.Join(target, "data"), data)
 
 	unpublish(t, p.in, x, target)
 	unstage(t, p.in, x, staging)
@@ -120,7 +121,7 @@ func testC09aKill(t *testing.T) {
 	for iter := 0; iter <= c09Iterations; iter++ {
 		p := startProc(t, dir)
 		listed := listIDs(t, p.in.Controller)
-		if got := dirEntries(t, volumesDir(p.in)); !slices.Equal(got, listed) {
+		if got := csitest.DirNames(t, volumesDir(p.in)); !slices.Equal(got, listed) {
 			t.Fatalf("iteration %d: ListVolumes %v but %s holds %v", iter, listed, volumesDir(p.in), got)
 		}
 		isListed := map[string]bool{}
@@ -146,10 +147,10 @@ func testC09aKill(t *testing.T) {
 			}
 		}
 		for _, name := range retryNames {
-			resp, err := p.in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-				Name: name, CapacityRange: rng(4*Ki, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+			resp, err := p.in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+				Name: name, CapacityRange: csitest.Range(4*csitest.Ki, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 			})
-			mustCode(t, err, codes.OK, "iteration "+fmt.Sprint(iter)+": retried CreateVolume "+name)
+			csitest.MustCode(t, err, codes.OK, "iteration "+fmt.Sprint(iter)+": retried CreateVolume "+name)
 			id := resp.GetVolume().GetVolumeId()
 			if !isListed[id] {
 				listed = append(listed, id) // the first attempt never committed
@@ -181,7 +182,7 @@ func testC09aKill(t *testing.T) {
 				for j := 0; c.Err() == nil; j++ {
 					name := fmt.Sprintf("c-%d-%d-%d", iter, w, j)
 					resp, err := p.in.Controller.CreateVolume(c, &csi.CreateVolumeRequest{
-						Name: name, CapacityRange: rng(4*Ki, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+						Name: name, CapacityRange: csitest.Range(4*csitest.Ki, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 					})
 					mu.Lock()
 					if err != nil {
@@ -264,8 +265,8 @@ func testC09bDamaged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := testdriver.Start(t, nil)
 			dir := in.Dir
-			a := createVolume(t, in, "c09b-a", Mi).GetVolumeId()
-			b := createVolume(t, in, "c09b-b", Mi).GetVolumeId()
+			a := createVolume(t, in, "c09b-a", csitest.Mi).GetVolumeId()
+			b := createVolume(t, in, "c09b-b", csitest.Mi).GetVolumeId()
 			writeSynced(t, filepath.Join(volDir(in, a), "f"), []byte("keep"))
 			in.Stop(t)
 
@@ -287,10 +288,10 @@ func testC09bDamaged(t *testing.T) {
 				case !missing && !bytes.Equal(got, want):
 					t.Errorf("%s: the damaged state file was changed (%d bytes, was %d)", when, len(got), len(want))
 				}
-				if got := dirEntries(t, volumesDir(in)); !slices.Equal(got, slices.Sorted(slices.Values([]string{a, b}))) {
+				if got := csitest.DirNames(t, volumesDir(in)); !slices.Equal(got, slices.Sorted(slices.Values([]string{a, b}))) {
 					t.Errorf("%s: %s holds %v, want both volumes kept", when, volumesDir(in), got)
 				}
-				assertFileBytes(t, filepath.Join(volDir(in, a), "f"), []byte("keep"))
+				csitest.AssertFileBytes(t, filepath.Join(volDir(in, a), "f"), []byte("keep"))
 			}
 
 			d, err := driver.New(in.Opts)

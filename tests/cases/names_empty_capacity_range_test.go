@@ -27,21 +27,21 @@ import (
 // creates nothing. Before this fix every control character was refused,
 // tab, LF and CR included; this test fails on that code.
 func TestC49NamesWithTabLineFeedCarriageReturn(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
 	names := []string{"a\tb", "a\nb", "a\rb", "a b", "\tleading", "trailing\n", "c\r\nd"}
 	ids := map[string]string{}
 	create := func(in *testdriver.Instance, name string) string {
 		t.Helper()
-		resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-			Name: name, CapacityRange: rng(Mi, Mi), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+		resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+			Name: name, CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 		})
-		mustCode(t, err, codes.OK, fmt.Sprintf("CreateVolume %q", name))
+		csitest.MustCode(t, err, codes.OK, fmt.Sprintf("CreateVolume %q", name))
 		return resp.GetVolume().GetVolumeId()
 	}
 	snapshot := func(in *testdriver.Instance, name, src string) string {
 		t.Helper()
-		resp, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
-		mustCode(t, err, codes.OK, fmt.Sprintf("CreateSnapshot %q", name))
+		resp, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
+		csitest.MustCode(t, err, codes.OK, fmt.Sprintf("CreateSnapshot %q", name))
 		return resp.GetSnapshot().GetSnapshotId()
 	}
 	for _, n := range names {
@@ -73,18 +73,18 @@ func TestC49NamesWithTabLineFeedCarriageReturn(t *testing.T) {
 	if snaps["s\tx"] == snaps["s\nx"] || snaps["s\nx"] == snaps["s\rx"] {
 		t.Errorf("different snapshot names gave the same snapshot: %v", snaps)
 	}
-	_, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "s\tx", SourceVolumeId: ids["a\nb"]})
-	codeIs(t, err, codes.AlreadyExists, "CreateSnapshot \"s\\tx\" of another volume")
+	_, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "s\tx", SourceVolumeId: ids["a\nb"]})
+	csitest.CodeIs(t, err, codes.AlreadyExists, "CreateSnapshot \"s\\tx\" of another volume")
 	snapsBefore := listSnapshotIDs(t, in)
 
 	for _, r := range []rune{0x00, 0x01, 0x08, 0x0b, 0x0c, 0x0e, 0x1b, 0x1f, 0x7f, 0x80, 0x85, 0x9f} {
 		bad := "a" + string(r) + "b"
-		_, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
-			Name: bad, CapacityRange: rng(Mi, Mi), VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+		_, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+			Name: bad, CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 		})
-		codeIs(t, err, codes.InvalidArgument, fmt.Sprintf("CreateVolume with %U in the name", r))
-		_, err = in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: bad, SourceVolumeId: src})
-		codeIs(t, err, codes.InvalidArgument, fmt.Sprintf("CreateSnapshot with %U in the name", r))
+		csitest.CodeIs(t, err, codes.InvalidArgument, fmt.Sprintf("CreateVolume with %U in the name", r))
+		_, err = in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: bad, SourceVolumeId: src})
+		csitest.CodeIs(t, err, codes.InvalidArgument, fmt.Sprintf("CreateSnapshot with %U in the name", r))
 	}
 	assertListMatchesDisk(t, in, all...)
 	if got := listSnapshotIDs(t, in); !slices.Equal(got, snapsBefore) {
@@ -106,8 +106,8 @@ func TestC49NamesWithTabLineFeedCarriageReturn(t *testing.T) {
 		if got := snapshot(in, n, src); got != id {
 			t.Errorf("CreateSnapshot %q after a restart: %s, want %s", n, got, id)
 		}
-		_, err := in.Controller.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: id})
-		mustCode(t, err, codes.OK, "DeleteSnapshot "+id)
+		_, err := in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: id})
+		csitest.MustCode(t, err, codes.OK, "DeleteSnapshot "+id)
 	}
 	for _, id := range all {
 		deleteVolume(t, in, id)
@@ -116,8 +116,8 @@ func TestC49NamesWithTabLineFeedCarriageReturn(t *testing.T) {
 
 func listSnapshotIDs(t testing.TB, in *testdriver.Instance) []string {
 	t.Helper()
-	resp, err := in.Controller.ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
-	mustCode(t, err, codes.OK, "ListSnapshots")
+	resp, err := in.Controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{})
+	csitest.MustCode(t, err, codes.OK, "ListSnapshots")
 	var ids []string
 	for _, e := range resp.GetEntries() {
 		ids = append(ids, e.GetSnapshot().GetSnapshotId())
@@ -141,15 +141,15 @@ func TestC49NamesAreLoggedEscaped(t *testing.T) {
 	ctl := csi.NewControllerClient(p.Conn)
 	const forged = "E0101 00:00:00.000000       1 forged.go:1] forged-line"
 	name := "c49\n" + forged + "\r\x1b[2K"
-	resp, err := ctl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "c49\n" + forged, CapacityRange: rng(Mi, Mi), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	mustCode(t, err, codes.OK, "CreateVolume with a LF in the name")
+	resp, err := ctl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "c49\n" + forged, CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.MustCode(t, err, codes.OK, "CreateVolume with a LF in the name")
 	// An incompatible repeat fails, and failures are logged at any -v.
-	_, err = ctl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "c49\n" + forged, CapacityRange: rng(2*Mi, 2*Mi), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	codeIs(t, err, codes.AlreadyExists, "incompatible repeat")
-	_, err = ctl.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: rng(Mi, Mi), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}})
-	codeIs(t, err, codes.InvalidArgument, "CreateVolume with ESC in the name")
-	_, err = ctl.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()})
-	mustCode(t, err, codes.OK, "DeleteVolume")
+	_, err = ctl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "c49\n" + forged, CapacityRange: csitest.Range(2*csitest.Mi, 2*csitest.Mi), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.CodeIs(t, err, codes.AlreadyExists, "incompatible repeat")
+	_, err = ctl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
+	csitest.CodeIs(t, err, codes.InvalidArgument, "CreateVolume with ESC in the name")
+	_, err = ctl.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume")
 	p.Stop(t, 20*time.Second)
 
 	out := p.Output.String()
@@ -176,19 +176,19 @@ func TestC49NamesAreLoggedEscaped(t *testing.T) {
 // (refused with OUT_OF_RANGE before this fix) and above it (given the
 // default size before this fix); this test fails on that code.
 func TestC50RestoreAndCloneWithEmptyCapacityRange(t *testing.T) {
-	for _, def := range []int64{4 * Mi, 64 * Mi} {
-		t.Run(fmt.Sprintf("default size %dMi", def/Mi), func(t *testing.T) {
+	for _, def := range []int64{4 * csitest.Mi, 64 * csitest.Mi} {
+		t.Run(fmt.Sprintf("default size %dMi", def/csitest.Mi), func(t *testing.T) {
 			in := testdriver.Start(t, func(o *driver.Options) {
-				o.CapacityBytes = 512 * Mi
+				o.CapacityBytes = 512 * csitest.Mi
 				o.DefaultVolumeBytes = def
 			})
-			m := createVolume(t, in, "m", 8*Mi).GetVolumeId()
-			data := randomBytes(50, int(Mi))
+			m := createVolume(t, in, "m", 8*csitest.Mi).GetVolumeId()
+			data := csitest.RandomBytes(50, int(csitest.Mi))
 			writeSynced(t, filepath.Join(volDir(in, m), "data"), data)
-			b := createBlock(t, in, "b", 8*Mi)
+			b := createBlock(t, in, "b", 8*csitest.Mi)
 			snap := func(name, src string) string {
-				resp, err := in.Controller.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
-				mustCode(t, err, codes.OK, "CreateSnapshot "+name)
+				resp, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})
+				csitest.MustCode(t, err, codes.OK, "CreateSnapshot "+name)
 				return resp.GetSnapshot().GetSnapshotId()
 			}
 			sources := []struct {
@@ -208,14 +208,14 @@ func TestC50RestoreAndCloneWithEmptyCapacityRange(t *testing.T) {
 					want codes.Code
 					size int64
 				}{
-					{"capacity_range{}", rng(0, 0), codes.OK, 8 * Mi},
-					{"no capacity_range", nil, codes.OK, 8 * Mi},
-					{"limit_bytes above the source", rng(0, 16*Mi), codes.OK, 8 * Mi},
-					{"limit_bytes equal to the source", rng(0, 8*Mi), codes.OK, 8 * Mi},
-					{"limit_bytes below the source", rng(0, 4*Mi), codes.OutOfRange, 0},
-					{"required_bytes below the source", rng(Mi, 0), codes.OK, 8 * Mi},
-					{"required_bytes above the source", rng(12*Mi, 0), codes.OK, 12 * Mi},
-					{"range below the source", rng(2*Mi, 4*Mi), codes.OutOfRange, 0},
+					{"capacity_range{}", csitest.Range(0, 0), codes.OK, 8 * csitest.Mi},
+					{"no capacity_range", nil, codes.OK, 8 * csitest.Mi},
+					{"limit_bytes above the source", csitest.Range(0, 16*csitest.Mi), codes.OK, 8 * csitest.Mi},
+					{"limit_bytes equal to the source", csitest.Range(0, 8*csitest.Mi), codes.OK, 8 * csitest.Mi},
+					{"limit_bytes below the source", csitest.Range(0, 4*csitest.Mi), codes.OutOfRange, 0},
+					{"required_bytes below the source", csitest.Range(csitest.Mi, 0), codes.OK, 8 * csitest.Mi},
+					{"required_bytes above the source", csitest.Range(12*csitest.Mi, 0), codes.OK, 12 * csitest.Mi},
+					{"range below the source", csitest.Range(2*csitest.Mi, 4*csitest.Mi), codes.OutOfRange, 0},
 				} {
 					t.Run(s.name+", "+tc.name, func(t *testing.T) {
 						before := listIDs(t, in.Controller)
@@ -224,8 +224,8 @@ func TestC50RestoreAndCloneWithEmptyCapacityRange(t *testing.T) {
 							Name: fmt.Sprintf("c50-%d-%d", si, ci), CapacityRange: tc.cr,
 							VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(s.block)}, VolumeContentSource: s.src,
 						}
-						resp, err := in.Controller.CreateVolume(ctx(t), req)
-						mustCode(t, err, tc.want, "CreateVolume")
+						resp, err := in.Controller.CreateVolume(csitest.Ctx(t), req)
+						csitest.MustCode(t, err, tc.want, "CreateVolume")
 						if tc.want != codes.OK {
 							if got := listIDs(t, in.Controller); !slices.Equal(got, before) {
 								t.Errorf("ListVolumes = %v after the refused create, want %v", got, before)
@@ -242,8 +242,8 @@ func TestC50RestoreAndCloneWithEmptyCapacityRange(t *testing.T) {
 						if got := available(t, in); got != avail-tc.size {
 							t.Errorf("available capacity %d after the create, want %d (%d taken)", got, avail-tc.size, tc.size)
 						}
-						again, err := in.Controller.CreateVolume(ctx(t), req)
-						mustCode(t, err, codes.OK, "repeated CreateVolume")
+						again, err := in.Controller.CreateVolume(csitest.Ctx(t), req)
+						csitest.MustCode(t, err, codes.OK, "repeated CreateVolume")
 						if again.GetVolume().GetVolumeId() != v.GetVolumeId() {
 							t.Errorf("repeated CreateVolume: %s, want %s", again.GetVolume().GetVolumeId(), v.GetVolumeId())
 						}
@@ -254,7 +254,7 @@ func TestC50RestoreAndCloneWithEmptyCapacityRange(t *testing.T) {
 							}
 							deleteBlock(t, in, id)
 						} else {
-							assertFileBytes(t, filepath.Join(volDir(in, id), "data"), data)
+							csitest.AssertFileBytes(t, filepath.Join(volDir(in, id), "data"), data)
 							deleteVolume(t, in, id)
 						}
 					})

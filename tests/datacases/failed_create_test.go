@@ -10,13 +10,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
 // tmpfsRoot runs the driver on a 50 MiB tmpfs with a configured capacity
 // far above it, so that the disk, not the capacity setting, runs out.
 func tmpfsRoot(t *testing.T) *env {
-	return start(t, testfs.Tmpfs, 50*Mi, func(o *driver.Options) { o.CapacityBytes = 1 << 30 })
+	return start(t, testfs.Tmpfs, 50*csitest.Mi, func(o *driver.Options) { o.CapacityBytes = 1 << 30 })
 }
 
 // TestC12FailedCreateLeavesNothing: C12. On a 50 MiB disk, block volume A
@@ -26,14 +27,14 @@ func tmpfsRoot(t *testing.T) *env {
 // succeeds with a single backing file.
 func TestC12FailedCreateLeavesNothing(t *testing.T) {
 	e := tmpfsRoot(t)
-	a := e.create("a", 40*Mi, true)
+	a := e.create("a", 40*csitest.Mi, true)
 	avail := e.available()
-	if avail >= 20*Mi {
+	if avail >= 20*csitest.Mi {
 		t.Fatalf("GetCapacity after a 40Mi block volume on a 50Mi disk: %d bytes available, want < 20Mi: the volume does not own its space", avail)
 	}
-	reqB := &csi.CreateVolumeRequest{Name: "b", CapacityRange: rng(20*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{blkCap()}}
+	reqB := &csi.CreateVolumeRequest{Name: "b", CapacityRange: csitest.Range(20*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.BlkCap()}}
 	_, err := e.createReq(reqB)
-	codeIs(t, err, codes.ResourceExhausted, "CreateVolume b (20Mi) with 40Mi of 50Mi taken")
+	csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume b (20Mi) with 40Mi of 50Mi taken")
 	e.assertVolumes(a.GetVolumeId())
 	if l := loopsUnder(t, e.root); len(l) != 0 {
 		t.Errorf("loop devices attached from the data root after the failed create: %v", l)
@@ -44,15 +45,15 @@ func TestC12FailedCreateLeavesNothing(t *testing.T) {
 
 	e.deleteVolume(a.GetVolumeId())
 	b, err := e.createReq(reqB)
-	mustCode(t, err, codes.OK, "retry of CreateVolume b after deleting A")
-	if b.GetCapacityBytes() != 20*Mi {
+	csitest.MustCode(t, err, codes.OK, "retry of CreateVolume b after deleting A")
+	if b.GetCapacityBytes() != 20*csitest.Mi {
 		t.Errorf("b: capacity %d, want 20Mi", b.GetCapacityBytes())
 	}
-	e.assertBacking(b.GetVolumeId(), true, 20*Mi)
+	e.assertBacking(b.GetVolumeId(), true, 20*csitest.Mi)
 	e.assertVolumes(b.GetVolumeId())
 	// The retry is the same volume on a repeat.
 	again, err := e.createReq(reqB)
-	mustCode(t, err, codes.OK, "repeat of CreateVolume b")
+	csitest.MustCode(t, err, codes.OK, "repeat of CreateVolume b")
 	if again.GetVolumeId() != b.GetVolumeId() {
 		t.Errorf("repeat of b returned %s, want %s", again.GetVolumeId(), b.GetVolumeId())
 	}
@@ -74,7 +75,7 @@ func TestC12ConcurrentCreatesOverfillDisk(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			vols[i], errs[i] = e.createReq(&csi.CreateVolumeRequest{Name: name, CapacityRange: rng(30*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{blkCap()}})
+			vols[i], errs[i] = e.createReq(&csi.CreateVolumeRequest{Name: name, CapacityRange: csitest.Range(30*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.BlkCap()}})
 		}()
 	}
 	wg.Wait()
@@ -87,12 +88,12 @@ func TestC12ConcurrentCreatesOverfillDisk(t *testing.T) {
 	if errs[0] != nil {
 		winner = vols[1]
 	}
-	e.assertBacking(winner.GetVolumeId(), true, 30*Mi)
+	e.assertBacking(winner.GetVolumeId(), true, 30*csitest.Mi)
 	e.assertVolumes(winner.GetVolumeId())
 	e.deleteVolume(winner.GetVolumeId())
 	e.assertVolumes()
 	// The state file may have grown by a page or two meanwhile.
-	if got := e.available(); got < before-Mi {
+	if got := e.available(); got < before-csitest.Mi {
 		t.Errorf("GetCapacity after deleting everything: %d, want about %d as at the start: space was not returned", got, before)
 	}
 }

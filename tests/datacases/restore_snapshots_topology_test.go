@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
@@ -23,23 +24,23 @@ func TestC17RestoreAndCloneHoldTheData(t *testing.T) {
 	for _, ec := range mountEngines {
 		t.Run(ec.name, func(t *testing.T) {
 			e := startEngine(t, ec, nil)
-			a := e.create("a", 64*Mi, false)
+			a := e.create("a", 64*csitest.Mi, false)
 			aID := a.GetVolumeId()
 			sA, tA := e.attach(aID, false)
-			testfile := random(17, int(Mi)+3)
+			testfile := treecmp.RandomBytes(17, int(csitest.Mi)+3)
 			mustWrite(t, filepath.Join(tA, "TESTFILE"), testfile)
 			rich := treecmp.BuildRich(t, filepath.Join(tA, "tree"), filepath.Join(e.dir, "outside"))
 			snap := e.snapshot("s", aID)
-			if snap.GetSizeBytes() != 64*Mi {
+			if snap.GetSizeBytes() != 64*csitest.Mi {
 				t.Errorf("snapshot size_bytes %d, want 64Mi (the source's size)", snap.GetSizeBytes())
 			}
 
-			r, err := e.createReq(&csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: []*csi.VolumeCapability{mntCap()}, VolumeContentSource: fromSnapshot(snap.GetSnapshotId())})
-			mustCode(t, err, codes.OK, "CreateVolume from snapshot")
-			c, err := e.createReq(&csi.CreateVolumeRequest{Name: "c", VolumeCapabilities: []*csi.VolumeCapability{mntCap()}, VolumeContentSource: fromVolume(aID)})
-			mustCode(t, err, codes.OK, "CreateVolume from volume")
+			r, err := e.createReq(&csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, VolumeContentSource: csitest.FromSnapshot(snap.GetSnapshotId())})
+			csitest.MustCode(t, err, codes.OK, "CreateVolume from snapshot")
+			c, err := e.createReq(&csi.CreateVolumeRequest{Name: "c", VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, VolumeContentSource: csitest.FromVolume(aID)})
+			csitest.MustCode(t, err, codes.OK, "CreateVolume from volume")
 			for _, v := range []*csi.Volume{r, c} {
-				if v.GetCapacityBytes() != 64*Mi {
+				if v.GetCapacityBytes() != 64*csitest.Mi {
 					t.Errorf("%s: capacity %d, want the source's 64Mi (no capacity_range)", v.GetVolumeId(), v.GetCapacityBytes())
 				}
 			}
@@ -66,11 +67,11 @@ func TestC17RestoreAndCloneHoldTheData(t *testing.T) {
 
 			// Missing sources.
 			for _, src := range []*csi.VolumeContentSource{
-				fromSnapshot("non-existing-snapshot-id"), fromSnapshot("snap-00000000000000000000000000000000"),
-				fromVolume("no-vol"), fromVolume("vol-00000000000000000000000000000000"),
+				csitest.FromSnapshot("non-existing-snapshot-id"), csitest.FromSnapshot("snap-00000000000000000000000000000000"),
+				csitest.FromVolume("no-vol"), csitest.FromVolume("vol-00000000000000000000000000000000"),
 			} {
-				_, err := e.createReq(&csi.CreateVolumeRequest{Name: "missing", VolumeCapabilities: []*csi.VolumeCapability{mntCap()}, VolumeContentSource: src})
-				codeIs(t, err, codes.NotFound, "CreateVolume from "+src.String())
+				_, err := e.createReq(&csi.CreateVolumeRequest{Name: "missing", VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, VolumeContentSource: src})
+				csitest.CodeIs(t, err, codes.NotFound, "CreateVolume from "+src.String())
 			}
 			e.assertVolumes(aID, r.GetVolumeId(), c.GetVolumeId())
 
@@ -82,7 +83,7 @@ func TestC17RestoreAndCloneHoldTheData(t *testing.T) {
 			}
 			e.deleteSnapshot(snap.GetSnapshotId())
 			e.assertVolumes()
-			if n := dirNames(t, filepath.Join(e.root, "snapshots")); len(n) != 0 {
+			if n := csitest.DirNames(t, filepath.Join(e.root, "snapshots")); len(n) != 0 {
 				t.Errorf("snapshots left on disk after DeleteSnapshot: %v", n)
 			}
 		})
@@ -103,10 +104,10 @@ func TestC18DeleteVolumeWithSnapshots(t *testing.T) {
 	for _, k := range cases {
 		t.Run(k.name, func(t *testing.T) {
 			e := startEngine(t, k.engineCase, nil)
-			a := e.create("a", 8*Mi, k.block)
+			a := e.create("a", 8*csitest.Mi, k.block)
 			aID := a.GetVolumeId()
 			sA, tA := e.attach(aID, k.block)
-			data := random(18, 3*int(Mi)+5)
+			data := treecmp.RandomBytes(18, 3*int(csitest.Mi)+5)
 			if k.block {
 				writeDev(t, tA, 0, data)
 			} else {
@@ -116,25 +117,25 @@ func TestC18DeleteVolumeWithSnapshots(t *testing.T) {
 			snap := e.snapshot("s", aID)
 			sID := snap.GetSnapshotId()
 
-			_, err := e.ctl().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: aID})
-			mustCode(t, err, codes.OK, "DeleteVolume A with a snapshot")
-			assertGone(t, e.volDir(aID))
-			assertGone(t, e.imagePath(aID))
+			_, err := e.ctl().DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: aID})
+			csitest.MustCode(t, err, codes.OK, "DeleteVolume A with a snapshot")
+			csitest.AssertGone(t, e.volDir(aID))
+			csitest.AssertGone(t, e.imagePath(aID))
 			e.assertVolumes()
 
 			for _, req := range []*csi.ListSnapshotsRequest{{SnapshotId: sID}, {SourceVolumeId: aID}} {
-				resp, err := e.ctl().ListSnapshots(ctx(t), req)
-				mustCode(t, err, codes.OK, "ListSnapshots "+req.String())
+				resp, err := e.ctl().ListSnapshots(csitest.Ctx(t), req)
+				csitest.MustCode(t, err, codes.OK, "ListSnapshots "+req.String())
 				if len(resp.GetEntries()) != 1 {
 					t.Fatalf("ListSnapshots %v: %d entries, want 1", req, len(resp.GetEntries()))
 				}
 				s := resp.GetEntries()[0].GetSnapshot()
-				if s.GetSnapshotId() != sID || s.GetSourceVolumeId() != aID || !s.GetReadyToUse() || s.GetSizeBytes() != 8*Mi {
+				if s.GetSnapshotId() != sID || s.GetSourceVolumeId() != aID || !s.GetReadyToUse() || s.GetSizeBytes() != 8*csitest.Mi {
 					t.Errorf("ListSnapshots %v: %v, want %s of %s, ready, 8Mi", req, s, sID, aID)
 				}
 			}
-			r, err := e.createReq(&csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: []*csi.VolumeCapability{capOf(k.block)}, VolumeContentSource: fromSnapshot(sID)})
-			mustCode(t, err, codes.OK, "restore of the snapshot of the deleted volume")
+			r, err := e.createReq(&csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(k.block)}, VolumeContentSource: csitest.FromSnapshot(sID)})
+			csitest.MustCode(t, err, codes.OK, "restore of the snapshot of the deleted volume")
 			sR, tR := e.attach(r.GetVolumeId(), k.block)
 			if k.block {
 				assertBytes(t, "restored block volume", readDev(t, tR, 0, len(data)), data)
@@ -155,7 +156,7 @@ func TestC18DeleteVolumeWithSnapshots(t *testing.T) {
 // Requirements that admit this node work and report its topology.
 func TestC20TopologyExcludesThisNode(t *testing.T) {
 	e := start(t, "", 0, func(o *driver.Options) { o.CapacityBytes = 1 << 30 })
-	a := e.create("a", 4*Mi, false)
+	a := e.create("a", 4*csitest.Mi, false)
 	aID := a.GetVolumeId()
 	snap := e.snapshot("s", aID)
 	avail := e.available()
@@ -164,7 +165,7 @@ func TestC20TopologyExcludesThisNode(t *testing.T) {
 	}
 	other, here := topo("other-node"), topo(e.in.Opts.NodeID)
 	sources := map[string]*csi.VolumeContentSource{
-		"plain": nil, "restore": fromSnapshot(snap.GetSnapshotId()), "clone": fromVolume(aID),
+		"plain": nil, "restore": csitest.FromSnapshot(snap.GetSnapshotId()), "clone": csitest.FromVolume(aID),
 	}
 	reqs := map[string]*csi.TopologyRequirement{
 		"requisite+preferred": {Requisite: []*csi.Topology{other}, Preferred: []*csi.Topology{other}},
@@ -177,10 +178,10 @@ func TestC20TopologyExcludesThisNode(t *testing.T) {
 					continue // the sources are mount volumes
 				}
 				_, err := e.createReq(&csi.CreateVolumeRequest{
-					Name: "x-" + sname + "-" + rname, CapacityRange: rng(4*Mi, 0),
-					VolumeCapabilities: []*csi.VolumeCapability{capOf(block)}, VolumeContentSource: src, AccessibilityRequirements: tr,
+					Name: "x-" + sname + "-" + rname, CapacityRange: csitest.Range(4*csitest.Mi, 0),
+					VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)}, VolumeContentSource: src, AccessibilityRequirements: tr,
 				})
-				codeIs(t, err, codes.ResourceExhausted, sname+" create ("+rname+", block="+map[bool]string{true: "yes", false: "no"}[block]+") for another node")
+				csitest.CodeIs(t, err, codes.ResourceExhausted, sname+" create ("+rname+", block="+map[bool]string{true: "yes", false: "no"}[block]+") for another node")
 			}
 		}
 	}
@@ -192,10 +193,10 @@ func TestC20TopologyExcludesThisNode(t *testing.T) {
 	var made []string
 	for sname, src := range sources {
 		v, err := e.createReq(&csi.CreateVolumeRequest{
-			Name: "y-" + sname, CapacityRange: rng(4*Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap()}, VolumeContentSource: src,
+			Name: "y-" + sname, CapacityRange: csitest.Range(4*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, VolumeContentSource: src,
 			AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{other, here}, Preferred: []*csi.Topology{other, here}},
 		})
-		mustCode(t, err, codes.OK, sname+" create admitting this node")
+		csitest.MustCode(t, err, codes.OK, sname+" create admitting this node")
 		if at := v.GetAccessibleTopology(); len(at) != 1 || at[0].GetSegments()[driver.TopologyKey] != e.in.Opts.NodeID {
 			t.Errorf("%s: accessible_topology %v, want this node only", sname, at)
 		}

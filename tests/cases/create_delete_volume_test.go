@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -24,14 +25,14 @@ import (
 // (16 × CreateSnapshot{name:"snap-race"}) belongs to the snapshots feature
 // (CREATE_DELETE_SNAPSHOT).
 func TestC01ParallelCreateSameName(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
 	const callers = 16
 	for round := range 5 {
 		name := fmt.Sprintf("pvc-race-%d", round+1)
 		req := &csi.CreateVolumeRequest{
 			Name:               name,
-			CapacityRange:      &csi.CapacityRange{RequiredBytes: Mi},
-			VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+			CapacityRange:      &csi.CapacityRange{RequiredBytes: csitest.Mi},
+			VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 		}
 		var (
 			wg    sync.WaitGroup
@@ -44,7 +45,7 @@ func TestC01ParallelCreateSameName(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				resp, err := in.Controller.CreateVolume(ctx(t), req)
+				resp, err := in.Controller.CreateVolume(csitest.Ctx(t), req)
 				ids[i], errs[i] = resp.GetVolume().GetVolumeId(), err
 			}()
 		}
@@ -72,12 +73,12 @@ func TestC01ParallelCreateSameName(t *testing.T) {
 		t.Logf("%s: %d OK, %d ABORTED", name, oks, callers-oks)
 		assertListMatchesDisk(t, in, id)
 
-		resp, err := in.Controller.CreateVolume(ctx(t), req)
-		mustCode(t, err, codes.OK, "repeated CreateVolume "+name)
+		resp, err := in.Controller.CreateVolume(csitest.Ctx(t), req)
+		csitest.MustCode(t, err, codes.OK, "repeated CreateVolume "+name)
 		if got := resp.GetVolume().GetVolumeId(); got != id {
 			t.Errorf("repeated CreateVolume %s returned %s, want %s", name, got, id)
 		}
-		if got := resp.GetVolume().GetCapacityBytes(); got < Mi {
+		if got := resp.GetVolume().GetCapacityBytes(); got < csitest.Mi {
 			t.Errorf("repeated CreateVolume %s: capacity %d < 1Mi", name, got)
 		}
 		assertListMatchesDisk(t, in, id)
@@ -91,8 +92,8 @@ func TestC01ParallelCreateSameName(t *testing.T) {
 // existing volume: a compatible one returns it, an incompatible one gets
 // ALREADY_EXISTS and changes nothing.
 func TestC02CreateSameNameDifferentArgs(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
-	x := createVolume(t, in, "v2", Mi).GetVolumeId()
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
+	x := createVolume(t, in, "v2", csitest.Mi).GetVolumeId()
 	before := available(t, in)
 
 	for _, tc := range []struct {
@@ -100,32 +101,32 @@ func TestC02CreateSameNameDifferentArgs(t *testing.T) {
 		req  *csi.CreateVolumeRequest
 		want codes.Code
 	}{
-		{"1 larger exact size", &csi.CreateVolumeRequest{CapacityRange: rng(2*Mi, 2*Mi)}, codes.AlreadyExists},
-		{"2 range containing 1Mi", &csi.CreateVolumeRequest{CapacityRange: rng(512*Ki, 4*Mi)}, codes.OK},
-		{"3 block instead of mount", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), VolumeCapabilities: []*csi.VolumeCapability{blkCap()}}, codes.AlreadyExists},
-		{"4 other parameters", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), Parameters: map[string]string{"kind": "other"}}, codes.AlreadyExists},
-		{"5 snapshot content source", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), VolumeContentSource: &csi.VolumeContentSource{
+		{"1 larger exact size", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(2*csitest.Mi, 2*csitest.Mi)}, codes.AlreadyExists},
+		{"2 range containing 1Mi", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(512*csitest.Ki, 4*csitest.Mi)}, codes.OK},
+		{"3 block instead of mount", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeCapabilities: []*csi.VolumeCapability{csitest.BlkCap()}}, codes.AlreadyExists},
+		{"4 other parameters", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), Parameters: map[string]string{"kind": "other"}}, codes.AlreadyExists},
+		{"5 snapshot content source", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeContentSource: &csi.VolumeContentSource{
 			Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-0123456789abcdef0123456789abcdef"}}}}, codes.AlreadyExists},
-		{"volume content source", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi), VolumeContentSource: &csi.VolumeContentSource{
+		{"volume content source", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeContentSource: &csi.VolumeContentSource{
 			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: x}}}}, codes.AlreadyExists},
-		{"limit below 1Mi", &csi.CreateVolumeRequest{CapacityRange: rng(0, 512*Ki)}, codes.AlreadyExists},
-		{"required above 1Mi, no limit", &csi.CreateVolumeRequest{CapacityRange: rng(Mi+1, 0)}, codes.AlreadyExists},
-		{"same arguments", &csi.CreateVolumeRequest{CapacityRange: rng(Mi, Mi)}, codes.OK},
+		{"limit below 1Mi", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(0, 512*csitest.Ki)}, codes.AlreadyExists},
+		{"required above 1Mi, no limit", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(csitest.Mi+1, 0)}, codes.AlreadyExists},
+		{"same arguments", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(csitest.Mi, csitest.Mi)}, codes.OK},
 		{"no capacity_range", &csi.CreateVolumeRequest{}, codes.OK},
-		{"limit only, above 1Mi", &csi.CreateVolumeRequest{CapacityRange: rng(0, 4*Mi)}, codes.OK},
+		{"limit only, above 1Mi", &csi.CreateVolumeRequest{CapacityRange: csitest.Range(0, 4*csitest.Mi)}, codes.OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.req.Name = "v2"
 			if tc.req.VolumeCapabilities == nil {
-				tc.req.VolumeCapabilities = []*csi.VolumeCapability{mntCap()}
+				tc.req.VolumeCapabilities = []*csi.VolumeCapability{csitest.MntCap()}
 			}
-			resp, err := in.Controller.CreateVolume(ctx(t), tc.req)
-			mustCode(t, err, tc.want, "CreateVolume v2")
+			resp, err := in.Controller.CreateVolume(csitest.Ctx(t), tc.req)
+			csitest.MustCode(t, err, tc.want, "CreateVolume v2")
 			if tc.want == codes.OK {
 				if got := resp.GetVolume().GetVolumeId(); got != x {
 					t.Errorf("returned volume %s, want the existing %s", got, x)
 				}
-				if got := resp.GetVolume().GetCapacityBytes(); got != Mi {
+				if got := resp.GetVolume().GetCapacityBytes(); got != csitest.Mi {
 					t.Errorf("returned capacity %d, want the existing 1Mi", got)
 				}
 			}
@@ -142,11 +143,11 @@ func TestC02CreateSameNameDifferentArgs(t *testing.T) {
 // (permanent), not RESOURCE_EXHAUSTED. Failed calls leave nothing behind.
 func TestC03CapacityRange(t *testing.T) {
 	const (
-		defSize = 8 * Mi
-		maxSize = 64 * Mi
+		defSize = 8 * csitest.Mi
+		maxSize = 64 * csitest.Mi
 	)
 	in := testdriver.Start(t, func(o *driver.Options) {
-		o.CapacityBytes = 512 * Mi
+		o.CapacityBytes = 512 * csitest.Mi
 		o.DefaultVolumeBytes = defSize
 		o.MaxVolumeBytes = maxSize
 	})
@@ -157,31 +158,31 @@ func TestC03CapacityRange(t *testing.T) {
 		want     codes.Code
 		min, max int64 // accepted capacity, when OK
 	}{
-		{name: "a required -1", cr: rng(-1, 0), want: codes.InvalidArgument},
-		{name: "a limit -1", cr: rng(0, -1), want: codes.InvalidArgument},
-		{name: "b required above limit", cr: rng(2*Mi, Mi), want: codes.InvalidArgument},
-		{name: "c limit only", cr: rng(0, Mi), want: codes.OK, min: 1, max: Mi},
+		{name: "a required -1", cr: csitest.Range(-1, 0), want: codes.InvalidArgument},
+		{name: "a limit -1", cr: csitest.Range(0, -1), want: codes.InvalidArgument},
+		{name: "b required above limit", cr: csitest.Range(2*csitest.Mi, csitest.Mi), want: codes.InvalidArgument},
+		{name: "c limit only", cr: csitest.Range(0, csitest.Mi), want: codes.OK, min: 1, max: csitest.Mi},
 		{name: "d omitted", cr: nil, want: codes.OK, min: defSize, max: defSize},
-		{name: "d empty range", cr: rng(0, 0), want: codes.OK, min: defSize, max: defSize},
-		{name: "e one byte", cr: rng(1, 0), want: codes.OK, min: 1, max: maxSize},
+		{name: "d empty range", cr: csitest.Range(0, 0), want: codes.OK, min: defSize, max: defSize},
+		{name: "e one byte", cr: csitest.Range(1, 0), want: codes.OK, min: 1, max: maxSize},
 		// Rounding up to the 4 KiB unit would break these limits: the
 		// answer is a size within the limit or OUT_OF_RANGE; the driver
 		// gives the limit itself.
-		{name: "e one byte, limit one byte", cr: rng(1, 1), want: codes.OK, min: 1, max: 1},
-		{name: "e unaligned, limit below the next unit", cr: rng(4097, 5000), want: codes.OK, min: 4097, max: 5000},
-		{name: "f required above maximum", cr: rng(maxSize+1, 0), want: codes.OutOfRange},
-		{name: "f required far above maximum with limit", cr: rng(1<<40, 1<<41), want: codes.OutOfRange},
-		{name: "maximum exactly", cr: rng(maxSize, maxSize), want: codes.OK, min: maxSize, max: maxSize},
-		{name: "limit only, below default", cr: rng(0, 3*Mi), want: codes.OK, min: 1, max: 3 * Mi},
+		{name: "e one byte, limit one byte", cr: csitest.Range(1, 1), want: codes.OK, min: 1, max: 1},
+		{name: "e unaligned, limit below the next unit", cr: csitest.Range(4097, 5000), want: codes.OK, min: 4097, max: 5000},
+		{name: "f required above maximum", cr: csitest.Range(maxSize+1, 0), want: codes.OutOfRange},
+		{name: "f required far above maximum with limit", cr: csitest.Range(1<<40, 1<<41), want: codes.OutOfRange},
+		{name: "maximum exactly", cr: csitest.Range(maxSize, maxSize), want: codes.OK, min: maxSize, max: maxSize},
+		{name: "limit only, below default", cr: csitest.Range(0, 3*csitest.Mi), want: codes.OK, min: 1, max: 3 * csitest.Mi},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := available(t, in)
-			resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+			resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
 				Name:               fmt.Sprintf("c03-%d", i),
 				CapacityRange:      tc.cr,
-				VolumeCapabilities: []*csi.VolumeCapability{mntCap()},
+				VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 			})
-			mustCode(t, err, tc.want, "CreateVolume")
+			csitest.MustCode(t, err, tc.want, "CreateVolume")
 			if tc.want != codes.OK {
 				assertListMatchesDisk(t, in, created...)
 				if got := available(t, in); got != before {
@@ -211,7 +212,7 @@ func TestC03CapacityRange(t *testing.T) {
 // FAILED_PRECONDITION while the volume is staged or published, keeping its
 // data.
 func TestC04DeleteVolumeIdempotentAndInUse(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 64 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 64 * csitest.Mi })
 
 	t.Run("unknown and empty ids", func(t *testing.T) {
 		for _, tc := range []struct {
@@ -222,24 +223,24 @@ func TestC04DeleteVolumeIdempotentAndInUse(t *testing.T) {
 			{unknownID, codes.OK},
 			{"", codes.InvalidArgument},
 		} {
-			_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: tc.id})
-			codeIs(t, err, tc.want, fmt.Sprintf("DeleteVolume{%q}", tc.id))
+			_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: tc.id})
+			csitest.CodeIs(t, err, tc.want, fmt.Sprintf("DeleteVolume{%q}", tc.id))
 		}
 		assertListMatchesDisk(t, in)
 	})
 
 	t.Run("backing directory removed out of band", func(t *testing.T) {
 		empty := available(t, in)
-		x := createVolume(t, in, "c04-x", 4*Mi).GetVolumeId()
-		if got := available(t, in); got != empty-4*Mi {
-			t.Fatalf("available after create = %d, want %d", got, empty-4*Mi)
+		x := createVolume(t, in, "c04-x", 4*csitest.Mi).GetVolumeId()
+		if got := available(t, in); got != empty-4*csitest.Mi {
+			t.Fatalf("available after create = %d, want %d", got, empty-4*csitest.Mi)
 		}
 		if err := os.RemoveAll(volDir(in, x)); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 2 {
-			_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
-			codeIs(t, err, codes.OK, fmt.Sprintf("DeleteVolume #%d of a volume without data", i+1))
+			_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: x})
+			csitest.CodeIs(t, err, codes.OK, fmt.Sprintf("DeleteVolume #%d of a volume without data", i+1))
 		}
 		assertListMatchesDisk(t, in)
 		if got := available(t, in); got != empty {
@@ -248,31 +249,31 @@ func TestC04DeleteVolumeIdempotentAndInUse(t *testing.T) {
 	})
 
 	t.Run("staged and published", func(t *testing.T) {
-		y := createVolume(t, in, "c04-y", 4*Mi).GetVolumeId()
-		staging := mkdir(t, in.Dir+"/c04/staging")
+		y := createVolume(t, in, "c04-y", 4*csitest.Mi).GetVolumeId()
+		staging := csitest.Mkdir(t, in.Dir+"/c04/staging")
 		target := in.Dir + "/c04/target"
-		data := randomBytes(4, int(64*Ki))
+		data := csitest.RandomBytes(4, int(64*csitest.Ki))
 
 		stage(t, in, y, staging)
-		_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
-		codeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a staged volume")
+		_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
+		csitest.CodeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a staged volume")
 
 		publish(t, in, y, staging, target)
 		writeSynced(t, target+"/f", data)
 		for i := range 2 {
-			_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
-			codeIs(t, err, codes.FailedPrecondition, fmt.Sprintf("DeleteVolume #%d of a published volume", i+1))
+			_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
+			csitest.CodeIs(t, err, codes.FailedPrecondition, fmt.Sprintf("DeleteVolume #%d of a published volume", i+1))
 		}
-		assertFileBytes(t, target+"/f", data)
-		assertFileBytes(t, volDir(in, y)+"/f", data)
+		csitest.AssertFileBytes(t, target+"/f", data)
+		csitest.AssertFileBytes(t, volDir(in, y)+"/f", data)
 		assertShowsVolume(t, in, target, y)
 		assertShowsVolume(t, in, staging, y)
 		assertListMatchesDisk(t, in, y)
 
 		unpublish(t, in, y, target)
-		_, err = in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
-		codeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a volume still staged")
-		assertFileBytes(t, volDir(in, y)+"/f", data)
+		_, err = in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
+		csitest.CodeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a volume still staged")
+		csitest.AssertFileBytes(t, volDir(in, y)+"/f", data)
 
 		unstage(t, in, y, staging)
 		deleteVolume(t, in, y)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -26,37 +27,37 @@ import (
 // believed a read-write publication was read-only (or the reverse); this
 // test fails on that code.
 func TestC35RepublishBlockOtherReadonly(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
 	dir := in.Dir
-	b := createBlock(t, in, "c35-blk", 4*Mi)
+	b := createBlock(t, in, "c35-blk", 4*csitest.Mi)
 	s := filepath.Join(dir, "S")
 	stageBlock(t, in, b, s)
 	rw := loopOfMode(t, in, b, false)
 
 	t1, t2 := filepath.Join(dir, "T1"), filepath.Join(dir, "T2")
-	_, err := in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t1, false))
-	mustCode(t, err, codes.OK, "NodePublishVolume T1 read-write")
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t1, false))
-	codeIs(t, err, codes.OK, "repeated NodePublishVolume T1 read-write")
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t1, true))
-	codeIs(t, err, codes.AlreadyExists, "NodePublishVolume T1 again, read-only")
+	_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t1, false))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume T1 read-write")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t1, false))
+	csitest.CodeIs(t, err, codes.OK, "repeated NodePublishVolume T1 read-write")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t1, true))
+	csitest.CodeIs(t, err, codes.AlreadyExists, "NodePublishVolume T1 again, read-only")
 	assertDeviceAt(t, t1, rw, false)
 	// The refused call leaves no read-only device behind.
 	assertLoops(t, in, b, 1, 0)
 
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t2, true))
-	mustCode(t, err, codes.OK, "NodePublishVolume T2 read-only")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t2, true))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume T2 read-only")
 	ro := loopOfMode(t, in, b, true)
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t2, true))
-	codeIs(t, err, codes.OK, "repeated NodePublishVolume T2 read-only")
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t2, false))
-	codeIs(t, err, codes.AlreadyExists, "NodePublishVolume T2 again, read-write")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t2, true))
+	csitest.CodeIs(t, err, codes.OK, "repeated NodePublishVolume T2 read-only")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t2, false))
+	csitest.CodeIs(t, err, codes.AlreadyExists, "NodePublishVolume T2 again, read-write")
 	assertDeviceAt(t, t2, ro, true)
 	assertDeviceAt(t, t1, rw, false)
 	assertLoops(t, in, b, 1, 1)
 
 	// The same check, the same answers, for a mount volume.
-	m := createVolume(t, in, "c35-mnt", 4*Mi).GetVolumeId()
+	m := createVolume(t, in, "c35-mnt", 4*csitest.Mi).GetVolumeId()
 	sm := filepath.Join(dir, "SM")
 	stage(t, in, m, sm)
 	tm1, tm2 := filepath.Join(dir, "TM1"), filepath.Join(dir, "TM2")
@@ -66,11 +67,11 @@ func TestC35RepublishBlockOtherReadonly(t *testing.T) {
 	}{{tm1, false, true}, {tm2, true, false}} {
 		req := publishReq(m, sm, tc.target)
 		req.Readonly = tc.first
-		_, err := in.Node.NodePublishVolume(ctx(t), req)
-		mustCode(t, err, codes.OK, fmt.Sprintf("NodePublishVolume %s readonly=%v", tc.target, tc.first))
+		_, err := in.Node.NodePublishVolume(csitest.Ctx(t), req)
+		csitest.MustCode(t, err, codes.OK, fmt.Sprintf("NodePublishVolume %s readonly=%v", tc.target, tc.first))
 		req.Readonly = tc.second
-		_, err = in.Node.NodePublishVolume(ctx(t), req)
-		codeIs(t, err, codes.AlreadyExists, fmt.Sprintf("NodePublishVolume %s again, readonly=%v", tc.target, tc.second))
+		_, err = in.Node.NodePublishVolume(csitest.Ctx(t), req)
+		csitest.CodeIs(t, err, codes.AlreadyExists, fmt.Sprintf("NodePublishVolume %s again, readonly=%v", tc.target, tc.second))
 		assertShowsVolume(t, in, tc.target, m)
 		if got, want := mountOptions(t, tc.target)[0], map[bool]string{false: "rw", true: "ro"}[tc.first]; got != want {
 			t.Errorf("%s: mounted %s after the refused repeat, want %s", tc.target, got, want)
@@ -97,21 +98,21 @@ func TestC35RepublishBlockOtherReadonly(t *testing.T) {
 // read-only target was the read-write device (BLKROGET 0) and the write
 // went through to the volume; this test fails on that code.
 func TestC36ReadOnlyBlockPublishRefusesWrites(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
 	dir := in.Dir
-	b := createBlock(t, in, "c36", 4*Mi)
+	b := createBlock(t, in, "c36", 4*csitest.Mi)
 	s := filepath.Join(dir, "S")
 	stageBlock(t, in, b, s)
 	t1, t2, t3 := filepath.Join(dir, "T1"), filepath.Join(dir, "T2"), filepath.Join(dir, "T3")
-	_, err := in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t1, false))
-	mustCode(t, err, codes.OK, "NodePublishVolume T1 read-write")
-	p := randomBytes(36, int(64*Ki))
+	_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t1, false))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume T1 read-write")
+	p := csitest.RandomBytes(36, int(64*csitest.Ki))
 	if err := writeDevice(t1, 0, p); err != nil {
 		t.Fatalf("write through the read-write publication T1: %v", err)
 	}
 
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t2, true))
-	mustCode(t, err, codes.OK, "NodePublishVolume T2 read-only")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t2, true))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume T2 read-only")
 	if got := blkROGet(t, t2); got != 1 {
 		t.Errorf("BLKROGET on the read-only publication %s = %d, want 1", t2, got)
 	}
@@ -124,7 +125,7 @@ func TestC36ReadOnlyBlockPublishRefusesWrites(t *testing.T) {
 
 	// A 4 KiB write at offset 0 through the read-only publication fails at
 	// the device.
-	q := randomBytes(37, int(4*Ki))
+	q := csitest.RandomBytes(37, int(4*csitest.Ki))
 	err = writeDevice(t2, 0, q)
 	if !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EROFS) {
 		t.Errorf("write through the read-only publication %s: %v, want EPERM or EROFS", t2, err)
@@ -143,18 +144,18 @@ func TestC36ReadOnlyBlockPublishRefusesWrites(t *testing.T) {
 	assertDeviceAt(t, t1, rw, false)
 	// What the read-write publication writes later is read through the
 	// read-only one on its next open (both devices read the same image).
-	p2 := randomBytes(38, int(4*Ki))
-	if err := writeDevice(t1, Mi, p2); err != nil {
+	p2 := csitest.RandomBytes(38, int(4*csitest.Ki))
+	if err := writeDevice(t1, csitest.Mi, p2); err != nil {
 		t.Fatalf("second write through T1: %v", err)
 	}
-	if got := readDevice(t, t2, Mi, len(p2)); !bytes.Equal(got, p2) {
+	if got := readDevice(t, t2, csitest.Mi, len(p2)); !bytes.Equal(got, p2) {
 		t.Error("the read-only publication does not see data written and synced through the read-write one")
 	}
 
 	// Two read-only publications share one read-only device; it goes with
 	// the last of them.
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t3, true))
-	mustCode(t, err, codes.OK, "NodePublishVolume T3 read-only")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t3, true))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume T3 read-only")
 	assertDeviceAt(t, t3, ro, true)
 	assertLoops(t, in, b, 1, 1)
 	unpublish(t, in, b, t2)
@@ -167,25 +168,25 @@ func TestC36ReadOnlyBlockPublishRefusesWrites(t *testing.T) {
 
 	// Unstage detaches a read-only device too, even one whose publication
 	// disappeared without NodeUnpublishVolume (unmounted by hand).
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, s, t2, true))
-	mustCode(t, err, codes.OK, "NodePublishVolume T2 read-only again")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, s, t2, true))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume T2 read-only again")
 	assertLoops(t, in, b, 1, 1)
 	if err := unix.Unmount(t2, 0); err != nil {
 		t.Fatalf("unmount %s by hand: %v", t2, err)
 	}
 	unpublish(t, in, b, t1)
 	unstageBlock(t, in, b, s)
-	_, err = in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: b, TargetPath: t2})
-	codeIs(t, err, codes.OK, "late NodeUnpublishVolume of T2")
+	_, err = in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: b, TargetPath: t2})
+	csitest.CodeIs(t, err, codes.OK, "late NodeUnpublishVolume of T2")
 	assertLoops(t, in, b, 0, 0)
 	deleteBlock(t, in, b)
 }
 
 func deleteBlock(t testing.TB, in *testdriver.Instance, id string) {
 	t.Helper()
-	_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-	mustCode(t, err, codes.OK, "DeleteVolume "+id)
-	assertGone(t, blockImage(in, id))
+	_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	csitest.MustCode(t, err, codes.OK, "DeleteVolume "+id)
+	csitest.AssertGone(t, blockImage(in, id))
 }
 
 // C37: CreateVolume must return a volume that satisfies every capability
@@ -197,38 +198,38 @@ func deleteBlock(t testing.TB, in *testdriver.Instance, id string) {
 // with a block volume that NodeStageVolume then refused as mount; this
 // test fails on that code.
 func TestC37CreateMountAndBlock(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
-	existing := createVolume(t, in, "c37-existing", 4*Mi).GetVolumeId()
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
+	existing := createVolume(t, in, "c37-existing", 4*csitest.Mi).GetVolumeId()
 	before := available(t, in)
 	blockDir := filepath.Join(in.Opts.DataRoot, "block")
-	blocksBefore := dirEntries(t, blockDir)
+	blocksBefore := csitest.DirNames(t, blockDir)
 
-	for _, caps := range [][]*csi.VolumeCapability{{mntCap(), blkCap()}, {blkCap(), mntCap()}} {
-		for _, cr := range []*csi.CapacityRange{nil, rng(4*Mi, 4*Mi)} {
-			_, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "c37", CapacityRange: cr, VolumeCapabilities: caps})
-			codeIs(t, err, codes.InvalidArgument, "CreateVolume with a mount and a block capability")
+	for _, caps := range [][]*csi.VolumeCapability{{csitest.MntCap(), csitest.BlkCap()}, {csitest.BlkCap(), csitest.MntCap()}} {
+		for _, cr := range []*csi.CapacityRange{nil, csitest.Range(4*csitest.Mi, 4*csitest.Mi)} {
+			_, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "c37", CapacityRange: cr, VolumeCapabilities: caps})
+			csitest.CodeIs(t, err, codes.InvalidArgument, "CreateVolume with a mount and a block capability")
 			assertListMatchesDisk(t, in, existing)
-			if got := dirEntries(t, blockDir); !slices.Equal(got, blocksBefore) {
+			if got := csitest.DirNames(t, blockDir); !slices.Equal(got, blocksBefore) {
 				t.Errorf("%s holds %v after the refused create, had %v", blockDir, got, blocksBefore)
 			}
 			if got := available(t, in); got != before {
 				t.Errorf("available capacity %d after the refused create, was %d", got, before)
 			}
 		}
-		resp, err := in.Controller.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: existing, VolumeCapabilities: caps})
-		mustCode(t, err, codes.OK, "ValidateVolumeCapabilities with a mount and a block capability")
+		resp, err := in.Controller.ValidateVolumeCapabilities(csitest.Ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: existing, VolumeCapabilities: caps})
+		csitest.MustCode(t, err, codes.OK, "ValidateVolumeCapabilities with a mount and a block capability")
 		if resp.GetConfirmed() != nil || resp.GetMessage() == "" {
 			t.Errorf("ValidateVolumeCapabilities of mount+block: confirmed %v, message %q; want unconfirmed with a reason", resp.GetConfirmed(), resp.GetMessage())
 		}
-		gc, err := in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{VolumeCapabilities: caps})
-		mustCode(t, err, codes.OK, "GetCapacity with a mount and a block capability")
+		gc, err := in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{VolumeCapabilities: caps})
+		csitest.MustCode(t, err, codes.OK, "GetCapacity with a mount and a block capability")
 		if gc.GetAvailableCapacity() != 0 {
 			t.Errorf("GetCapacity of mount+block: %d available, want 0", gc.GetAvailableCapacity())
 		}
 	}
 
 	// The name was not taken: a plain create with it works.
-	v := createVolume(t, in, "c37", 4*Mi).GetVolumeId()
+	v := createVolume(t, in, "c37", 4*csitest.Mi).GetVolumeId()
 	assertListMatchesDisk(t, in, existing, v)
 	deleteVolume(t, in, v)
 	deleteVolume(t, in, existing)
@@ -245,14 +246,14 @@ func TestC37CreateMountAndBlock(t *testing.T) {
 // refuses. Before this fix Validate confirmed `sync`, which CreateVolume
 // and NodeStageVolume refuse; this test fails on that code.
 func TestC38CapabilityDecisionsAgree(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 512 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 512 * csitest.Mi })
 	dir := in.Dir
 	// m and b are staged (with a plain capability) for the publish rows;
 	// m2 and b2 are not, for the stage rows.
-	m := createVolume(t, in, "c38-m", 4*Mi).GetVolumeId()
-	m2 := createVolume(t, in, "c38-m2", 4*Mi).GetVolumeId()
-	b := createBlock(t, in, "c38-b", 4*Mi)
-	b2 := createBlock(t, in, "c38-b2", 4*Mi)
+	m := createVolume(t, in, "c38-m", 4*csitest.Mi).GetVolumeId()
+	m2 := createVolume(t, in, "c38-m2", 4*csitest.Mi).GetVolumeId()
+	b := createBlock(t, in, "c38-b", 4*csitest.Mi)
+	b2 := createBlock(t, in, "c38-b2", 4*csitest.Mi)
 	sm, sb := filepath.Join(dir, "SM"), filepath.Join(dir, "SB")
 	stage(t, in, m, sm)
 	stageBlock(t, in, b, sb)
@@ -273,26 +274,26 @@ func TestC38CapabilityDecisionsAgree(t *testing.T) {
 		create codes.Code // CreateVolume of a new volume with [c]
 		node   codes.Code // NodeStageVolume and NodePublishVolume
 	}{
-		{"mount", mntCap(), false, codes.OK, codes.OK},
-		{"mount ro,nosuid", mntCap("ro", "nosuid"), false, codes.OK, codes.OK},
-		{"mount flags accepted without effect", mntCap("rw", "defaults"), false, codes.OK, codes.OK},
-		{"mount fs_type ext4", fsType(mntCap(), "ext4"), false, codes.OK, codes.OK},
-		{"mount SINGLE_NODE_READER_ONLY", mode(mntCap(), csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY), false, codes.OK, codes.OK},
-		{"mount SINGLE_NODE_SINGLE_WRITER", mode(mntCap(), csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER), false, codes.OK, codes.OK},
-		{"mount sync", mntCap("sync"), false, codes.InvalidArgument, codes.InvalidArgument},
-		{"mount nosuid,sync", mntCap("nosuid,sync"), false, codes.InvalidArgument, codes.InvalidArgument},
-		{"mount unknown flag", mntCap("no-such-flag"), false, codes.InvalidArgument, codes.InvalidArgument},
-		{"mount conflicting atime flags", mntCap("noatime", "strictatime"), false, codes.InvalidArgument, codes.InvalidArgument},
-		{"mount sync with fs_type", fsType(mntCap("sync"), "xfs"), false, codes.InvalidArgument, codes.InvalidArgument},
-		{"mount MULTI_NODE_MULTI_WRITER", mode(mntCap(), csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), false, codes.InvalidArgument, codes.FailedPrecondition},
-		{"mount MULTI_NODE_READER_ONLY", mode(mntCap(), csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY), false, codes.InvalidArgument, codes.FailedPrecondition},
-		{"block", blkCap(), true, codes.OK, codes.OK},
-		{"block MULTI_NODE_READER_ONLY", mode(blkCap(), csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY), true, codes.InvalidArgument, codes.FailedPrecondition},
+		{"mount", csitest.MntCap(), false, codes.OK, codes.OK},
+		{"mount ro,nosuid", csitest.MntCap("ro", "nosuid"), false, codes.OK, codes.OK},
+		{"mount flags accepted without effect", csitest.MntCap("rw", "defaults"), false, codes.OK, codes.OK},
+		{"mount fs_type ext4", fsType(csitest.MntCap(), "ext4"), false, codes.OK, codes.OK},
+		{"mount SINGLE_NODE_READER_ONLY", mode(csitest.MntCap(), csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY), false, codes.OK, codes.OK},
+		{"mount SINGLE_NODE_SINGLE_WRITER", mode(csitest.MntCap(), csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER), false, codes.OK, codes.OK},
+		{"mount sync", csitest.MntCap("sync"), false, codes.InvalidArgument, codes.InvalidArgument},
+		{"mount nosuid,sync", csitest.MntCap("nosuid,sync"), false, codes.InvalidArgument, codes.InvalidArgument},
+		{"mount unknown flag", csitest.MntCap("no-such-flag"), false, codes.InvalidArgument, codes.InvalidArgument},
+		{"mount conflicting atime flags", csitest.MntCap("noatime", "strictatime"), false, codes.InvalidArgument, codes.InvalidArgument},
+		{"mount sync with fs_type", fsType(csitest.MntCap("sync"), "xfs"), false, codes.InvalidArgument, codes.InvalidArgument},
+		{"mount MULTI_NODE_MULTI_WRITER", mode(csitest.MntCap(), csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), false, codes.InvalidArgument, codes.FailedPrecondition},
+		{"mount MULTI_NODE_READER_ONLY", mode(csitest.MntCap(), csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY), false, codes.InvalidArgument, codes.FailedPrecondition},
+		{"block", csitest.BlkCap(), true, codes.OK, codes.OK},
+		{"block MULTI_NODE_READER_ONLY", mode(csitest.BlkCap(), csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY), true, codes.InvalidArgument, codes.FailedPrecondition},
 		// The other access type: a new volume of that type is fine, the
 		// existing volume cannot serve it.
-		{"block on a mount volume", blkCap(), false, codes.OK, codes.FailedPrecondition},
-		{"mount on a block volume", mntCap(), true, codes.OK, codes.FailedPrecondition},
-		{"mount sync on a block volume", mntCap("sync"), true, codes.InvalidArgument, codes.InvalidArgument},
+		{"block on a mount volume", csitest.BlkCap(), false, codes.OK, codes.FailedPrecondition},
+		{"mount on a block volume", csitest.MntCap(), true, codes.OK, codes.FailedPrecondition},
+		{"mount sync on a block volume", csitest.MntCap("sync"), true, codes.InvalidArgument, codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vol, unstaged, staging := m, m2, sm
@@ -302,25 +303,25 @@ func TestC38CapabilityDecisionsAgree(t *testing.T) {
 			caps := []*csi.VolumeCapability{tc.c}
 
 			// CreateVolume, and GetCapacity for the same capability.
-			resp, err := in.Controller.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: fmt.Sprintf("c38-new-%d", i), CapacityRange: rng(Mi, Mi), VolumeCapabilities: caps})
-			codeIs(t, err, tc.create, "CreateVolume")
+			resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: fmt.Sprintf("c38-new-%d", i), CapacityRange: csitest.Range(csitest.Mi, csitest.Mi), VolumeCapabilities: caps})
+			csitest.CodeIs(t, err, tc.create, "CreateVolume")
 			if err == nil {
 				id := resp.GetVolume().GetVolumeId()
-				_, err := in.Controller.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-				mustCode(t, err, codes.OK, "DeleteVolume of the new volume")
+				_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+				csitest.MustCode(t, err, codes.OK, "DeleteVolume of the new volume")
 			}
 			if got := listIDs(t, in.Controller); !slices.Equal(got, slices.Sorted(slices.Values(vols))) {
 				t.Errorf("ListVolumes = %v after the row, want %v", got, vols)
 			}
-			gc, err := in.Controller.GetCapacity(ctx(t), &csi.GetCapacityRequest{VolumeCapabilities: caps})
-			mustCode(t, err, codes.OK, "GetCapacity")
+			gc, err := in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{VolumeCapabilities: caps})
+			csitest.MustCode(t, err, codes.OK, "GetCapacity")
 			if (gc.GetAvailableCapacity() > 0) != (tc.create == codes.OK) {
 				t.Errorf("GetCapacity: %d available, CreateVolume answered %s", gc.GetAvailableCapacity(), tc.create)
 			}
 
 			// ValidateVolumeCapabilities on the existing volume.
-			vr, err := in.Controller.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: vol, VolumeCapabilities: caps})
-			mustCode(t, err, codes.OK, "ValidateVolumeCapabilities")
+			vr, err := in.Controller.ValidateVolumeCapabilities(csitest.Ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: vol, VolumeCapabilities: caps})
+			csitest.MustCode(t, err, codes.OK, "ValidateVolumeCapabilities")
 			confirmed := vr.GetConfirmed() != nil
 			if confirmed != (tc.node == codes.OK) {
 				t.Errorf("ValidateVolumeCapabilities: confirmed=%v (message %q), but the node calls answer %s", confirmed, vr.GetMessage(), tc.node)
@@ -330,15 +331,15 @@ func TestC38CapabilityDecisionsAgree(t *testing.T) {
 			}
 
 			// NodeStageVolume of the unstaged volume.
-			s2 := mkdir(t, filepath.Join(dir, fmt.Sprintf("S-%d", i)))
-			_, err = in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: unstaged, StagingTargetPath: s2, VolumeCapability: tc.c})
-			codeIs(t, err, tc.node, "NodeStageVolume")
+			s2 := csitest.Mkdir(t, filepath.Join(dir, fmt.Sprintf("S-%d", i)))
+			_, err = in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: unstaged, StagingTargetPath: s2, VolumeCapability: tc.c})
+			csitest.CodeIs(t, err, tc.node, "NodeStageVolume")
 			if err == nil {
-				_, err := in.Node.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: unstaged, StagingTargetPath: s2})
-				mustCode(t, err, codes.OK, "NodeUnstageVolume")
+				_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: unstaged, StagingTargetPath: s2})
+				csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume")
 			}
-			if ms := mountsUnder(t, s2); len(ms) != 0 || len(dirEntries(t, s2)) != 0 {
-				t.Errorf("%s: %d mounts and entries %v left", s2, len(ms), dirEntries(t, s2))
+			if ms := csitest.MountsUnder(t, s2); len(ms) != 0 || len(csitest.DirNames(t, s2)) != 0 {
+				t.Errorf("%s: %d mounts and entries %v left", s2, len(ms), csitest.DirNames(t, s2))
 			}
 			if tc.block {
 				assertLoops(t, in, unstaged, 0, 0)
@@ -346,14 +347,14 @@ func TestC38CapabilityDecisionsAgree(t *testing.T) {
 
 			// NodePublishVolume of the staged volume.
 			tg := filepath.Join(dir, fmt.Sprintf("T-%d", i))
-			_, err = in.Node.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: staging, TargetPath: tg, VolumeCapability: tc.c})
-			codeIs(t, err, tc.node, "NodePublishVolume")
+			_, err = in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: staging, TargetPath: tg, VolumeCapability: tc.c})
+			csitest.CodeIs(t, err, tc.node, "NodePublishVolume")
 			if err == nil {
-				_, err := in.Node.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: tg})
-				mustCode(t, err, codes.OK, "NodeUnpublishVolume")
+				_, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: tg})
+				csitest.MustCode(t, err, codes.OK, "NodeUnpublishVolume")
 			}
 			assertMountCount(t, tg, 0)
-			assertGone(t, tg)
+			csitest.AssertGone(t, tg)
 
 			// They agree: where the capability's access type is the
 			// volume's, CreateVolume refuses exactly where Validate does not
@@ -378,27 +379,27 @@ func TestC38CapabilityDecisionsAgree(t *testing.T) {
 // directory while its loop device was attached; this test fails on that
 // code.
 func TestC39VolumeStatsOnlyWhereTheVolumeIs(t *testing.T) {
-	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * Mi })
+	in := testdriver.Start(t, func(o *driver.Options) { o.CapacityBytes = 256 * csitest.Mi })
 	dir := in.Dir
-	b := createBlock(t, in, "c39-blk", 4*Mi)
-	other := createBlock(t, in, "c39-other", 4*Mi)
-	m := createVolume(t, in, "c39-mnt", 4*Mi).GetVolumeId()
+	b := createBlock(t, in, "c39-blk", 4*csitest.Mi)
+	other := createBlock(t, in, "c39-other", 4*csitest.Mi)
+	m := createVolume(t, in, "c39-mnt", 4*csitest.Mi).GetVolumeId()
 	sb, so, sm := filepath.Join(dir, "SB"), filepath.Join(dir, "SO"), filepath.Join(dir, "SM")
 	tb, tbro, tm := filepath.Join(dir, "TB"), filepath.Join(dir, "TBRO"), filepath.Join(dir, "TM")
-	empty := mkdir(t, filepath.Join(dir, "U"))
+	empty := csitest.Mkdir(t, filepath.Join(dir, "U"))
 	stageBlock(t, in, b, sb)
 	stageBlock(t, in, other, so)
 	stage(t, in, m, sm)
-	_, err := in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, sb, tb, false))
-	mustCode(t, err, codes.OK, "NodePublishVolume block")
-	_, err = in.Node.NodePublishVolume(ctx(t), publishBlockReq(b, sb, tbro, true))
-	mustCode(t, err, codes.OK, "NodePublishVolume block read-only")
+	_, err := in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, sb, tb, false))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume block")
+	_, err = in.Node.NodePublishVolume(csitest.Ctx(t), publishBlockReq(b, sb, tbro, true))
+	csitest.MustCode(t, err, codes.OK, "NodePublishVolume block read-only")
 	publish(t, in, m, sm, tm)
 
 	stats := func(id, p string, want codes.Code) {
 		t.Helper()
-		resp, err := in.Node.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})
-		if !codeIs(t, err, want, "NodeGetVolumeStats of "+id+" at "+p) || want != codes.OK {
+		resp, err := in.Node.NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})
+		if !csitest.CodeIs(t, err, want, "NodeGetVolumeStats of "+id+" at "+p) || want != codes.OK {
 			return
 		}
 		var total int64
@@ -407,8 +408,8 @@ func TestC39VolumeStatsOnlyWhereTheVolumeIs(t *testing.T) {
 				total = u.GetTotal()
 			}
 		}
-		if total != 4*Mi {
-			t.Errorf("NodeGetVolumeStats of %s at %s: BYTES total %d, want %d", id, p, total, 4*Mi)
+		if total != 4*csitest.Mi {
+			t.Errorf("NodeGetVolumeStats of %s at %s: BYTES total %d, want %d", id, p, total, 4*csitest.Mi)
 		}
 	}
 	for _, tc := range []struct {
@@ -448,13 +449,13 @@ func TestC39VolumeStatsOnlyWhereTheVolumeIs(t *testing.T) {
 	stats(b, sb, codes.NotFound)
 	stageBlock(t, in, b, sb)
 	stats(b, sb, codes.OK)
-	s2 := mkdir(t, filepath.Join(dir, "S2"))
+	s2 := csitest.Mkdir(t, filepath.Join(dir, "S2"))
 	writeSynced(t, filepath.Join(s2, other), []byte("not a device"))
 	unstageBlock(t, in, other, so)
-	_, err = in.Node.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: other, StagingTargetPath: s2, VolumeCapability: blkCap()})
-	codeIs(t, err, codes.AlreadyExists, "NodeStageVolume onto a staging path holding a file of the volume's name")
+	_, err = in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: other, StagingTargetPath: s2, VolumeCapability: csitest.BlkCap()})
+	csitest.CodeIs(t, err, codes.AlreadyExists, "NodeStageVolume onto a staging path holding a file of the volume's name")
 	assertLoops(t, in, other, 0, 0)
-	assertFileBytes(t, filepath.Join(s2, other), []byte("not a device"))
+	csitest.AssertFileBytes(t, filepath.Join(s2, other), []byte("not a device"))
 
 	unpublish(t, in, b, tb)
 	unpublish(t, in, b, tbro)
