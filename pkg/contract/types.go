@@ -9,6 +9,15 @@ const (
 	AccessBlock = "block"
 )
 
+// FsTypes are the filesystems an image volume can be made with
+// (VolumeCapability.mount.fs_type, the StorageClass parameter
+// csi.storage.k8s.io/fstype), each with the smallest size in bytes its
+// mkfs accepts: mkfs.xfs refuses filesystems under 300 MiB.
+var FsTypes = map[string]int64{
+	"ext4": 1 << 20,
+	"xfs":  300 << 20,
+}
+
 // Volume is one CSI volume as the backends hand it to the CSI services: the
 // node-local store (pkg/state, through pkg/volume) in all and node mode, a
 // LocalVolume object (pkg/cluster) in controller mode. How each stores it is
@@ -23,6 +32,10 @@ type Volume struct {
 	CapacityBytes int64
 	// AccessType is AccessMount or AccessBlock.
 	AccessType string
+	// FsType is an image volume's filesystem (a key of FsTypes): a mount
+	// volume whose data is an image file formatted with it. "" for a
+	// directory volume and for raw block.
+	FsType string
 	// Parameters are the StorageClass parameters the volume was created with
 	// (the csi.storage.k8s.io/ ones excluded).
 	Parameters map[string]string
@@ -54,6 +67,8 @@ type Snapshot struct {
 	SizeBytes int64
 	// AccessType is the source volume's access type.
 	AccessType string
+	// FsType is the source volume's FsType.
+	FsType string
 	// Engine is the storage engine holding the data.
 	Engine string
 	// CreatedAt is when the snapshot was cut (UTC).
@@ -61,3 +76,10 @@ type Snapshot struct {
 	// Node is the node id holding the snapshot (controller side only).
 	Node string
 }
+
+// Image reports whether the volume's data is an image file (raw block, or
+// a filesystem image volume) rather than a directory.
+func (v *Volume) Image() bool { return v.AccessType == AccessBlock || v.FsType != "" }
+
+// Image reports whether the snapshot's data is an image file.
+func (s *Snapshot) Image() bool { return s.AccessType == AccessBlock || s.FsType != "" }

@@ -59,7 +59,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	// Every capability must be one a volume can serve, and one volume all
 	// of them (a mount and a block capability together: none).
-	if i := judgeCaps(req.GetVolumeCapabilities(), ""); i != nil {
+	if i := judgeCaps(req.GetVolumeCapabilities(), nil); i != nil {
 		return nil, i.err()
 	}
 	if cr := req.GetCapacityRange(); cr.GetRequiredBytes() < 0 || cr.GetLimitBytes() < 0 ||
@@ -92,8 +92,12 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
+	fsType := fsTypeOf(req.GetVolumeCapabilities())
 	size, err := resolveCreateSize(req.GetCapacityRange(), srcSize, s.d.opts.DefaultVolumeBytes, s.d.opts.MaxVolumeBytes)
 	if err != nil {
+		return nil, err
+	}
+	if size, err = fitFsType(size, fsType, req.GetCapacityRange().GetLimitBytes(), s.d.opts.MaxVolumeBytes); err != nil {
 		return nil, err
 	}
 	if srcVol != "" {
@@ -108,6 +112,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		Name:             req.GetName(),
 		SizeBytes:        size,
 		AccessType:       accessTypeOf(req.GetVolumeCapabilities()),
+		FsType:           fsType,
 		Parameters:       userParams(req.GetParameters()),
 		DirMode:          params.DirMode,
 		SourceSnapshotID: srcSnap,
@@ -177,7 +182,7 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities are required")
 	}
-	if i := judgeCaps(req.GetVolumeCapabilities(), ""); i != nil && i.malformed {
+	if i := judgeCaps(req.GetVolumeCapabilities(), nil); i != nil && i.malformed {
 		return nil, i.err()
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
@@ -187,7 +192,7 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if _, err := parseParams(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
-	if i := judgeCaps(req.GetVolumeCapabilities(), v.AccessType); i != nil {
+	if i := judgeCaps(req.GetVolumeCapabilities(), v); i != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s: %s", v.ID, i.msg)}, nil
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
@@ -255,7 +260,7 @@ func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 // CreateVolume) or a topology that cannot be served get 0. Codes:
 // INVALID_ARGUMENT (malformed capability or unknown parameter).
 func (s *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	issue := judgeCaps(req.GetVolumeCapabilities(), "")
+	issue := judgeCaps(req.GetVolumeCapabilities(), nil)
 	if issue != nil && issue.malformed {
 		return nil, issue.err()
 	}
@@ -327,7 +332,7 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if req.GetNodeId() == "" {
 		return nil, invalid("node_id is required")
 	}
-	if i := judgeCaps([]*csi.VolumeCapability{req.GetVolumeCapability()}, ""); i != nil && i.malformed {
+	if i := judgeCaps([]*csi.VolumeCapability{req.GetVolumeCapability()}, nil); i != nil && i.malformed {
 		return nil, i.err()
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
@@ -344,7 +349,7 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if v.Node != req.GetNodeId() {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s lives on node %q, not on %q: local volumes cannot move", v.ID, v.Node, req.GetNodeId())
 	}
-	if err := checkNodeCap(req.GetVolumeCapability(), v.AccessType); err != nil {
+	if err := checkNodeCap(req.GetVolumeCapability(), v); err != nil {
 		return nil, err
 	}
 	return &csi.ControllerPublishVolumeResponse{}, nil

@@ -6,8 +6,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Volume expansion of the Controller service (EXPAND_VOLUME: spec
@@ -67,6 +65,6 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	}
 	return &csi.ControllerExpandVolumeResponse{
 		CapacityBytes:         capacity,
-		NodeExpansionRequired: v.AccessType == contract.AccessBlock,
+		NodeExpansionRequired: v.Image(),
 	}, nil
 }

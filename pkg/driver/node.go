@@ -36,7 +36,7 @@ func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
 	if err != nil {
 		return toStatus(err)
 	}
-	return checkNodeCap(c, v.AccessType)
+	return checkNodeCap(c, v)
 }
 
 // checkNodePath validates a staging_target_path or target_path given by the
@@ -117,7 +117,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	if err := checkNodeCap(req.GetVolumeCapability(), ""); err != nil {
+	if err := checkNodeCap(req.GetVolumeCapability(), notLookedUp); err != nil {
 		return nil, err
 	}
 	c := req.GetVolumeCapability()
@@ -161,7 +161,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	if err := checkNodeCap(req.GetVolumeCapability(), ""); err != nil {
+	if err := checkNodeCap(req.GetVolumeCapability(), notLookedUp); err != nil {
 		return nil, err
 	}
 	if req.GetVolumeContext()[ephemeralKey] == "true" {

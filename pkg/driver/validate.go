@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -113,18 +114,20 @@ func (i *capIssue) err() error { return status.Error(codes.InvalidArgument, i.ms
 //  2. per capability, in order: an access mode other than the SINGLE_NODE_*
 //     ones (a local directory lives on one node); for a mount capability,
 //     each mount flag (mount.ParseFlags: what a bind mount can apply
-//     or accepts without effect) — its fs_type is accepted whatever it is,
-//     as a volume is a directory on the data root's filesystem and never
-//     formatted (kubelet passes the PV's fsType through); and, when
-//     volAccessType is an existing volume's (contract.AccessMount or
-//     contract.AccessBlock, "" for a new volume), the same access type;
-//  3. a list asking for both a mount and a block volume: no one volume
-//     satisfies both (CSI CreateVolume: the volume MUST satisfy every
-//     capability).
+//     or accepts without effect) and its fs_type: "" (a directory volume),
+//     or a filesystem of contract.FsTypes (an image volume formatted with
+//     it); when vol is an existing volume (nil for a new one), the same
+//     access type, and for an image volume an fs_type of "" or its own. A
+//     directory volume accepts any fs_type: volumes made before image
+//     volumes existed may have PVs whose fsType was passed through and
+//     ignored;
+//  3. a list asking for both a mount and a block volume, or for two
+//     filesystems: no one volume satisfies both (CSI CreateVolume: the
+//     volume MUST satisfy every capability).
 //
 // An empty list is no issue here; the RPCs that require capabilities say
 // so themselves.
-func judgeCaps(caps []*csi.VolumeCapability, volAccessType string) *capIssue {
+func judgeCaps(caps []*csi.VolumeCapability, vol *contract.Volume) *capIssue {
 	for _, c := range caps {
 		if msg := malformedCap(c); msg != "" {
 			return &capIssue{malformed: true, msg: msg}
@@ -138,19 +141,61 @@ func judgeCaps(caps []*csi.VolumeCapability, volAccessType string) *capIssue {
 			if _, err := mount.ParseFlags(mnt.GetMountFlags()); err != nil {
 				return &capIssue{msg: err.Error()}
 			}
+			if i := judgeFsType(mnt.GetFsType(), vol); i != nil {
+				return i
+			}
 		}
-		if at := accessTypeOf([]*csi.VolumeCapability{c}); volAccessType != "" && at != volAccessType {
-			return &capIssue{exceeds: true, msg: fmt.Sprintf("the volume is a %s volume; a capability asks for %s", volAccessType, at)}
+		if at := accessTypeOf([]*csi.VolumeCapability{c}); vol != nil && vol != notLookedUp && at != vol.AccessType {
+			return &capIssue{exceeds: true, msg: fmt.Sprintf("the volume is a %s volume; a capability asks for %s", vol.AccessType, at)}
 		}
 	}
 	var mount, blk bool
+	fsTypes := map[string]bool{}
 	for _, c := range caps {
 		mount, blk = mount || c.GetMount() != nil, blk || c.GetBlock() != nil
+		if fs := c.GetMount().GetFsType(); fs != "" {
+			fsTypes[fs] = true
+		}
 	}
 	if mount && blk {
 		return &capIssue{msg: "volume_capabilities ask for both a mount and a block volume; a volume is one or the other, so none satisfies every capability"}
 	}
+	if len(fsTypes) > 1 {
+		return &capIssue{msg: fmt.Sprintf("volume_capabilities ask for several filesystems (%s); a volume holds one", strings.Join(slices.Sorted(maps.Keys(fsTypes)), ", "))}
+	}
 	return nil
+}
+
+// notLookedUp stands, in judgeCaps, for the volume of a node call that is
+// judged before its volume is looked up: only what needs no volume
+// (malformed, access mode, mount flags) is decided then.
+var notLookedUp = &contract.Volume{}
+
+// judgeFsType is judgeCaps' decision on one mount capability's fs_type
+// for vol (nil: a new volume).
+func judgeFsType(fs string, vol *contract.Volume) *capIssue {
+	switch {
+	case fs == "" || vol == notLookedUp:
+		return nil
+	case vol == nil:
+		if _, ok := contract.FsTypes[fs]; !ok {
+			return &capIssue{msg: fmt.Sprintf("fs_type %q is not supported: leave it empty for a directory volume, or use %s for an image volume", fs, strings.Join(slices.Sorted(maps.Keys(contract.FsTypes)), " or "))}
+		}
+	case vol.FsType != "" && fs != vol.FsType:
+		return &capIssue{exceeds: true, msg: fmt.Sprintf("the volume holds an %s filesystem; a capability asks for fs_type %q", vol.FsType, fs)}
+	}
+	return nil
+}
+
+// fsTypeOf is the fs_type the mount capabilities ask for ("" for none or
+// a directory volume); judgeCaps has refused lists asking for two.
+func fsTypeOf(caps []*csi.VolumeCapability) string {
+	for _, c := range caps {
+		if fs := c.GetMount().GetFsType(); fs != "" {
+			return fs
+		}
+	}
+	return ""
 }
 
 // malformedCap names the missing part of a capability, or returns "".
@@ -167,10 +212,10 @@ func malformedCap(c *csi.VolumeCapability) string {
 }
 
 // checkNodeCap judges the one capability of a node call (or
-// ControllerPublishVolume) with judgeCaps, for a volume of access type
-// volAccessType ("" before the volume is looked up). Codes: see nodeErr.
-func checkNodeCap(c *csi.VolumeCapability, volAccessType string) error {
-	if i := judgeCaps([]*csi.VolumeCapability{c}, volAccessType); i != nil {
+// ControllerPublishVolume) with judgeCaps, for volume vol (notLookedUp
+// before the volume is looked up). Codes: see nodeErr.
+func checkNodeCap(c *csi.VolumeCapability, vol *contract.Volume) error {
+	if i := judgeCaps([]*csi.VolumeCapability{c}, vol); i != nil {
 		return i.nodeErr()
 	}
 	return nil
@@ -280,6 +325,21 @@ func resolveCreateSize(cr *csi.CapacityRange, srcSize, defBytes, maxBytes int64)
 	return resolveSize(&csi.CapacityRange{RequiredBytes: max(req, srcSize), LimitBytes: lim}, defBytes, maxBytes)
 }
 
+// fitFsType rounds the size of a new image volume up to the smallest
+// filesystem its mkfs makes (contract.FsTypes), when limit_bytes and
+// maxBytes allow it. Errors: OUT_OF_RANGE.
+func fitFsType(size int64, fsType string, limit, maxBytes int64) (int64, error) {
+	minSize := contract.FsTypes[fsType]
+	if size >= minSize {
+		return size, nil
+	}
+	if (limit > 0 && limit < minSize) || (maxBytes > 0 && maxBytes < minSize) {
+		return 0, status.Errorf(codes.OutOfRange, "an %s volume needs at least %d bytes (the smallest filesystem mkfs.%s makes); limit_bytes %d or the maximum volume size %d is below it",
+			fsType, minSize, fsType, limit, maxBytes)
+	}
+	return minSize, nil
+}
+
 // sizeFits reports whether an existing size satisfies a capacity range.
 func sizeFits(size int64, cr *csi.CapacityRange) bool {
 	if cr == nil {
@@ -296,6 +356,9 @@ func compatible(v *contract.Volume, req *csi.CreateVolumeRequest) string {
 	}
 	if at := accessTypeOf(req.GetVolumeCapabilities()); at != v.AccessType {
 		return fmt.Sprintf("it is a %s volume, the request asks for %s", v.AccessType, at)
+	}
+	if fs := fsTypeOf(req.GetVolumeCapabilities()); fs != v.FsType {
+		return fmt.Sprintf("it holds fs_type %q, the request asks for %q", v.FsType, fs)
 	}
 	if !maps.Equal(v.Parameters, userParams(req.GetParameters())) {
 		return "it was created with other parameters"

@@ -594,6 +594,16 @@ func TestTokens(t *testing.T) {
 // TestJudgeCapsAccessModes: every SINGLE_NODE_* mode is served, for mount
 // and block; every other mode is an "exceeds" issue naming the mode
 // (INVALID_ARGUMENT at CreateVolume, FAILED_PRECONDITION at the node).
+// volOf is the existing volume a judgeCaps table row names: nil for "",
+// else "<access type>[/<fs type>]".
+func volOf(t string) *contract.Volume {
+	if t == "" {
+		return nil
+	}
+	at, fs, _ := strings.Cut(t, "/")
+	return &contract.Volume{AccessType: at, FsType: fs}
+}
+
 func TestJudgeCapsAccessModes(t *testing.T) {
 	for mode, name := range csi.VolumeCapability_AccessMode_Mode_name {
 		m := csi.VolumeCapability_AccessMode_Mode(mode)
@@ -602,7 +612,7 @@ func TestJudgeCapsAccessModes(t *testing.T) {
 		}
 		single := strings.HasPrefix(name, "SINGLE_NODE_")
 		for _, c := range []*csi.VolumeCapability{mountCap(m), blockCap(m)} {
-			got := judgeCaps([]*csi.VolumeCapability{c}, "")
+			got := judgeCaps([]*csi.VolumeCapability{c}, nil)
 			if single && got != nil {
 				t.Errorf("judgeCaps(%v) = %+v, want nil", c, got)
 			}
@@ -611,7 +621,7 @@ func TestJudgeCapsAccessModes(t *testing.T) {
 					t.Errorf("judgeCaps(%v) = %+v, want an exceeds issue naming the mode", c, got)
 					continue
 				}
-				wantCodeNamed(t, name+" at the node", checkNodeCap(c, ""), codes.FailedPrecondition)
+				wantCodeNamed(t, name+" at the node", checkNodeCap(c, nil), codes.FailedPrecondition)
 				wantCodeNamed(t, name+" at create", got.err(), codes.InvalidArgument)
 			}
 		}
@@ -637,7 +647,7 @@ func TestJudgeCaps(t *testing.T) {
 	tests := []struct {
 		name    string
 		caps    []*csi.VolumeCapability
-		volType string
+		volType string // "" a new volume, else the access type and fs type of an existing one ("mount/ext4")
 		want    string // "" ok, "malformed", "invalid" (INVALID_ARGUMENT at the node), "exceeds" (FAILED_PRECONDITION at the node)
 		msgPart string
 	}{
@@ -652,7 +662,14 @@ func TestJudgeCaps(t *testing.T) {
 		{"mount for a mount volume", []*csi.VolumeCapability{mnt}, contract.AccessMount, "", ""},
 		{"block for a block volume", []*csi.VolumeCapability{blk}, contract.AccessBlock, "", ""},
 		{"two mount modes", []*csi.VolumeCapability{mnt, mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY)}, "", "", ""},
-		{"fs_type is accepted", []*csi.VolumeCapability{mountCapFlags("ext4", "ro")}, "", "", ""},
+		{"fs_type ext4 makes an image volume", []*csi.VolumeCapability{mountCapFlags("ext4", "ro")}, "", "", ""},
+		{"fs_type xfs makes an image volume", []*csi.VolumeCapability{mountCapFlags("xfs")}, "", "", ""},
+		{"unknown fs_type for a new volume", []*csi.VolumeCapability{mountCapFlags("ext3")}, "", "invalid", `"ext3" is not supported`},
+		{"two filesystems", []*csi.VolumeCapability{mountCapFlags("ext4"), mountCapFlags("xfs")}, "", "invalid", "several filesystems (ext4, xfs)"},
+		{"its own fs_type", []*csi.VolumeCapability{mountCapFlags("ext4")}, "mount/ext4", "", ""},
+		{"no fs_type for an image volume", []*csi.VolumeCapability{mountCapFlags("")}, "mount/xfs", "", ""},
+		{"another fs_type for an image volume", []*csi.VolumeCapability{mountCapFlags("xfs")}, "mount/ext4", "exceeds", `holds an ext4 filesystem; a capability asks for fs_type "xfs"`},
+		{"any fs_type for a directory volume (PVs made before image volumes)", []*csi.VolumeCapability{mountCapFlags("btrfs")}, contract.AccessMount, "", ""},
 		{"applicable flags", []*csi.VolumeCapability{mountCapFlags("", "nosuid,nodev", "noexec", "noatime")}, "", "", ""},
 		{"flags accepted without effect", []*csi.VolumeCapability{mountCapFlags("", "rw", "defaults")}, "", "", ""},
 		{"sync", []*csi.VolumeCapability{mountCapFlags("", "sync")}, "", "invalid", `"sync"`},
@@ -665,7 +682,7 @@ func TestJudgeCaps(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := judgeCaps(tc.caps, tc.volType)
+			got := judgeCaps(tc.caps, volOf(tc.volType))
 			kind := ""
 			switch {
 			case got == nil:
@@ -692,11 +709,11 @@ func TestJudgeCaps(t *testing.T) {
 			}
 			wantCode(t, got.nodeErr(), nodeCode)
 			if len(tc.caps) == 1 {
-				wantCode(t, checkNodeCap(tc.caps[0], tc.volType), nodeCode)
+				wantCode(t, checkNodeCap(tc.caps[0], volOf(tc.volType)), nodeCode)
 			}
 		})
 	}
-	if judgeCaps(nil, "") != nil {
+	if judgeCaps(nil, nil) != nil {
 		t.Error("judgeCaps(nil) is an issue; the RPCs that require capabilities check for an empty list themselves")
 	}
 }

@@ -18,6 +18,7 @@ type volumeJSON struct {
 	Name             string            `json:"name,omitempty"`
 	CapacityBytes    int64             `json:"capacityBytes"`
 	AccessType       string            `json:"accessType"`
+	FsType           string            `json:"fsType,omitempty"`
 	Parameters       map[string]string `json:"parameters,omitempty"`
 	SourceSnapshotID string            `json:"sourceSnapshotID,omitempty"`
 	SourceVolumeID   string            `json:"sourceVolumeID,omitempty"`
@@ -35,6 +36,7 @@ type snapshotJSON struct {
 	SourceVolumeID string    `json:"sourceVolumeID"`
 	SizeBytes      int64     `json:"sizeBytes"`
 	AccessType     string    `json:"accessType"`
+	FsType         string    `json:"fsType,omitempty"`
 	Engine         string    `json:"engine,omitempty"`
 	CreatedAt      time.Time `json:"createdAt"`
 	Node           string    `json:"-"`

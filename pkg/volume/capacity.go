@@ -134,7 +134,7 @@ func (m *Manager) measured(v *contract.Volume) {
 // engine's Exclusive bytes else (qgroup exclusive bytes on btrfs, a du-like
 // walk on dir).
 func (m *Manager) usedBytes(v *contract.Volume) (int64, error) {
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		var st unix.Stat_t
 		if err := unix.Lstat(m.imagePath(v.ID), &st); err != nil {
 			return 0, err

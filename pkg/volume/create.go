@@ -3,6 +3,10 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"os/exec"
+	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,6 +29,10 @@ type CreateSpec struct {
 	SizeBytes int64
 	// AccessType is contract.AccessMount or contract.AccessBlock.
 	AccessType string
+	// FsType makes a mount volume an image volume: an image file of
+	// SizeBytes (at least contract.FsTypes[FsType]) that the node formats
+	// with this filesystem when it is first staged. "" for a directory.
+	FsType string
 	// Parameters are stored with the record.
 	Parameters map[string]string
 	// DirMode is the permission of a mount volume's root directory (chmod(2)
@@ -133,12 +141,43 @@ func checkCreateSpec(spec *CreateSpec) error {
 	if spec.AccessType != contract.AccessMount && spec.AccessType != contract.AccessBlock {
 		return fmt.Errorf("%w: access type %q", contract.ErrInvalid, spec.AccessType)
 	}
+	if err := checkFsType(spec.FsType, spec.AccessType, spec.SizeBytes); err != nil {
+		return err
+	}
 	if spec.ID == "" {
 		spec.ID = NewVolumeID()
 	} else if !ValidVolumeID(spec.ID) {
 		return fmt.Errorf("%w: volume id %q", contract.ErrInvalid, spec.ID)
 	}
 	return nil
+}
+
+// checkFsType refuses an image volume this node cannot make: a filesystem
+// not in contract.FsTypes or whose mkfs is not installed, or one with a
+// block volume (contract.ErrInvalid); a size below what its mkfs accepts
+// (contract.ErrOutOfRange).
+func checkFsType(fsType, accessType string, size int64) error {
+	if fsType == "" {
+		return nil
+	}
+	minSize, ok := contract.FsTypes[fsType]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: fs_type %q: image volumes are made with %s", contract.ErrInvalid, fsType, fsTypeList())
+	case accessType != contract.AccessMount:
+		return fmt.Errorf("%w: fs_type %q on a %s volume: only mount volumes have a filesystem", contract.ErrInvalid, fsType, accessType)
+	case size < minSize:
+		return fmt.Errorf("%w: %d bytes is below the %d bytes mkfs.%s accepts", contract.ErrOutOfRange, size, minSize, fsType)
+	}
+	if _, err := exec.LookPath("mkfs." + fsType); err != nil {
+		return fmt.Errorf("%w: fs_type %q: this node cannot make it (mkfs.%s is not installed)", contract.ErrInvalid, fsType, fsType)
+	}
+	return nil
+}
+
+// fsTypeList names the keys of contract.FsTypes, sorted.
+func fsTypeList() string {
+	return strings.Join(slices.Sorted(maps.Keys(contract.FsTypes)), ", ")
 }
 
 // newRecord is the record a create of spec commits once its data is
@@ -149,6 +188,7 @@ func (m *Manager) newRecord(spec CreateSpec) *contract.Volume {
 		Name:             spec.Name,
 		CapacityBytes:    spec.SizeBytes,
 		AccessType:       spec.AccessType,
+		FsType:           spec.FsType,
 		Parameters:       spec.Parameters,
 		SourceSnapshotID: spec.SourceSnapshotID,
 		SourceVolumeID:   spec.SourceVolumeID,
@@ -157,7 +197,7 @@ func (m *Manager) newRecord(spec CreateSpec) *contract.Volume {
 		Engine:           m.eng.Name(),
 		CreatedAt:        time.Now().UTC().Truncate(time.Second),
 	}
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		v.Engine = "image"
 	}
 	return v
@@ -170,7 +210,7 @@ func (m *Manager) newRecord(spec CreateSpec) *contract.Volume {
 func (m *Manager) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint32) error {
 	var err error
 	switch {
-	case v.AccessType == contract.AccessBlock:
+	case v.Image():
 		err = writeImage(tmp, srcPath, v.CapacityBytes)
 		if err == nil {
 			err = preallocate(tmp, v.CapacityBytes)
@@ -182,7 +222,7 @@ func (m *Manager) writeData(v *contract.Volume, tmp, srcPath string, dirMode uin
 	default:
 		err = m.eng.Create(tmp, v.CapacityBytes, dirMode)
 	}
-	if err == nil && (srcPath != "" || v.AccessType == contract.AccessBlock) {
+	if err == nil && (srcPath != "" || v.Image()) {
 		// A restore, clone or image holds data: on disk before the record
 		// that acknowledges it.
 		err = syncFS(tmp)
@@ -216,21 +256,21 @@ func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	if err != nil {
 		return "", nop, err
 	}
-	var p, accessType string
+	var p, accessType, fsType string
 	var size int64
 	if kind == "snapshot" {
 		var s *contract.Snapshot
 		if s, err = m.GetSnapshot(id); err == nil {
-			p, accessType, size = m.snapPath(s), s.AccessType, s.SizeBytes
+			p, accessType, fsType, size = m.snapPath(s), s.AccessType, s.FsType, s.SizeBytes
 		}
 	} else {
 		var v *contract.Volume
 		if v, err = m.Get(id); err == nil {
-			p, accessType, size = m.dataPath(v), v.AccessType, v.CapacityBytes
+			p, accessType, fsType, size = m.dataPath(v), v.AccessType, v.FsType, v.CapacityBytes
 		}
 	}
 	if err == nil {
-		err = checkSource(kind, id, accessType, size, spec)
+		err = checkSource(kind, id, accessType, fsType, size, spec)
 	}
 	if err != nil {
 		release()
@@ -239,14 +279,26 @@ func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	return p, release, nil
 }
 
-func checkSource(kind, id, accessType string, size int64, spec CreateSpec) error {
+func checkSource(kind, id, accessType, fsType string, size int64, spec CreateSpec) error {
 	if accessType != spec.AccessType {
 		return fmt.Errorf("%w: source %s %s holds a %s volume, the request asks for %s", contract.ErrInvalid, kind, id, accessType, spec.AccessType)
+	}
+	if fsType != spec.FsType {
+		return fmt.Errorf("%w: source %s %s holds %s, the request asks for %s", contract.ErrInvalid, kind, id, describeFs(fsType), describeFs(spec.FsType))
 	}
 	if spec.SizeBytes < size {
 		return fmt.Errorf("%w: requested %d bytes, smaller than the %d bytes of source %s %s", contract.ErrOutOfRange, spec.SizeBytes, size, kind, id)
 	}
 	return nil
+}
+
+// describeFs names what a volume of fsType holds: "a directory" or "an
+// ext4 filesystem".
+func describeFs(fsType string) string {
+	if fsType == "" {
+		return "a directory (no fs_type)"
+	}
+	return "an " + fsType + " filesystem"
 }
 
 // writeImage creates the image file dst of size bytes: sparse and empty, or

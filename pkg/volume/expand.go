@@ -56,7 +56,7 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 }
 
 func (m *Manager) resizeData(v *contract.Volume, size int64) error {
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		img := m.imagePath(v.ID)
 		fi, err := os.Stat(img)
 		if err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
@@ -36,7 +35,7 @@ func (m *Manager) Health(id string) (Health, error) {
 		h.Problems = append(h.Problems, Problem{Kind: "DataLoss", Reason: "DataMissing", Message: fmt.Sprintf("volume data %s is missing: %v", p, err)})
 		return h, nil
 	}
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		if fi.Size() < v.CapacityBytes {
 			h.Problems = append(h.Problems, Problem{Kind: "Degraded", Reason: "ImageTooSmall", Message: fmt.Sprintf("image is %d bytes, volume size is %d", fi.Size(), v.CapacityBytes)})
 		}

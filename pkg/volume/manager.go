@@ -216,7 +216,7 @@ func (m *Manager) DataPath(v *contract.Volume) string { return m.dataPath(v) }
 
 // dataPath is where volume v's data lives.
 func (m *Manager) dataPath(v *contract.Volume) string {
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		return m.imagePath(v.ID)
 	}
 	return m.volDir(v.ID)

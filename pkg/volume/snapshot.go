@@ -22,7 +22,7 @@ func (m *Manager) snapPath(s *contract.Snapshot) string {
 	if !ValidSnapshotID(s.ID) {
 		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))
 	}
-	if s.AccessType == contract.AccessBlock {
+	if s.Image() {
 		return filepath.Join(m.snapRoot, s.ID+".img")
 	}
 	return filepath.Join(m.snapRoot, s.ID)
@@ -119,6 +119,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) 
 		SourceVolumeID: v.ID,
 		SizeBytes:      v.CapacityBytes,
 		AccessType:     v.AccessType,
+		FsType:         v.FsType,
 		Engine:         v.Engine,
 		CreatedAt:      time.Now().UTC(),
 	}
@@ -133,7 +134,7 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) 
 	if err := engine.Remove(tmp); err != nil { // a failed earlier attempt's
 		return fail(err)
 	}
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		err = writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
 	} else {
 		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
