@@ -125,7 +125,7 @@ func Open(cfg Config) (*Manager, error) {
 	if m.mnt == nil {
 		m.mnt = mount.New()
 	}
-	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
+	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot, filepath.Join(root, frozenDir)} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
@@ -148,6 +148,10 @@ func Open(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.st = st
+	if err := m.thawFrozen(); err != nil {
+		_ = st.Close()
+		return nil, fmt.Errorf("thaw what a killed driver froze: %w", err)
+	}
 	if err := m.recover(); err != nil {
 		_ = st.Close()
 		return nil, err

@@ -1,0 +1,156 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+)
+
+// FIFREEZE and FITHAW freeze and thaw the filesystem of the mount point
+// the ioctl is made on (linux/fs.h: _IOWR('X', 119, int) and
+// _IOWR('X', 120, int)). A freeze writes out every dirty page and journal
+// entry first and then blocks every write until the thaw.
+const (
+	ioctlFIFREEZE = 0xc0045877
+	ioctlFITHAW   = 0xc0045878
+)
+
+// maxFreeze bounds a freeze: a copy still running then loses its
+// consistency (the snapshot fails) rather than the pod its writes.
+var maxFreeze = 60 * time.Second
+
+// frozenDir is where a freeze is recorded while it lasts,
+// <data root>/frozen/<volume_id> holding the mount point, so that a start
+// after a crash thaws what the crashed process froze (thawFrozen).
+const frozenDir = "frozen"
+
+// freezeStaged freezes the filesystem of image volume v where it is
+// staged (FIFREEZE on the mount of its read-write loop device) and returns
+// the thaw, which is safe to call more than once and runs by itself after
+// maxFreeze. A volume that is not attached or not mounted has nothing to
+// freeze: the thaw is a no-op. The freeze is recorded durably before it
+// is made.
+func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error) {
+	nop := func() error { return nil }
+	dev, err := block.FindMode(m.imagePath(v.ID), false)
+	if err != nil || dev == "" {
+		return nop, err
+	}
+	rdev, err := block.Rdev(dev)
+	if err != nil {
+		return nop, err
+	}
+	mounts, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return uint64(unix.Mkdev(uint32(i.Major), uint32(i.Minor))) != rdev, false
+	})
+	if err != nil || len(mounts) == 0 {
+		return nop, err
+	}
+	mnt := mounts[0].Mountpoint
+	marker := filepath.Join(m.root, frozenDir, v.ID)
+	if err := writeDurably(marker, mnt); err != nil {
+		return nop, fmt.Errorf("record the freeze of %s: %w", mnt, err)
+	}
+	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.IoctlSetInt(fd, ioctlFIFREEZE, 0)
+		if err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		_ = os.Remove(marker)
+		return nop, fmt.Errorf("FIFREEZE %s: %w", mnt, err)
+	}
+	klog.V(4).InfoS("Filesystem frozen for a snapshot", "volumeID", v.ID, "mountpoint", mnt)
+	var once sync.Once
+	var thawErr error
+	var expired atomic.Bool
+	timer := time.AfterFunc(maxFreeze, func() {
+		klog.InfoS("Thawing a filesystem frozen too long; the snapshot in progress fails", "volumeID", v.ID, "after", maxFreeze)
+		expired.Store(true)
+		_ = thaw()
+	})
+	thaw = func() error {
+		once.Do(func() {
+			timer.Stop()
+			thawErr = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+			unix.Close(fd)
+			if thawErr != nil {
+				thawErr = fmt.Errorf("FITHAW %s: %w", mnt, thawErr)
+				return
+			}
+			_ = os.Remove(marker)
+			klog.V(4).InfoS("Filesystem thawed", "volumeID", v.ID, "mountpoint", mnt)
+		})
+		if thawErr == nil && expired.Load() {
+			return fmt.Errorf("the filesystem at %s was thawed after %s, before the copy ended: the copy is not consistent", mnt, maxFreeze)
+		}
+		return thawErr
+	}
+	return thaw, nil
+}
+
+// thawFrozen thaws every filesystem a freeze record names (a process
+// killed while it held a freeze) and removes the records. A mount point
+// that is gone, or not frozen (EINVAL), needs nothing.
+func (m *Manager) thawFrozen() error {
+	dir := filepath.Join(m.root, frozenDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		mnt := string(raw)
+		if fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+			err = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+			unix.Close(fd)
+			if err == nil {
+				klog.InfoS("Thawed a filesystem a killed driver left frozen", "volumeID", e.Name(), "mountpoint", mnt)
+			} else if !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("FITHAW %s: %w", mnt, err)
+			}
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeDurably writes content to the new file p and syncs it and its
+// directory.
+func writeDurably(p, content string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(p))
+}
