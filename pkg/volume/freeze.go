@@ -77,11 +77,7 @@ func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error
 	var once sync.Once
 	var thawErr error
 	var expired atomic.Bool
-	timer := time.AfterFunc(maxFreeze, func() {
-		klog.InfoS("Thawing a filesystem frozen too long; the snapshot in progress fails", "volumeID", v.ID, "after", maxFreeze)
-		expired.Store(true)
-		_ = thaw()
-	})
+	var timer *time.Timer
 	thaw = func() error {
 		once.Do(func() {
 			timer.Stop()
@@ -99,6 +95,11 @@ func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error
 		}
 		return thawErr
 	}
+	timer = time.AfterFunc(maxFreeze, func() {
+		klog.InfoS("Thawing a filesystem frozen too long; the snapshot in progress fails", "volumeID", v.ID, "after", maxFreeze)
+		expired.Store(true)
+		_ = thaw()
+	})
 	return thaw, nil
 }
 
