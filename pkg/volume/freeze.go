@@ -105,7 +105,9 @@ func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error
 
 // thawFrozen thaws every filesystem a freeze record names (a process
 // killed while it held a freeze) and removes the records. A mount point
-// that is gone, or not frozen (EINVAL), needs nothing.
+// that is gone, or not frozen (EINVAL), needs nothing; one that cannot be
+// thawed is logged and its record kept for the next start. Only an
+// unreadable record directory is an error.
 func (m *Manager) thawFrozen() error {
 	dir := filepath.Join(m.root, frozenDir)
 	ents, err := os.ReadDir(dir)
@@ -125,7 +127,10 @@ func (m *Manager) thawFrozen() error {
 			if err == nil {
 				klog.InfoS("Thawed a filesystem a killed driver left frozen", "volumeID", e.Name(), "mountpoint", mnt)
 			} else if !errors.Is(err, unix.EINVAL) {
-				return fmt.Errorf("FITHAW %s: %w", mnt, err)
+				// Kept, and tried again at the next start; the driver serves
+				// everything else.
+				klog.ErrorS(err, "Could not thaw a filesystem a killed driver left frozen; run fsfreeze --unfreeze on it", "volumeID", e.Name(), "mountpoint", mnt)
+				continue
 			}
 		}
 		if err := os.Remove(p); err != nil {
