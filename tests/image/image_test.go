@@ -1,7 +1,7 @@
 // Package image checks what the container image relies on: the binary the
 // Dockerfile builds (`make static`, the same command) is static and serves
 // volumes from an otherwise empty root filesystem — no shell, no mount(8),
-// no losetup, no btrfs-progs — as it must on distroless/static. No Docker
+// no losetup, no btrfs-progs — for directory and raw block volumes. No Docker
 // engine runs here, so the test runs the binary in a chroot holding only
 // itself, /etc/passwd and the kernel filesystems a container runtime
 // provides (/proc, /sys, /dev).
