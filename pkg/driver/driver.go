@@ -75,14 +75,23 @@ type Driver struct {
 	ids     *keylock.Set    // Controller service: the other calls by volume_id or snapshot_id
 	version string
 
-	server *grpc.Server
+	server      *grpc.Server
+	interceptor grpc.UnaryServerInterceptor // WithInterceptor's, or nil
 }
 
 // Option is what New is given besides the Options of the flags.
 type Option func(*newConfig)
 
 type newConfig struct {
-	mounter mount.Interface
+	mounter     mount.Interface
+	interceptor grpc.UnaryServerInterceptor
+}
+
+// WithInterceptor runs i on every call before the driver's own logging
+// interceptor. Tests use it to rewrite what a CO sends (csi-sanity cannot
+// set a capability's fs_type; the image-volume sanity runs add it).
+func WithInterceptor(i grpc.UnaryServerInterceptor) Option {
+	return func(c *newConfig) { c.interceptor = i }
 }
 
 // WithMounter gives the Node service the mount.Interface it mounts with
@@ -104,7 +113,7 @@ func New(opts Options, with ...Option) (*Driver, error) {
 	for _, o := range with {
 		o(&nc)
 	}
-	d := &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), version: Version()}
+	d := &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), version: Version(), interceptor: nc.interceptor}
 	switch opts.Mode {
 	case ModeController:
 		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
@@ -154,7 +163,11 @@ func (d *Driver) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.server = grpc.NewServer(grpc.UnaryInterceptor(logRPC))
+	chain := []grpc.UnaryServerInterceptor{logRPC}
+	if d.interceptor != nil {
+		chain = append([]grpc.UnaryServerInterceptor{d.interceptor}, chain...)
+	}
+	d.server = grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
 	d.Register(d.server)
 	klog.InfoS("Serving CSI", "driver", d.opts.DriverName, "version", d.version, "mode", d.opts.Mode,
 		"endpoint", d.opts.Endpoint, "nodeID", d.opts.NodeID, "dataRoot", d.opts.DataRoot)

@@ -23,8 +23,12 @@ type Fake struct {
 	mounts  map[string]FakeMount // target → what is mounted there
 	devices map[string]string    // device node path → the device it copies
 	// Calls counts the mutating calls (Bind, Unmount, Remove, PlaceDevice,
-	// RemoveDevice) that changed the table.
+	// RemoveDevice, FormatAndMount) that changed the table.
 	Calls int
+	// Formatted lists the devices FormatAndMount made a filesystem on, with
+	// its type; Resized counts ResizeFS calls by device.
+	Formatted map[string]string
+	Resized   map[string]int
 }
 
 // FakeMount is one mount of a Fake.
@@ -37,7 +41,7 @@ type FakeMount struct {
 
 // NewFake returns a Fake with nothing mounted.
 func NewFake() *Fake {
-	return &Fake{mounts: map[string]FakeMount{}, devices: map[string]string{}}
+	return &Fake{mounts: map[string]FakeMount{}, devices: map[string]string{}, Formatted: map[string]string{}, Resized: map[string]int{}}
 }
 
 var _ Interface = (*Fake)(nil)
@@ -192,4 +196,35 @@ func (f *Fake) InUse(dir string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// FormatAndMount implements Interface: the first call for dev "formats"
+// it (Formatted); the mount shows dev.
+func (f *Fake) FormatAndMount(dev, target, fsType string, options []string) error {
+	if isMnt, err := f.IsMountPoint(target); err != nil || isMnt {
+		if err != nil {
+			return err
+		}
+		return repeatedFSMount(f, dev, target)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if have, ok := f.Formatted[dev]; ok && have != fsType {
+		return fmt.Errorf("%s holds %s, not %s", dev, have, fsType)
+	}
+	f.Formatted[dev] = fsType
+	f.mounts[target] = FakeMount{Source: dev, Flags: options}
+	f.Calls++
+	return nil
+}
+
+// HoldsFS implements Interface.
+func (f *Fake) HoldsFS(p, dev string) (bool, error) { return f.Shows(p, dev) }
+
+// ResizeFS implements Interface (counted in Resized).
+func (f *Fake) ResizeFS(dev, _ string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Resized[dev]++
+	return nil
 }

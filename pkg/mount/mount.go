@@ -71,6 +71,19 @@ type Interface interface {
 	// MountPoints lists the mount points that show src (a directory or a
 	// device node) or a part of it: who else holds it.
 	MountPoints(src string) ([]string, error)
+	// FormatAndMount mounts the filesystem fsType on the block device dev
+	// at the directory target with the mount options, formatting dev first
+	// when it holds no filesystem at all (never one that holds data). A
+	// target that already holds dev's filesystem is success (a repeated
+	// stage); any other mount there is contract.ErrExists. A device
+	// holding another filesystem than fsType fails.
+	FormatAndMount(dev, target, fsType string, options []string) error
+	// HoldsFS reports whether p is a mount point of the filesystem on the
+	// block device dev (os.ErrNotExist when p does not exist).
+	HoldsFS(p, dev string) (bool, error)
+	// ResizeFS grows the filesystem on dev, mounted at mountPath, to the
+	// device's size when it is smaller (online).
+	ResizeFS(dev, mountPath string) error
 	// InUse reports whether the directory dir is shown by a mount anywhere
 	// in this mount namespace (dir itself or a part of it, e.g. a subPath),
 	// or has a mount inside it.

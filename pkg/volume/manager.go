@@ -336,5 +336,19 @@ func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
 	if err := m.resizeData(v, v.CapacityBytes); err != nil {
 		return 0, err
 	}
+	if v.FsType != "" {
+		// The device has its new size; the filesystem grows online where
+		// it is mounted (volumePath: a publish or the staging path).
+		dev, err := block.FindMode(m.imagePath(v.ID), false)
+		if err != nil {
+			return 0, err
+		}
+		if dev == "" {
+			return 0, fmt.Errorf("%w: image volume %s is not staged on this node", contract.ErrPrecondition, v.ID)
+		}
+		if err := m.mnt.ResizeFS(dev, volumePath); err != nil {
+			return 0, err
+		}
+	}
 	return v.CapacityBytes, nil
 }

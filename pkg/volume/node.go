@@ -60,10 +60,55 @@ func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) erro
 	if err := m.mnt.PrepareDir(stagingPath, "staging_target_path", false); err != nil {
 		return err
 	}
-	if v.AccessType == contract.AccessBlock {
+	switch {
+	case v.AccessType == contract.AccessBlock:
 		return m.stageBlock(id, stagingPath)
+	case v.FsType != "":
+		return m.stageImage(v, stagingPath, flags)
 	}
 	return m.mnt.Bind(mount.Bind{Source: m.volDir(id), Target: stagingPath, Flags: mf})
+}
+
+// stageImage attaches image volume v's read-write loop device (the same
+// image file after a reboot: the device is found by its backing file) and
+// mounts its filesystem at stagingPath with the capability's mount flags,
+// formatting it on its first stage only. A filesystem smaller than its
+// device (a restore or clone to a larger size, an expansion made while it
+// was not staged) is grown. A device this call attached is detached again
+// when the mount fails.
+func (m *Manager) stageImage(v *contract.Volume, stagingPath string, flags []string) error {
+	img := m.imagePath(v.ID)
+	had, err := block.FindMode(img, false)
+	if err != nil {
+		return err
+	}
+	dev, err := block.Attach(img)
+	if err != nil {
+		return err
+	}
+	if err := m.mnt.FormatAndMount(dev, stagingPath, v.FsType, flags); err != nil {
+		if had == "" {
+			if derr := block.Detach(img); derr != nil {
+				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
+			}
+		}
+		return err
+	}
+	if err := m.mnt.ResizeFS(dev, stagingPath); err != nil {
+		return err
+	}
+	klog.V(2).InfoS("Image volume staged", "volumeID", v.ID, "device", dev, "fsType", v.FsType, "stagingPath", stagingPath)
+	return nil
+}
+
+// stagedImage reports whether image volume v is staged at stagingPath:
+// its read-write loop device is attached and its filesystem mounted there.
+func (m *Manager) stagedImage(v *contract.Volume, stagingPath string) (bool, error) {
+	dev, err := block.FindMode(m.imagePath(v.ID), false)
+	if err != nil || dev == "" {
+		return false, err
+	}
+	return m.mnt.HoldsFS(stagingPath, dev)
 }
 
 // stageBlock attaches block volume id's read-write loop device and makes
@@ -130,7 +175,7 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 	if err != nil {
 		return err
 	}
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		if err := m.mnt.RemoveDevice(stagedDevicePath(stagingPath, v.ID)); err != nil {
 			return err
 		}
@@ -191,7 +236,13 @@ func (m *Manager) Publish(id string, o PublishOptions) error {
 		return m.publishBlock(id, o)
 	}
 	src := m.volDir(id)
-	if ok, err := m.mnt.Shows(o.StagingPath, src); err != nil || !ok {
+	staged, err := m.mnt.Shows(o.StagingPath, src)
+	if v.FsType != "" {
+		// The root of its filesystem, as mounted at the staging path.
+		src = o.StagingPath
+		staged, err = m.stagedImage(v, o.StagingPath)
+	}
+	if err != nil || !staged {
 		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", contract.ErrPrecondition, id, o.StagingPath)
 	}
 	if o.SingleWriter {

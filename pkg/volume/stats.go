@@ -55,6 +55,9 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 	if v.AccessType == contract.AccessBlock {
 		return m.blockStats(v, volumePath, notHere)
 	}
+	if v.FsType != "" {
+		return m.imageFSStats(v, volumePath, notHere)
+	}
 	// A mount volume is where a bind mount of its directory is (a staging
 	// or publish path); the directory itself, or a copy, is not.
 	dir := m.volDir(v.ID)
@@ -84,6 +87,26 @@ func (m *Manager) Stats(id, volumePath string) (Usage, error) {
 		u.TotalInodes = inodes + int64(sfs.Ffree)
 	}
 	return u, nil
+}
+
+// imageFSStats: volumePath must be a mount of image volume v's filesystem
+// (its staging path, or a publish bind of it). The figures are the mounted
+// filesystem's own (statfs(2)): its total after its metadata, its used and
+// available bytes, and its inodes.
+func (m *Manager) imageFSStats(v *contract.Volume, volumePath string, notHere error) (Usage, error) {
+	if ok, err := m.stagedImage(v, volumePath); err != nil || !ok {
+		return Usage{}, notHere
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(volumePath, &sfs); err != nil {
+		return Usage{}, fmt.Errorf("statfs %s: %w", volumePath, err)
+	}
+	bs := sfs.Bsize
+	total, free := int64(sfs.Blocks)*bs, int64(sfs.Bfree)*bs
+	return Usage{
+		TotalBytes: total, UsedBytes: total - free, AvailableBytes: int64(sfs.Bavail) * bs,
+		HasInodes: true, TotalInodes: int64(sfs.Files), FreeInodes: int64(sfs.Ffree), UsedInodes: int64(sfs.Files - sfs.Ffree),
+	}, nil
 }
 
 // blockStats: volumePath must show one of the volume's loop devices the

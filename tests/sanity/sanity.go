@@ -6,6 +6,15 @@
 //	xfsreflink/  dir engine on a loop-mounted XFS made with reflink=1
 //	btrfs/       btrfs engine on a loop-mounted btrfs with qgroups
 //	block/       raw block volumes (TestVolumeAccessType: block)
+//	ext4/        image volumes formatted ext4, data root on ext4
+//	xfs/         image volumes formatted xfs, data root on XFS with reflink
+//
+// csi-sanity cannot set a capability's fs_type, so the image-volume runs
+// give the driver an interceptor (driver.WithInterceptor) that adds it to
+// every mount capability a call carries, as external-provisioner and kubelet
+// do for a StorageClass with csi.storage.k8s.io/fstype. Their volume size is
+// at least the filesystem's minimum (xfs: 300 MiB): the xfs run asks for
+// 300 MiB volumes expanded to 320 MiB.
 //
 // Every capability the driver implements is advertised, so csi-sanity skips
 // only specs for capabilities it deliberately does not advertise:
@@ -21,10 +30,13 @@
 package sanity
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"google.golang.org/grpc"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -39,6 +51,8 @@ type Config struct {
 	Engine string
 	// Block runs the suite with block volumes.
 	Block bool
+	// FsType makes every volume an image volume with this filesystem.
+	FsType string
 }
 
 // Run starts the driver for cfg and runs csi-sanity against it.
@@ -46,14 +60,22 @@ func Run(t *testing.T, cfg Config) {
 	testdriver.RequireRoot(t)
 	dir := testdriver.TempDir(t)
 	base := dir
+	size := int64(1 << 30)
+	if cfg.FsType == "xfs" {
+		size = 8 << 30 // room for csi-sanity's volumes of 300 MiB (sparse)
+	}
 	if cfg.FS != "" {
-		base = testfs.New(t, cfg.FS, 1<<30)
+		base = testfs.New(t, cfg.FS, size)
 	}
 	o := testdriver.DefaultOptions(dir)
 	o.DataRoot = filepath.Join(base, "data")
 	o.Engine = cfg.Engine
-	o.CapacityBytes = 768 << 20
-	in := testdriver.StartWith(t, o)
+	o.CapacityBytes = size * 3 / 4
+	var with []driver.Option
+	if cfg.FsType != "" {
+		with = append(with, driver.WithInterceptor(withFsType(cfg.FsType)))
+	}
+	in := testdriver.StartWith(t, o, with...)
 	var _ driver.Options = in.Opts
 	sc := sanity.NewTestConfig()
 	sc.Address = in.Endpoint
@@ -61,9 +83,46 @@ func Run(t *testing.T, cfg Config) {
 	sc.StagingPath = filepath.Join(dir, "staging")
 	sc.TestVolumeSize = 16 << 20
 	sc.TestVolumeExpandSize = 32 << 20
+	if cfg.FsType == "xfs" {
+		// The smallest XFS mkfs.xfs makes, and a bit more.
+		sc.TestVolumeSize, sc.TestVolumeExpandSize = 300<<20, 320<<20
+	}
 	sc.IdempotentCount = 3
 	if cfg.Block {
 		sc.TestVolumeAccessType = "block"
 	}
 	sanity.Test(t, sc)
+}
+
+// withFsType sets fs_type on every mount capability of a request that has
+// none.
+func withFsType(fs string) grpc.UnaryServerInterceptor {
+	set := func(caps ...*csi.VolumeCapability) {
+		for _, c := range caps {
+			if m := c.GetMount(); m != nil && m.FsType == "" {
+				m.FsType = fs
+			}
+		}
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch r := req.(type) {
+		case *csi.CreateVolumeRequest:
+			set(r.GetVolumeCapabilities()...)
+		case *csi.ValidateVolumeCapabilitiesRequest:
+			set(r.GetVolumeCapabilities()...)
+		case *csi.GetCapacityRequest:
+			set(r.GetVolumeCapabilities()...)
+		case *csi.ControllerPublishVolumeRequest:
+			set(r.GetVolumeCapability())
+		case *csi.ControllerExpandVolumeRequest:
+			set(r.GetVolumeCapability())
+		case *csi.NodeStageVolumeRequest:
+			set(r.GetVolumeCapability())
+		case *csi.NodePublishVolumeRequest:
+			set(r.GetVolumeCapability())
+		case *csi.NodeExpandVolumeRequest:
+			set(r.GetVolumeCapability())
+		}
+		return handler(ctx, req)
+	}
 }

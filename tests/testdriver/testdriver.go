@@ -84,10 +84,11 @@ func TempDir(t testing.TB) string {
 	return dir
 }
 
-// StartWith runs a driver with exactly these options until the test ends.
-func StartWith(t testing.TB, o driver.Options) *Instance {
+// StartWith runs a driver with exactly these options (and New's options
+// with) until the test ends.
+func StartWith(t testing.TB, o driver.Options, with ...driver.Option) *Instance {
 	t.Helper()
-	d, err := driver.New(o)
+	d, err := driver.New(o, with...)
 	if err != nil {
 		t.Fatalf("start driver: %v", err)
 	}
