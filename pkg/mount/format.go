@@ -1,13 +1,17 @@
 package mount
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 // FormatAndMount implements Interface with k8s.io/mount-utils'
@@ -23,8 +27,60 @@ func (mt *Mounter) FormatAndMount(dev, target, fsType string, options []string) 
 		return repeatedFSMount(mt, dev, target)
 	}
 	sfm := &mountutils.SafeFormatAndMount{Interface: mountutils.New(""), Exec: utilexec.New()}
+	if err := growExtOffline(sfm, dev); err != nil {
+		return err
+	}
 	if err := sfm.FormatAndMount(dev, target, fsType, options); err != nil {
 		return fmt.Errorf("format (when blank) and mount %s as %s on %s: %w", dev, fsType, target, err)
+	}
+	return nil
+}
+
+// growExtOffline grows an ext2/3/4 filesystem on the unmounted device dev
+// to the device's size when it is smaller (a restore or clone to a larger
+// size, an expansion made while the volume was not staged): e2fsck -f -p,
+// then resize2fs. Growing it offline, before the mount, needs no
+// CAP_SYS_RESOURCE, which an online ext4 resize does. A blank device or
+// another filesystem is left to FormatAndMount.
+func growExtOffline(sfm *mountutils.SafeFormatAndMount, dev string) error {
+	format, err := sfm.GetDiskFormat(dev)
+	if err != nil || (format != "ext4" && format != "ext3" && format != "ext2") {
+		return err
+	}
+	x := sfm.Exec
+	out, err := x.Command("dumpe2fs", "-h", dev).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("dumpe2fs -h %s: %v: %s", dev, err, out)
+	}
+	var blocks, blockSize int64
+	for _, l := range strings.Split(string(out), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "Block count":
+			blocks, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		case "Block size":
+			blockSize, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	size, err := block.DeviceSize(dev)
+	if err != nil {
+		return err
+	}
+	if blocks == 0 || blockSize == 0 || size < (blocks+1)*blockSize {
+		return nil
+	}
+	// e2fsck -p exits 1 when it corrected something, which is fine.
+	if out, err := x.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
+			return fmt.Errorf("e2fsck -f -p %s before growing it: %v: %s", dev, err, out)
+		}
+	}
+	if out, err := x.Command("resize2fs", dev).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
 	}
 	return nil
 }

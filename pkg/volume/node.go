@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"k8s.io/klog/v2"
 
@@ -86,7 +87,13 @@ func (m *Manager) stageImage(v *contract.Volume, stagingPath string, flags []str
 	if err != nil {
 		return err
 	}
-	if err := m.mnt.FormatAndMount(dev, stagingPath, v.FsType, flags); err != nil {
+	opts := flags
+	if v.FsType == "xfs" {
+		// A restore or clone carries its source's filesystem UUID, and XFS
+		// refuses to mount a second filesystem with a UUID already mounted.
+		opts = append(slices.Clone(flags), "nouuid")
+	}
+	if err := m.mnt.FormatAndMount(dev, stagingPath, v.FsType, opts); err != nil {
 		if had == "" {
 			if derr := block.Detach(img); derr != nil {
 				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
