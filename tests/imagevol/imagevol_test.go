@@ -9,8 +9,8 @@ package imagevol
 
 import (
 	"bytes"
-	"fmt"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -454,7 +454,6 @@ func TestImageVolumeAfterReboot(t *testing.T) {
 	}
 }
 
-
 // procClients starts the driver binary on dataRoot and returns it with
 // its clients.
 func procClients(t *testing.T, dir, dataRoot string) (*testdriver.Proc, csi.ControllerClient, csi.NodeClient) {
@@ -469,7 +468,9 @@ func procClients(t *testing.T, dir, dataRoot string) (*testdriver.Proc, csi.Cont
 // its result arrives on done.
 func writeBlocks(dir string, wait time.Duration) (blocked bool, done <-chan error) {
 	ch := make(chan error, 1)
-	go func() { ch <- os.WriteFile(filepath.Join(dir, fmt.Sprintf("probe-%d", time.Now().UnixNano())), []byte("x"), 0o600) }()
+	go func() {
+		ch <- os.WriteFile(filepath.Join(dir, fmt.Sprintf("probe-%d", time.Now().UnixNano())), []byte("x"), 0o600)
+	}()
 	select {
 	case err := <-ch:
 		ch <- err
