@@ -135,6 +135,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 		Spec: v1.LocalVolumeSpec{
 			Size:       quantity(spec.SizeBytes),
 			VolumeMode: volumeMode(spec.AccessType),
+			FsType:     spec.FsType,
 			Parameters: spec.Parameters,
 			CSIName:    spec.Name,
 		},

@@ -34,6 +34,7 @@ func toVolume(lv *v1.LocalVolume) *contract.Volume {
 		Name:          lv.Spec.CSIName,
 		CapacityBytes: max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()),
 		AccessType:    accessType(lv.Spec.VolumeMode),
+		FsType:        lv.Spec.FsType,
 		Parameters:    lv.Spec.Parameters,
 		Engine:        lv.Spec.Engine,
 		CreatedAt:     lv.CreationTimestamp.UTC(),

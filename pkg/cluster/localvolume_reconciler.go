@@ -151,6 +151,7 @@ func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (volume.CreateSpe
 		Name:       lv.Spec.CSIName,
 		SizeBytes:  lv.Spec.Size.Value(),
 		AccessType: accessType(lv.Spec.VolumeMode),
+		FsType:     lv.Spec.FsType,
 		Parameters: lv.Spec.Parameters,
 		DirMode:    params.DirMode,
 	}

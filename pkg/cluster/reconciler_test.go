@@ -142,3 +142,21 @@ func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
 		t.Errorf("re-adopted LocalVolume %+v (%v), want one of 2Mi labelled readopted", lost.ObjectMeta, err)
 	}
 }
+
+// TestLocalVolumeReconcilerMakesImageVolumes: a LocalVolume with fsType is
+// created on the node as an image volume of that filesystem, and the
+// backend reads the fsType back.
+func TestLocalVolumeReconcilerMakesImageVolumes(t *testing.T) {
+	lv := placed("pvc-img", "n", 8*mi, "")
+	lv.Spec.FsType = "ext4"
+	c, vm := nodeFixture(t, lv)
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}
+	reconcileOnce(t, r, lv.Name)
+	v, err := vm.Get(lv.Name)
+	if err != nil || v.FsType != "ext4" || !v.Image() {
+		t.Fatalf("local volume %+v, %v; want an ext4 image volume", v, err)
+	}
+	if got := toVolume(lv); got.FsType != "ext4" {
+		t.Fatalf("toVolume dropped the fsType: %+v", got)
+	}
+}

@@ -103,6 +103,14 @@ type LocalVolumeSpec struct {
 	// +kubebuilder:validation:Enum=Filesystem;Block
 	// +kubebuilder:default=Filesystem
 	VolumeMode string `json:"volumeMode,omitempty"`
+	// FsType makes a Filesystem volume an image volume: an image file on
+	// the node's data root, formatted with this filesystem at its first
+	// stage (the StorageClass parameter csi.storage.k8s.io/fstype). Empty
+	// for a directory volume.
+	// +kubebuilder:validation:Enum=ext4;xfs
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="fsType is immutable"
+	// +optional
+	FsType string `json:"fsType,omitempty"`
 	// Engine is the storage engine the node used for a Filesystem volume
 	// ("dir" or "btrfs"); informational, chosen by the node plugin.
 	// +optional
