@@ -8,11 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 // PlaceDevice implements Interface.
 func (*Mounter) PlaceDevice(p, dev string) error {
-	rdev, err := rdevOf(dev)
+	rdev, err := block.Rdev(dev)
 	if err != nil {
 		return err
 	}
@@ -50,16 +51,4 @@ func (*Mounter) RemoveDevice(p string) error {
 		return fmt.Errorf("remove %s: %w", p, err)
 	}
 	return nil
-}
-
-// rdevOf is the device number of the block device node dev.
-func rdevOf(dev string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return 0, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return 0, fmt.Errorf("%s is not a block device", dev)
-	}
-	return st.Rdev, nil
 }

@@ -131,19 +131,8 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) 
 		}
 		return nil, mapNoSpace(err)
 	}
-	if err := engine.Remove(tmp); err != nil { // a failed earlier attempt's
+	if err := m.writeSnapshot(v, tmp); err != nil {
 		return fail(err)
-	}
-	if v.Image() {
-		err = m.snapshotImage(v, tmp)
-	} else {
-		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
-	}
-	if err == nil {
-		err = syncFS(tmp) // the copy is on disk before the record acknowledges it
-	}
-	if err != nil {
-		return fail(fmt.Errorf("snapshot volume %s: %w", v.ID, err))
 	}
 	err = m.st.Update(func(tx *state.Tx) error {
 		if tx.SnapshotIDByName(name) != "" {
@@ -162,6 +151,28 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) 
 	}
 	klog.V(2).InfoS("Snapshot created", "snapshotID", s.ID, "sourceVolumeID", v.ID, "size", s.SizeBytes)
 	return s, nil
+}
+
+// writeSnapshot writes the snapshot of volume v at tmp (removing what a
+// failed earlier attempt left there first) and syncs it to disk, before
+// the record that acknowledges it is committed.
+func (m *Manager) writeSnapshot(v *contract.Volume, tmp string) error {
+	if err := engine.Remove(tmp); err != nil {
+		return err
+	}
+	var err error
+	if v.Image() {
+		err = m.snapshotImage(v, tmp)
+	} else {
+		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
+	}
+	if err == nil {
+		err = syncFS(tmp)
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot volume %s: %w", v.ID, err)
+	}
+	return nil
 }
 
 // DeleteSnapshot removes a snapshot (record first, then data). Unknown ids
