@@ -80,6 +80,8 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 		Engine:           h.VM.Engine(),
 		CapacityBytes:    quantity(ci.Total),
 		AllocatableBytes: quantity(ci.Available),
+		AllocatedBytes:   quantity(ci.Allocated),
+		HeadroomBytes:    quantity(ci.Headroom),
 		FreeBytes:        quantity(ci.Free),
 		MaxVolumeBytes:   quantity(h.MaxVolumeBytes),
 		DriverVersion:    h.Version,

@@ -69,7 +69,12 @@ func (b *ControllerBackend) room(ctx context.Context, node string) (nodeRoom, er
 			used += max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value())
 		}
 	}
-	r.available = max(min(ln.Status.CapacityBytes.Value()-used, ln.Status.FreeBytes.Value()), 0)
+	// The node's figures are as of its last heartbeat: free space less what
+	// the volumes it held then may still write, less the volumes placed
+	// since (or grown: the sizes here beyond what it counted).
+	pending := used - ln.Status.AllocatedBytes.Value()
+	free := ln.Status.FreeBytes.Value() - ln.Status.HeadroomBytes.Value() - pending
+	r.available = max(min(ln.Status.CapacityBytes.Value()-used, free), 0)
 	r.maxVolume = ln.Status.MaxVolumeBytes.Value()
 	if b.MaxVolumeBytes > 0 && (r.maxVolume == 0 || b.MaxVolumeBytes < r.maxVolume) {
 		r.maxVolume = b.MaxVolumeBytes

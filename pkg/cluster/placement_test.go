@@ -75,12 +75,19 @@ func topo(nodes ...string) []*csi.Topology {
 func TestRoom(t *testing.T) {
 	stale := node("stale", 100*mi, 100*mi, 0)
 	stale.Status.Heartbeat = metav1.NewTime(time.Now().Add(-StaleAfter - time.Minute))
+	// At its heartbeat the node held "made" (30Mi, 5Mi of it written: 70Mi
+	// free, 25Mi it may still write); "new" was placed since.
+	counted := node("counted", 100*mi, 70*mi, 0)
+	counted.Status.AllocatedBytes, counted.Status.HeadroomBytes = quantity(30*mi), quantity(25*mi)
 	b := fakeBackend(t, 0,
 		node("a", 100*mi, 100*mi, 0),
 		placed("v1", "a", 30*mi, v1.PhaseReady),
 		placed("v2", "a", 10*mi, v1.PhasePending),
 		placed("failed", "a", 50*mi, v1.PhaseFailed), // holds nothing
 		node("tight", 100*mi, 20*mi, 40*mi),
+		counted,
+		placed("made", "counted", 30*mi, v1.PhaseReady),
+		placed("new", "counted", 10*mi, v1.PhasePending),
 		stale,
 	)
 	grown := placed("grown", "a", 10*mi, v1.PhaseReady)
@@ -95,6 +102,9 @@ func TestRoom(t *testing.T) {
 	}{
 		{"a", 100*mi - 30*mi - 10*mi - 15*mi, 0, ""},
 		{"tight", 20 * mi, 40 * mi, ""}, // free space is the limit
+		// Free space less what "made" may still write, less "new": 35Mi,
+		// not the 60Mi that capacity − sizes would allow (#12 item 6).
+		{"counted", 70*mi - 25*mi - 10*mi, 0, ""},
 		{"stale", 0, 0, "last heartbeat"},
 		{"gone", 0, 0, "no LocalNode"},
 	} {

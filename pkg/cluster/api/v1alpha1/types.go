@@ -289,10 +289,19 @@ type LocalNodeStatus struct {
 	// filesystem's size), in bytes (a quantity, as all sizes here).
 	// +optional
 	CapacityBytes resource.Quantity `json:"capacityBytes,omitzero"`
-	// AllocatableBytes is what volumes may still reserve on this node:
-	// min(capacity − Σ volume sizes, free), in bytes.
+	// AllocatableBytes is what a new volume can still be guaranteed on
+	// this node: min(capacity − allocated, free − headroom), in bytes.
 	// +optional
 	AllocatableBytes resource.Quantity `json:"allocatableBytes,omitzero"`
+	// AllocatedBytes is the sum of the sizes of the volumes the node
+	// plugin holds (creates and expansions in progress included).
+	// +optional
+	AllocatedBytes resource.Quantity `json:"allocatedBytes,omitzero"`
+	// HeadroomBytes is what those volumes may still write: the sum of
+	// their sizes minus the bytes each uses on its own. Free space less
+	// this is what new volumes can have.
+	// +optional
+	HeadroomBytes resource.Quantity `json:"headroomBytes,omitzero"`
 	// FreeBytes is the free space of the data root's filesystem, in bytes.
 	// +optional
 	FreeBytes resource.Quantity `json:"freeBytes,omitzero"`

@@ -87,6 +87,8 @@ func (in *LocalNodeStatus) DeepCopyInto(out *LocalNodeStatus) {
 	*out = *in
 	out.CapacityBytes = in.CapacityBytes.DeepCopy()
 	out.AllocatableBytes = in.AllocatableBytes.DeepCopy()
+	out.AllocatedBytes = in.AllocatedBytes.DeepCopy()
+	out.HeadroomBytes = in.HeadroomBytes.DeepCopy()
 	out.FreeBytes = in.FreeBytes.DeepCopy()
 	out.MaxVolumeBytes = in.MaxVolumeBytes.DeepCopy()
 	in.Heartbeat.DeepCopyInto(&out.Heartbeat)
