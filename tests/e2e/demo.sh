@@ -89,7 +89,13 @@ quiet kubectl wait --for=condition=Ready pod/block-user pod/scratch --timeout=12
 run kubectl logs block-user
 run kubectl exec scratch -- cat /scratch/f
 
-step "10. What localdir holds: PVs, and its own LocalVolume / LocalSnapshot objects"
+step "10. An image volume (examples/ext4.yaml): a 64Mi ext4 filesystem whose size holds on any data root"
+run kubectl apply -f examples/ext4.yaml
+quiet kubectl wait --for=condition=Ready pod/ext4-user --timeout=120s
+say "df in the pod shows the PVC's size (less ext4's own metadata), and a write past it fails:"
+run kubectl logs ext4-user
+
+step "11. What localdir holds: PVs, and its own LocalVolume / LocalSnapshot objects"
 run kubectl get pvc,pv
 run kubectl get localvolumes,localsnapshots
 

@@ -30,6 +30,7 @@ const (
 	scImmediate = "e2e-immediate"
 	scRetain    = "e2e-retain"
 	sc0750      = "e2e-dirmode-0750"
+	scExt4      = "e2e-ext4"
 )
 
 var (
@@ -47,6 +48,8 @@ func createClasses() error {
 		{ObjectMeta: metav1.ObjectMeta{Name: scRetain}, Provisioner: harness.DriverName, VolumeBindingMode: &immediate, ReclaimPolicy: &retain},
 		{ObjectMeta: metav1.ObjectMeta{Name: sc0750}, Provisioner: harness.DriverName, VolumeBindingMode: &wffc, ReclaimPolicy: &del,
 			Parameters: map[string]string{"dirMode": "0750"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: scExt4}, Provisioner: harness.DriverName, VolumeBindingMode: &wffc, ReclaimPolicy: &del, AllowVolumeExpansion: &yes,
+			Parameters: map[string]string{"csi.storage.k8s.io/fstype": "ext4"}},
 	} {
 		if _, err := kc.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err

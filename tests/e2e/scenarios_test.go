@@ -587,3 +587,30 @@ func TestScale100PVCs(t *testing.T) {
 	})
 	t.Logf("SCALE: %d PVCs deleted, PVs and volumes gone in %.2fs", n, time.Since(t1).Seconds())
 }
+
+// An ext4 StorageClass (csi.storage.k8s.io/fstype): the pod sees a
+// filesystem of the PVC's size, less ext4's own overhead (docs/engines.md:
+// 15 % at 64 MiB), and a write past it fails with ENOSPC.
+func TestImageVolumeSizeInPod(t *testing.T) {
+	needCluster(t)
+	ns := namespace(t, "image-ext4")
+	createPVC(t, ns, "sized", scExt4, "64Mi")
+	createPod(t, ns, "user", pvcVolume("sized", "/data"))
+	waitPodRunning(t, ns, "user", 2*time.Minute)
+	waitBound(t, ns, "sized", time.Minute)
+	fields := strings.Fields(strings.TrimSpace(podExec(t, ns, "user", "df -k /data | tail -n 1")))
+	if len(fields) < 2 {
+		t.Fatalf("df -k /data: %v", fields)
+	}
+	totalKiB, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		t.Fatalf("df -k /data: %v (%v)", fields, err)
+	}
+	if totalKiB > 64*1024 || totalKiB < 64*1024*85/100 {
+		t.Fatalf("df in the pod shows %d KiB for a 64Mi ext4 PVC, want 64 MiB less at most 15 %%", totalKiB)
+	}
+	out, err := tryExec(ns, "user", "dd if=/dev/zero of=/data/fill bs=1M count=100 conv=fsync 2>&1")
+	if err == nil || !strings.Contains(out, "No space left on device") {
+		t.Fatalf("writing 100 MiB into a 64Mi ext4 PVC: err %v, output:\n%s", err, out)
+	}
+}
