@@ -43,7 +43,12 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		if capacity, err = s.d.vm.Expand(v.ID, size); err != nil {
+		if _, err = s.d.vm.Expand(v.ID, size); err != nil {
+			return nil, toStatus(err)
+		}
+		// The node side again: an image volume's loop device and filesystem
+		// grow to the new size.
+		if capacity, err = s.d.vm.NodeExpand(req.GetVolumeId(), req.GetVolumePath()); err != nil {
 			return nil, toStatus(err)
 		}
 	}

@@ -152,6 +152,21 @@ func checkCreateSpec(spec *CreateSpec) error {
 	return nil
 }
 
+// cloneImage writes volume v's image at tmp: empty, or a copy of the image
+// at srcPath; a clone of a staged image volume is copied with the source's
+// filesystem frozen, as a snapshot is (whileFrozen).
+func (m *Manager) cloneImage(v *contract.Volume, tmp, srcPath string) error {
+	write := func() error { return writeImage(tmp, srcPath, v.CapacityBytes) }
+	if v.SourceVolumeID == "" {
+		return write()
+	}
+	src, err := m.Get(v.SourceVolumeID)
+	if err != nil {
+		return err
+	}
+	return m.whileFrozen(src, write)
+}
+
 // checkFsType refuses an image volume this node cannot make: a filesystem
 // not in contract.FsTypes or whose mkfs is not installed, or one with a
 // block volume (contract.ErrInvalid); a size below what its mkfs accepts
@@ -211,7 +226,7 @@ func (m *Manager) writeData(v *contract.Volume, tmp, srcPath string, dirMode uin
 	var err error
 	switch {
 	case v.Image():
-		err = writeImage(tmp, srcPath, v.CapacityBytes)
+		err = m.cloneImage(v, tmp, srcPath)
 		if err == nil {
 			err = preallocate(tmp, v.CapacityBytes)
 		}
@@ -315,6 +330,13 @@ func writeImage(dst, src string, size int64) error {
 			return err
 		}
 		defer unix.Close(in)
+		var st unix.Stat_t
+		if err := unix.Fstat(in, &st); err != nil {
+			return err
+		}
+		if st.Size > size {
+			return fmt.Errorf("image %s holds %d bytes, more than the %d bytes asked for: an image is never cut short", src, st.Size, size)
+		}
 		if _, _, err := engine.CopyData(out, in); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"fmt"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -34,21 +35,39 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 		return 0, err
 	}
 	if newSize <= v.CapacityBytes {
+		// A retry of an expansion a crash cut short after its record: the
+		// image may still be smaller than the record; grow it now.
+		if v.Image() {
+			if fi, err := os.Stat(m.imagePath(v.ID)); err == nil && fi.Size() < v.CapacityBytes {
+				if err := m.resizeData(v, v.CapacityBytes); err != nil {
+					return 0, mapNoSpace(err)
+				}
+			}
+		}
 		return v.CapacityBytes, nil
 	}
 	delta := newSize - v.CapacityBytes
 	if err := m.reserve(id, delta); err != nil {
 		return 0, err
 	}
-	err = m.resizeData(v, newSize)
-	if err != nil {
-		m.unreserve(id, delta)
-		return 0, mapNoSpace(err)
-	}
+	// The new size is committed before the data grows: a crash between the
+	// two leaves a record larger than its data, which NodeExpand (and the
+	// next stage) finish, never data larger than its record, which a
+	// snapshot or clone of the record's size would cut short.
+	old := v.CapacityBytes
 	v.CapacityBytes = newSize
 	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
 		m.unreserve(id, delta)
 		return 0, err
+	}
+	if err := m.resizeData(v, newSize); err != nil {
+		v.CapacityBytes = old
+		if rerr := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); rerr != nil {
+			// The reservation stays with the larger record.
+			return 0, fmt.Errorf("%w; and the record could not be set back to %d bytes (%v): NodeExpandVolume finishes the growth", mapNoSpace(err), old, rerr)
+		}
+		m.unreserve(id, delta)
+		return 0, mapNoSpace(err)
 	}
 	m.measured(v)
 	klog.V(2).InfoS("Volume expanded", "volumeID", id, "size", newSize)

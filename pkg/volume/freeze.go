@@ -35,6 +35,26 @@ var maxFreeze = 60 * time.Second
 // after a crash thaws what the crashed process froze (thawFrozen).
 const frozenDir = "frozen"
 
+// whileFrozen runs copy, a copy of volume v's image, with v's filesystem
+// frozen when v is a staged image volume (freezeStaged), so the copy holds
+// everything written before the call; a raw block volume is copied as it
+// is (crash-consistent only if nothing writes). A thaw that fails, or came
+// by timeout, fails the copy: it is not consistent.
+func (m *Manager) whileFrozen(v *contract.Volume, copy func() error) error {
+	thaw := func() error { return nil }
+	if v.FsType != "" {
+		var err error
+		if thaw, err = m.freezeStaged(v); err != nil {
+			return err
+		}
+	}
+	err := copy()
+	if terr := thaw(); err == nil {
+		err = terr
+	}
+	return err
+}
+
 // freezeStaged freezes the filesystem of image volume v where it is
 // staged (FIFREEZE on the mount of its read-write loop device) and returns
 // the thaw, which is safe to call more than once and runs by itself after
@@ -43,21 +63,11 @@ const frozenDir = "frozen"
 // is made.
 func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error) {
 	nop := func() error { return nil }
-	dev, err := block.FindMode(m.imagePath(v.ID), false)
-	if err != nil || dev == "" {
-		return nop, err
-	}
-	rdev, err := block.Rdev(dev)
-	if err != nil {
-		return nop, err
-	}
-	mounts, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
-		return uint64(unix.Mkdev(uint32(i.Major), uint32(i.Minor))) != rdev, false
-	})
+	mounts, err := m.imageMounts(v.ID)
 	if err != nil || len(mounts) == 0 {
 		return nop, err
 	}
-	mnt := mounts[0].Mountpoint
+	mnt := mounts[0]
 	marker := filepath.Join(m.root, frozenDir, v.ID)
 	if err := writeDurably(marker, mnt); err != nil {
 		return nop, fmt.Errorf("record the freeze of %s: %w", mnt, err)
@@ -103,41 +113,83 @@ func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error
 	return thaw, nil
 }
 
-// thawFrozen thaws every filesystem a freeze record names (a process
-// killed while it held a freeze) and removes the records. A mount point
-// that is gone, or not frozen (EINVAL), needs nothing; one that cannot be
-// thawed is logged and its record kept for the next start. Only an
-// unreadable record directory is an error.
-func (m *Manager) thawFrozen() error {
+// imageMounts lists the mount points of the filesystem on image volume
+// id's read-write loop device (none when it is not attached or not
+// mounted).
+func (m *Manager) imageMounts(id string) ([]string, error) {
+	dev, err := block.FindMode(m.imagePath(id), false)
+	if err != nil || dev == "" {
+		return nil, err
+	}
+	rdev, err := block.Rdev(dev)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return uint64(unix.Mkdev(uint32(i.Major), uint32(i.Minor))) != rdev, false
+	})
+	var points []string
+	for _, i := range infos {
+		points = append(points, i.Mountpoint)
+	}
+	return points, err
+}
+
+// thawFrozen thaws the filesystem of every volume a freeze record names
+// (a process killed while it held the freeze), found again by the volume's
+// loop device, not by the path recorded, and removes the records. A volume
+// no longer attached or mounted has nothing frozen. What cannot be thawed
+// is logged and its record kept for the next start: it never stops the
+// start.
+func (m *Manager) thawFrozen() {
 	dir := filepath.Join(m.root, frozenDir)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return err
+		klog.ErrorS(err, "Could not read the freeze records", "dir", dir)
+		return
 	}
 	for _, e := range ents {
-		p := filepath.Join(dir, e.Name())
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			return err
+		id, p := e.Name(), filepath.Join(dir, e.Name())
+		if !ValidVolumeID(id) {
+			klog.ErrorS(nil, "Not a freeze record; left alone", "path", p)
+			continue
 		}
-		mnt := string(raw)
-		if fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
-			err = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
-			unix.Close(fd)
-			if err == nil {
-				klog.InfoS("Thawed a filesystem a killed driver left frozen", "volumeID", e.Name(), "mountpoint", mnt)
-			} else if !errors.Is(err, unix.EINVAL) {
-				// Kept, and tried again at the next start; the driver serves
-				// everything else.
-				klog.ErrorS(err, "Could not thaw a filesystem a killed driver left frozen; run fsfreeze --unfreeze on it", "volumeID", e.Name(), "mountpoint", mnt)
-				continue
-			}
+		if err := m.thawVolume(id); err != nil {
+			klog.ErrorS(err, "Could not thaw a filesystem a killed driver left frozen; run fsfreeze --unfreeze on its mount", "volumeID", id)
+			continue
 		}
 		if err := os.Remove(p); err != nil {
-			return err
+			klog.ErrorS(err, "Could not remove a freeze record", "path", p)
 		}
 	}
-	return nil
+}
+
+// thawVolume thaws the filesystem of image volume id through one of its
+// mounts (FITHAW; EINVAL: it was not frozen).
+func (m *Manager) thawVolume(id string) error {
+	mounts, err := m.imageMounts(id)
+	if err != nil {
+		return err
+	}
+	var last error
+	for _, mnt := range mounts {
+		fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			last = err
+			continue
+		}
+		err = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+		unix.Close(fd)
+		switch {
+		case err == nil:
+			klog.InfoS("Thawed a filesystem a killed driver left frozen", "volumeID", id, "mountpoint", mnt)
+			return nil
+		case errors.Is(err, unix.EINVAL):
+			return nil // not frozen
+		}
+		last = fmt.Errorf("FITHAW %s: %w", mnt, err)
+	}
+	return last
 }
 
 // writeDurably writes content to the new file p and syncs it and its

@@ -130,6 +130,9 @@ func Open(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
+	// First of all: a pod's filesystem a killed driver left frozen must not
+	// wait for anything that could stop this start.
+	m.thawFrozen()
 	statePath := filepath.Join(root, state.FileName)
 	if _, err := os.Stat(statePath); errors.Is(err, os.ErrNotExist) {
 		n := countIDs(m.volRoot, ValidVolumeID) + countIDs(m.blockRoot, validImage(ValidVolumeID)) +
@@ -148,10 +151,6 @@ func Open(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.st = st
-	if err := m.thawFrozen(); err != nil {
-		_ = st.Close()
-		return nil, fmt.Errorf("thaw what a killed driver froze: %w", err)
-	}
 	if err := m.recover(); err != nil {
 		_ = st.Close()
 		return nil, err
@@ -282,7 +281,7 @@ func (m *Manager) Delete(id string) error {
 // attached to a loop device (block volume).
 func (m *Manager) checkUnused(v *contract.Volume) error {
 	p := m.dataPath(v)
-	if v.AccessType == contract.AccessBlock {
+	if v.Image() {
 		dev, err := block.Find(p)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
@@ -345,6 +344,9 @@ func (m *Manager) NodeExpand(id, volumePath string) (int64, error) {
 		}
 		if dev == "" {
 			return 0, fmt.Errorf("%w: image volume %s is not staged on this node", contract.ErrPrecondition, v.ID)
+		}
+		if ok, err := m.mnt.HoldsFS(volumePath, dev); err != nil || !ok {
+			return 0, fmt.Errorf("%w: volume_path %q is not a mount of volume %s", contract.ErrNotFound, volumePath, v.ID)
 		}
 		if err := m.mnt.ResizeFS(dev, volumePath); err != nil {
 			return 0, err

@@ -169,6 +169,9 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 		return err
 	}
 	defer unlock()
+	if err := m.stillPublished(id, stagingPath); err != nil {
+		return err
+	}
 	if err := m.mnt.Unmount(stagingPath); err != nil {
 		return err
 	}
@@ -187,6 +190,29 @@ func (m *Manager) Unstage(id, stagingPath string) error {
 			return err
 		}
 		return block.Detach(m.imagePath(v.ID))
+	}
+	return nil
+}
+
+// stillPublished refuses (contract.ErrPrecondition) to unstage an image
+// volume whose filesystem, staged at stagingPath, is still bind-mounted
+// elsewhere (a publication the CO did not unpublish): unmounting the
+// staging path and detaching the loop device would leave those mounts on a
+// device nobody can find again.
+func (m *Manager) stillPublished(id, stagingPath string) error {
+	v, err := m.Resolve(id)
+	if err != nil || v.FsType == "" {
+		return nil // unknown volumes and the other kinds: as before
+	}
+	if staged, err := m.stagedImage(v, stagingPath); err != nil || !staged {
+		return nil
+	}
+	points, err := m.mnt.MountPoints(stagingPath)
+	if err != nil {
+		return err
+	}
+	if len(points) > 0 {
+		return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, v.ID, points[0])
 	}
 	return nil
 }

@@ -237,21 +237,8 @@ func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) 
 }
 
 // snapshotImage copies the image of volume v to tmp: a reflink where the
-// data root's filesystem can (O(1)), else a sparse-aware copy. An image
-// volume staged with its filesystem is frozen meanwhile (freezeStaged), so
-// the copy holds everything written before the call; a raw block volume
-// is copied as it is (crash-consistent only if nothing writes).
+// data root's filesystem can (O(1)), else a sparse-aware copy, with its
+// filesystem frozen when it is staged (whileFrozen).
 func (m *Manager) snapshotImage(v *contract.Volume, tmp string) error {
-	thaw := func() error { return nil }
-	if v.FsType != "" {
-		var err error
-		if thaw, err = m.freezeStaged(v); err != nil {
-			return err
-		}
-	}
-	err := writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
-	if terr := thaw(); err == nil {
-		err = terr // a thaw that failed (or came by timeout) leaves no consistent copy
-	}
-	return err
+	return m.whileFrozen(v, func() error { return writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes) })
 }

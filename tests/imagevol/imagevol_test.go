@@ -19,6 +19,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
@@ -547,4 +548,30 @@ func TestKillDuringImageSnapshotLeavesNothingFrozen(t *testing.T) {
 		return
 	}
 	t.Fatal("no kill landed while the filesystem was frozen in 12 attempts: the race this test needs never happened")
+}
+
+// TestStagedImageVolumeIsKept: DeleteVolume of a staged image volume and
+// NodeUnstageVolume while it is still published are FAILED_PRECONDITION,
+// with the image, its loop device and its mounts untouched; the data is
+// there afterwards.
+func TestStagedImageVolumeIsKept(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.fs, func(t *testing.T) {
+			in := start(t, k.dataRoot)
+			v := stagePublish(t, in, create(t, in, "kept", k.fs, k.size, nil), k.fs)
+			data := csitest.RandomBytes(3, int(mib))
+			if err := os.WriteFile(filepath.Join(v.target, "kept"), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
+			csitest.MustCode(t, err, codes.FailedPrecondition, "DeleteVolume of a staged image volume")
+			_, err = in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+			csitest.MustCode(t, err, codes.FailedPrecondition, "NodeUnstageVolume while published")
+			if _, err := os.Stat(imagePath(in, v.id)); err != nil {
+				t.Fatalf("image: %v", err)
+			}
+			csitest.AssertFileBytes(t, filepath.Join(v.target, "kept"), data)
+			csitest.AssertFileBytes(t, filepath.Join(v.staging, "kept"), data)
+		})
+	}
 }
