@@ -201,10 +201,13 @@ func TestIntegerSizesReadAfterUpgrade(t *testing.T) {
 		if s, err := b.Snapshot(ctx, snapID); err != nil || s.SizeBytes != 2*gi || s.SourceVolumeID != volID {
 			t.Errorf("Snapshot(%s) = %+v, %v; want %d bytes of %s", snapID, s, err, 2*gi, volID)
 		}
-		// Room on the old node: min(10Gi − 2Gi − oddSize, 9Gi free); the
-		// largest volume is capped by its 4Gi maxVolumeBytes.
+		// Room on the old node: min(10Gi − 2Gi − oddSize, 9Gi free − the
+		// volumes it never reported as counted: an earlier node plugin
+		// writes no allocatedBytes/headroomBytes, so all of them count as
+		// still to be filled); the largest volume is capped by its 4Gi
+		// maxVolumeBytes.
 		total, largest, err := b.Capacity(ctx, &csi.Topology{Segments: map[string]string{contract.TopologyKey: oldNode}})
-		if want := 8*gi - oddSize; err != nil || total != want || largest != 4*gi {
+		if want := 9*gi - 2*gi - oddSize; err != nil || total != want || largest != 4*gi {
 			t.Errorf("Capacity(%s) = %d, %d, %v; want %d, %d", oldNode, total, largest, err, want, 4*gi)
 		}
 	})
