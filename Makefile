@@ -12,7 +12,7 @@ CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
-.PHONY: deps help build test unit unit-nobody verify-generated sanity test-cluster tools generate bench demo verify clean static image e2e e2e-tools demo-sanity demo-down e2e-k8s
+.PHONY: deps help build test unit unit-nobody verify-generated sanity test-cluster tools generate bench bench-cluster demo verify clean static image e2e e2e-tools demo-sanity demo-down e2e-k8s
 
 help: ## show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -139,7 +139,7 @@ SNAPSHOT_CRDS := $(OUT)/tools/snapshot-crds
 E2E_CLUSTER := $(OUT)/e2e-cluster
 E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize \
 	$(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet \
-	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/pause $(SNAPSHOT_CRDS)/.done
+	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/pause $(TOOLS)/floor $(SNAPSHOT_CRDS)/.done
 
 e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar stand-in, pause)
 
@@ -157,6 +157,9 @@ $(SNAPSHOT_CRDS)/.done: tests/tools/sidecars/go.mod
 $(TOOLS)/registrar: tests/e2e/registrar/go.mod tests/e2e/registrar/main.go
 	cd tests/e2e/registrar && $(GO) build -o $@ .
 
+$(TOOLS)/floor: tests/e2e/floor/main.go
+	$(GO) build -o $@ ./tests/e2e/floor
+
 $(TOOLS)/pause: tests/e2e/images/pause/main.go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./tests/e2e/images/pause
 
@@ -166,6 +169,12 @@ $(E2E_CLUSTER): FORCE
 E2E_TIMEOUT ?= 45m
 e2e: deps build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster: kubelet, containerd, sidecars (as root)
 	@rc=0; $(GO) test $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
+	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
+
+BENCH_CLUSTER ?= BenchmarkCluster
+bench-cluster: deps build e2e-tools $(E2E_CLUSTER) ## one node with 5,000 volumes (envtest), then many PVCs at once on the local cluster against a stand-in driver (the floor); API requests per volume (as root; ~15 min)
+	$(GO) test -v -run '^$$' -bench . -benchtime 1x -timeout 30m ./tests/cluster/scale/
+	@rc=0; $(GO) test -tags e2e -v -run '^$$' -bench '$(BENCH_CLUSTER)' -benchtime 1x -timeout 60m ./tests/e2e/ || rc=$$?; \
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
 
 demo: deps build e2e-tools $(E2E_CLUSTER) ## the main job: a local Kubernetes cluster, localdir installed, PVCs, pods, snapshots, resize

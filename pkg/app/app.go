@@ -22,17 +22,21 @@ import (
 // mode (pkg/cluster implements pkg/driver's Backend without importing it).
 var _ driver.Backend = (*cluster.ControllerBackend)(nil)
 
-// RestConfig loads the kubeconfig file, or the in-cluster configuration
-// when the path is empty.
-func RestConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
+// RestConfig loads opts.Kubeconfig, or the in-cluster configuration when
+// it is empty, with the client rate limits of --kube-api-qps and
+// --kube-api-burst.
+func RestConfig(opts driver.Options) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if opts.Kubeconfig == "" {
+		if cfg, err = rest.InClusterConfig(); err != nil {
 			return nil, fmt.Errorf("no --kubeconfig and not running in a cluster: %w", err)
 		}
-		return cfg, nil
+	} else if cfg, err = clientcmd.BuildConfigFromFlags("", opts.Kubeconfig); err != nil {
+		return nil, err
 	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg.QPS, cfg.Burst = opts.KubeAPIQPS, opts.KubeAPIBurst
+	return cfg, nil
 }
 
 // NodeMetrics reports the localdir_* gauges of one node's data root.
@@ -94,12 +98,11 @@ func Run(ctx context.Context, opts driver.Options) error {
 		g.Go(func() error { return d.Run(gctx) })
 		return g.Wait()
 	case driver.ModeController:
-		cfg, err := RestConfig(opts.Kubeconfig)
+		cfg, err := RestConfig(opts)
 		if err != nil {
 			return err
 		}
-		cfg.QPS, cfg.Burst = 100, 200
-		b, err := cluster.NewControllerBackend(cfg, opts.MaxVolumeBytes)
+		b, err := cluster.NewControllerBackend(gctx, cfg, opts.MaxVolumeBytes)
 		if err != nil {
 			return err
 		}
@@ -113,7 +116,7 @@ func Run(ctx context.Context, opts driver.Options) error {
 		g.Go(func() error { return d.Run(gctx) })
 		return g.Wait()
 	}
-	cfg, err := RestConfig(opts.Kubeconfig)
+	cfg, err := RestConfig(opts)
 	if err != nil {
 		return err
 	}

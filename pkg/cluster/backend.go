@@ -35,35 +35,45 @@ type ControllerBackend struct {
 	// MaxVolumeBytes caps single volumes (0: no cap).
 	MaxVolumeBytes int64
 
-	mu    sync.Mutex
-	nodes map[string]*sync.Mutex // placement is serialized per node
+	cache *objectCache // every read; c only writes (and GETs what the cache cannot know)
+
+	mu      sync.Mutex
+	nodes   map[string]*sync.Mutex           // placement is serialized per node
+	pending map[string]map[string]unseenSize // by node, volume id: sizes written, not yet cached
 }
 
-// NewControllerBackend connects to the API server.
-func NewControllerBackend(cfg *rest.Config, maxVolumeBytes int64) (*ControllerBackend, error) {
+// NewControllerBackend connects to the API server with cfg (its QPS and
+// Burst bound the backend's requests) and fills its object cache: it
+// returns once every LocalNode, LocalVolume and LocalSnapshot was listed,
+// and keeps the cache current until ctx is done.
+func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes int64) (*ControllerBackend, error) {
 	ctrllog.SetLogger(klog.NewKlogr())
 	c, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
 		return nil, err
 	}
-	return newControllerBackend(c, maxVolumeBytes), nil
+	return newControllerBackend(ctx, c, maxVolumeBytes)
 }
 
 // newControllerBackend is a backend on any client (a fake one in unit tests).
-func newControllerBackend(c client.WithWatch, maxVolumeBytes int64) *ControllerBackend {
-	return &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, nodes: map[string]*sync.Mutex{}}
+func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeBytes int64) (*ControllerBackend, error) {
+	b := &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, cache: newObjectCache(c),
+		nodes: map[string]*sync.Mutex{}, pending: map[string]map[string]unseenSize{}}
+	if err := b.cache.start(ctx); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
 	if !volume.ValidVolumeID(id) {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
-	lv := &v1.LocalVolume{}
-	err := b.c.Get(ctx, client.ObjectKey{Name: id}, lv)
-	if apierrors.IsNotFound(err) {
+	lv, ok := get[*v1.LocalVolume](b.cache.volumes, id)
+	if !ok {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
-	return lv, err
+	return lv, nil
 }
 
 // VolumeByName returns the Ready volume of a CSI name; one still being
@@ -93,14 +103,10 @@ func (b *ControllerBackend) Volume(ctx context.Context, id string) (*contract.Vo
 
 // ListVolumes implements driver.Backend (Ready volumes, id order).
 func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit int) ([]*contract.Volume, string, error) {
-	list := &v1.LocalVolumeList{}
-	if err := b.c.List(ctx, list); err != nil {
-		return nil, "", err
-	}
-	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	items := all[*v1.LocalVolume](b.cache.volumes)
+	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	var out []*contract.Volume
-	for i := range list.Items {
-		lv := &list.Items[i]
+	for _, lv := range items {
 		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
 			continue
 		}
@@ -126,7 +132,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 		if lv.Spec.Size.Value() < spec.SizeBytes || lv.Spec.VolumeMode != volumeMode(spec.AccessType) {
 			return nil, fmt.Errorf("%w: volume %q exists with other arguments", contract.ErrExists, spec.Name)
 		}
-		return b.waitVolume(ctx, id)
+		return b.waitVolume(ctx, id, true)
 	case !errors.Is(err, contract.ErrNotFound):
 		return nil, err
 	}
@@ -147,7 +153,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 	if err := b.placeVolume(ctx, lv, sourceNode, topology); err != nil {
 		return nil, err
 	}
-	return b.waitVolume(ctx, id)
+	return b.waitVolume(ctx, id, true)
 }
 
 // contentSource sets lv's content source from spec and returns the node
@@ -214,19 +220,23 @@ func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 
 // ExpandVolume implements driver.Backend: it checks the node has room for
 // the growth, raises spec.size and waits for the node to report the new
-// capacity.
+// capacity (a retry whose spec.size is raised already only waits).
 func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size int64) (int64, error) {
 	lv, err := b.getVolume(ctx, id)
 	if err != nil {
 		return 0, err
 	}
-	if size <= lv.Spec.Size.Value() {
-		return max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()), nil
+	if lv.Status.CapacityBytes.Value() >= size {
+		return lv.Status.CapacityBytes.Value(), nil
 	}
-	if err := b.grow(ctx, lv, size); err != nil {
-		return 0, err
+	if size > lv.Spec.Size.Value() {
+		// grow updates lv to the patched object: its generation is the
+		// one the node's answer must be for.
+		if err := b.grow(ctx, lv, size); err != nil {
+			return 0, err
+		}
 	}
-	return b.waitExpanded(ctx, id, size)
+	return b.waitExpanded(ctx, id, size, lv.Generation)
 }
 
 // VolumeHealth implements driver.Backend from the object's status and its
@@ -254,6 +264,10 @@ func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (volume
 // NodeKnown reports whether a LocalNode exists for node (ControllerPublish
 // answers NOT_FOUND for unknown nodes).
 func (b *ControllerBackend) NodeKnown(ctx context.Context, node string) (bool, error) {
+	if _, ok := get[*v1.LocalNode](b.cache.nodes, node); ok {
+		return true, nil
+	}
+	// A node plugin that started a moment ago: ask the API server.
 	err := b.c.Get(ctx, client.ObjectKey{Name: node}, &v1.LocalNode{})
 	if apierrors.IsNotFound(err) {
 		return false, nil

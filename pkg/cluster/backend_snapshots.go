@@ -9,7 +9,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
@@ -22,12 +21,11 @@ func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.Loc
 	if !volume.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
-	ls := &v1.LocalSnapshot{}
-	err := b.c.Get(ctx, client.ObjectKey{Name: id}, ls)
-	if apierrors.IsNotFound(err) {
+	ls, ok := get[*v1.LocalSnapshot](b.cache.snapshots, id)
+	if !ok {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
-	return ls, err
+	return ls, nil
 }
 
 // SnapshotByName implements driver.Backend (Ready snapshots only).
@@ -56,14 +54,10 @@ func (b *ControllerBackend) Snapshot(ctx context.Context, id string) (*contract.
 
 // ListSnapshots implements driver.Backend.
 func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, limit int, src string) ([]*contract.Snapshot, string, error) {
-	list := &v1.LocalSnapshotList{}
-	if err := b.c.List(ctx, list); err != nil {
-		return nil, "", err
-	}
-	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	items := all[*v1.LocalSnapshot](b.cache.snapshots)
+	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	var out []*contract.Snapshot
-	for i := range list.Items {
-		ls := &list.Items[i]
+	for _, ls := range items {
 		if ls.Name <= after || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil || (src != "" && ls.Spec.SourceVolume != src) {
 			continue
 		}
@@ -95,7 +89,7 @@ func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string
 	default:
 		return nil, err
 	}
-	return b.waitSnapshot(ctx, id)
+	return b.waitSnapshot(ctx, id, true)
 }
 
 // recordSnapshot creates the LocalSnapshot id of volume src, on its node.

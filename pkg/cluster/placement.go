@@ -19,8 +19,9 @@ import (
 )
 
 // Placement: which node a volume goes to, how much room a node has, and the
-// capacity the controller reports. A node's room is read from the API
-// server (not a cache) under a per-node lock, so concurrent creates and
+// capacity the controller reports. A node's room is computed from the
+// object cache plus the sizes this process wrote that the cache has not
+// seen yet (pending), under a per-node lock, so concurrent creates and
 // expansions never oversubscribe a node.
 
 func (b *ControllerBackend) nodeLock(node string) *sync.Mutex {
@@ -42,32 +43,69 @@ type nodeRoom struct {
 	reason    string
 }
 
-// room computes a node's free capacity from its LocalNode and the
-// LocalVolumes placed on it, read from the API server (not a cache) so a
-// placement made a moment ago is counted.
-func (b *ControllerBackend) room(ctx context.Context, node string) (nodeRoom, error) {
-	r := nodeRoom{node: node}
-	ln := &v1.LocalNode{}
-	if err := b.c.Get(ctx, client.ObjectKey{Name: node}, ln); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.reason = "no LocalNode: the localdir node plugin is not running there"
-			return r, nil
+// unseenSize is a volume size the controller wrote (a create, an
+// expansion) that its object cache may not show yet.
+type unseenSize struct {
+	size    int64
+	written time.Time
+}
+
+// unseenFor is how long a pending size is counted at most: the cache shows
+// a write within milliseconds; an object deleted before it showed would
+// otherwise be counted for ever.
+const unseenFor = time.Minute
+
+// wrote records that volume id on node was written with size bytes.
+func (b *ControllerBackend) wrote(node, id string, size int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pending[node] == nil {
+		b.pending[node] = map[string]unseenSize{}
+	}
+	b.pending[node][id] = unseenSize{size, time.Now()}
+}
+
+// unseen returns the sizes written on node that the cache does not show
+// yet, by volume id, and forgets the others.
+func (b *ControllerBackend) unseen(node string) map[string]int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]int64{}
+	for id, p := range b.pending[node] {
+		if lv, ok := get[*v1.LocalVolume](b.cache.volumes, id); (ok && lv.Spec.Size.Value() >= p.size) || time.Since(p.written) > unseenFor {
+			delete(b.pending[node], id)
+			continue
 		}
-		return r, err
+		out[id] = p.size
+	}
+	return out
+}
+
+// room computes a node's free capacity from its LocalNode and the
+// LocalVolumes placed on it, as cached, and the sizes placed or grown that
+// the cache does not show yet.
+func (b *ControllerBackend) room(_ context.Context, node string) (nodeRoom, error) {
+	r := nodeRoom{node: node}
+	ln, ok := get[*v1.LocalNode](b.cache.nodes, node)
+	if !ok {
+		r.reason = "no LocalNode: the localdir node plugin is not running there"
+		return r, nil
 	}
 	if time.Since(ln.Status.Heartbeat.Time) > StaleAfter {
 		r.reason = fmt.Sprintf("the node plugin's last heartbeat was %s ago", time.Since(ln.Status.Heartbeat.Time).Round(time.Second))
 		return r, nil
 	}
-	list := &v1.LocalVolumeList{}
-	if err := b.c.List(ctx, list, client.MatchingLabels{v1.NodeLabel: node}); err != nil {
-		return r, err
-	}
+	unseen := b.unseen(node)
 	var used int64
-	for _, lv := range list.Items {
+	for _, lv := range b.cache.volumesOn(node) {
+		size := max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value(), unseen[lv.Name])
+		delete(unseen, lv.Name)
 		if lv.Status.Phase != v1.PhaseFailed {
-			used += max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value())
+			used += size
 		}
+	}
+	for _, size := range unseen {
+		used += size
 	}
 	// The node's figures are as of its last heartbeat: free space less what
 	// the volumes it held then may still write, less the volumes placed
@@ -119,11 +157,7 @@ func (b *ControllerBackend) candidates(ctx context.Context, req *csi.TopologyReq
 			}
 		}
 	case len(req.GetPreferred()) == 0:
-		nodes := &v1.LocalNodeList{}
-		if err := b.c.List(ctx, nodes); err != nil {
-			return nil, err
-		}
-		for _, n := range nodes.Items {
+		for _, n := range all[*v1.LocalNode](b.cache.nodes) {
 			rest = append(rest, n.Name)
 		}
 	}
@@ -186,8 +220,8 @@ func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume,
 }
 
 // place creates lv on node if the node has room. Decisions for one node
-// are serialized, and room() reads the API server, so concurrent creates
-// never oversubscribe a node.
+// are serialized, and room() counts what was placed a moment ago, so
+// concurrent creates never oversubscribe a node.
 func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node string) (bool, string, error) {
 	l := b.nodeLock(node)
 	l.Lock()
@@ -207,7 +241,10 @@ func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node 
 	obj := lv.DeepCopy()
 	obj.Spec.Node = node
 	obj.Labels = map[string]string{v1.NodeLabel: node}
-	if err := b.c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+	switch err := b.c.Create(ctx, obj); {
+	case err == nil:
+		b.wrote(node, obj.Name, obj.Spec.Size.Value())
+	case !apierrors.IsAlreadyExists(err): // an earlier attempt's: the wait reads it
 		return false, "", err
 	}
 	return true, "", nil
@@ -228,7 +265,11 @@ func (b *ControllerBackend) grow(ctx context.Context, lv *v1.LocalVolume, size i
 	}
 	patch := client.MergeFrom(lv.DeepCopy())
 	lv.Spec.Size = quantity(size)
-	return b.c.Patch(ctx, lv, patch)
+	if err := b.c.Patch(ctx, lv, patch); err != nil {
+		return err
+	}
+	b.wrote(lv.Spec.Node, lv.Name, size)
+	return nil
 }
 
 // Capacity implements driver.Backend from the LocalNode of the segment's
@@ -242,11 +283,7 @@ func (b *ControllerBackend) Capacity(ctx context.Context, segment *csi.Topology)
 		}
 		nodes = []string{n}
 	} else {
-		list := &v1.LocalNodeList{}
-		if err := b.c.List(ctx, list); err != nil {
-			return 0, 0, err
-		}
-		for _, n := range list.Items {
+		for _, n := range all[*v1.LocalNode](b.cache.nodes) {
 			nodes = append(nodes, n.Name)
 		}
 	}

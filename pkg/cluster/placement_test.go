@@ -52,16 +52,31 @@ func newVolume(name string, size int64) *v1.LocalVolume {
 // holding objs: placement without an API server.
 func fakeBackend(t *testing.T, maxVolume int64, objs ...client.Object) *ControllerBackend {
 	t.Helper()
-	byName := func(o client.Object) []string { return []string{o.GetName()} }
-	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).
-		// waitFor selects its object by metadata.name, which the fake
-		// client answers from an index.
-		WithIndex(&v1.LocalVolume{}, "metadata.name", byName).
-		WithIndex(&v1.LocalSnapshot{}, "metadata.name", byName).
-		Build()
-	b := newControllerBackend(c, maxVolume)
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).Build()
+	b, err := newControllerBackend(t.Context(), c, maxVolume)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b.Wait = 10 * time.Second
 	return b
+}
+
+// create creates obj through b's client and waits until b's cache shows it
+// (as a node plugin's or a user's write would arrive).
+func create(t *testing.T, b *ControllerBackend, obj client.Object) {
+	t.Helper()
+	if err := b.c.Create(context.Background(), obj); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if _, ok, _ := b.cache.volumes.GetStore().GetByKey(obj.GetName()); ok {
+			return
+		}
+		if i == 1000 {
+			t.Fatalf("%s never reached the controller's cache", obj.GetName())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func topo(nodes ...string) []*csi.Topology {
@@ -92,9 +107,7 @@ func TestRoom(t *testing.T) {
 	)
 	grown := placed("grown", "a", 10*mi, v1.PhaseReady)
 	grown.Status.CapacityBytes = quantity(15 * mi) // the larger of spec and status counts
-	if err := b.c.Create(context.Background(), grown); err != nil {
-		t.Fatal(err)
-	}
+	create(t, b, grown)
 	for _, c := range []struct {
 		node              string
 		available, maxVol int64

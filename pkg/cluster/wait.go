@@ -7,11 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
-	toolswatch "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -28,63 +24,45 @@ func (b *ControllerBackend) waitCtx(ctx context.Context) (context.Context, conte
 	return context.WithTimeout(ctx, b.Wait)
 }
 
-// waitFor watches the object named name (an objType, listed as newList())
-// until done, called with each state of it, says it is finished or failed.
-// Running out of time is DEADLINE_EXCEEDED, the object going away ABORTED.
-func (b *ControllerBackend) waitFor(ctx context.Context, objType client.Object, newList func() client.ObjectList, name string, done func(client.Object) (bool, error)) error {
+// waitFor waits, on the object cache's events, until done, called with
+// each state of the object name of kind (inf's), says it is finished or
+// failed. known: the caller has just created the object (the cache may not
+// have it yet); otherwise one GET (objType) tells whether an object the
+// cache lacks exists. Running out of time is DEADLINE_EXCEEDED, the object
+// going away ABORTED.
+func (b *ControllerBackend) waitFor(ctx context.Context, kind string, inf cache.SharedIndexInformer, objType client.Object, name string, known bool, done func(client.Object) (bool, error)) error {
 	ctx, cancel := b.waitCtx(ctx)
 	defer cancel()
-	only := fields.OneTermEqualSelector("metadata.name", name)
-	lw := listThenWatch{&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			l := newList()
-			return l, b.c.List(ctx, l, &client.ListOptions{FieldSelector: only, Raw: &o})
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return b.c.Watch(ctx, newList(), &client.ListOptions{FieldSelector: only, Raw: &o})
-		},
-	}}
+	woken, stop := b.cache.subscribe(kind, name)
+	defer stop()
 	gone := fmt.Errorf("%w: %s was deleted while waiting for it", contract.ErrBusy, name)
-	// A first read fails fast where the informer below would retry until
-	// the deadline (a missing permission, say).
-	if err := b.c.Get(ctx, client.ObjectKey{Name: name}, objType); apierrors.IsNotFound(err) {
-		return gone
-	} else if err != nil {
-		return err
-	}
-	var failed error // done's verdict, as opposed to the wait's own errors
-	exists := func(store cache.Store) (bool, error) {
-		if _, ok, err := store.GetByKey(name); err != nil || !ok {
-			return false, gone
+	seen := false // by the cache
+	for {
+		switch obj, ok := get[client.Object](inf, name); {
+		case ok:
+			seen = true
+			if finished, err := done(obj); finished || err != nil {
+				return err
+			}
+		case seen:
+			return gone
+		case !known:
+			// A first read fails fast where the wait would last until the
+			// deadline (an object never created, a missing permission).
+			if err := b.c.Get(ctx, client.ObjectKey{Name: name}, objType); apierrors.IsNotFound(err) {
+				return gone
+			} else if err != nil {
+				return err
+			}
+			known = true
 		}
-		return false, nil
-	}
-	_, err := toolswatch.UntilWithSync(ctx, lw, objType, exists, func(ev watch.Event) (bool, error) {
-		if ev.Type == watch.Deleted {
-			return false, gone
+		select {
+		case <-woken:
+		case <-ctx.Done():
+			return fmt.Errorf("timed out waiting for the node plugin on %s; the call can be retried and will pick the same object up: %w", name, context.DeadlineExceeded)
 		}
-		obj, ok := ev.Object.(client.Object)
-		if !ok {
-			return false, nil
-		}
-		ok, failed = done(obj)
-		return ok, failed
-	})
-	if err != nil && err != failed && err != gone && ctx.Err() != nil {
-		return fmt.Errorf("timed out waiting for the node plugin on %s; the call can be retried and will pick the same object up: %w", name, context.DeadlineExceeded)
 	}
-	return err
 }
-
-// listThenWatch makes the reflector of watch.UntilWithSync list, then
-// watch (as the watch loop it replaced did: get, then watch), instead of
-// asking for the initial state as a stream of watch events (WatchList),
-// which a client that does not pass that request on (controller-runtime's
-// fake client) never ends.
-type listThenWatch struct{ *cache.ListWatch }
-
-// IsWatchListSemanticsUnSupported is what client-go's reflector asks.
-func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 // reportedCodes are the gRPC code names a node plugin writes to
 // status.errorCode (codes.Code.String(), the API's ErrorCode enum).
@@ -115,9 +93,11 @@ func failure(errorCode v1.ErrorCode, conds []metav1.Condition, what string) erro
 	return &contract.Reported{Code: code, Message: msg}
 }
 
-func (b *ControllerBackend) waitVolume(ctx context.Context, id string) (*contract.Volume, error) {
+// waitVolume waits until volume id is Ready or Failed (known: the caller
+// has just created it).
+func (b *ControllerBackend) waitVolume(ctx context.Context, id string, known bool) (*contract.Volume, error) {
 	lv := &v1.LocalVolume{}
-	err := b.waitFor(ctx, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} }, id,
+	err := b.waitFor(ctx, "LocalVolume", b.cache.volumes, &v1.LocalVolume{}, id, known,
 		func(o client.Object) (bool, error) {
 			lv = o.(*v1.LocalVolume)
 			switch lv.Status.Phase {
@@ -139,16 +119,19 @@ func (b *ControllerBackend) waitVolume(ctx context.Context, id string) (*contrac
 	return toVolume(lv), nil
 }
 
-// waitExpanded waits until volume id's node reports at least size bytes.
-func (b *ControllerBackend) waitExpanded(ctx context.Context, id string, size int64) (int64, error) {
+// waitExpanded waits until volume id's node reports at least size bytes,
+// or an error for generation gen (the one whose spec.size asked for size)
+// or later: a cached state older than the write that grew the volume may
+// still show the error of an earlier attempt.
+func (b *ControllerBackend) waitExpanded(ctx context.Context, id string, size, gen int64) (int64, error) {
 	lv := &v1.LocalVolume{}
-	err := b.waitFor(ctx, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} }, id,
+	err := b.waitFor(ctx, "LocalVolume", b.cache.volumes, &v1.LocalVolume{}, id, true,
 		func(o client.Object) (bool, error) {
 			lv = o.(*v1.LocalVolume)
 			if lv.Status.CapacityBytes.Value() >= size {
 				return true, nil
 			}
-			if lv.Status.ObservedGeneration >= lv.Generation && lv.Status.ErrorCode != "" {
+			if lv.Generation >= gen && lv.Status.ObservedGeneration >= lv.Generation && lv.Status.ErrorCode != "" {
 				return true, failure(lv.Status.ErrorCode, lv.Status.Conditions, "expansion of "+id)
 			}
 			return false, nil
@@ -159,9 +142,11 @@ func (b *ControllerBackend) waitExpanded(ctx context.Context, id string, size in
 	return lv.Status.CapacityBytes.Value(), nil
 }
 
-func (b *ControllerBackend) waitSnapshot(ctx context.Context, id string) (*contract.Snapshot, error) {
+// waitSnapshot waits until snapshot id is ready to use or Failed (known:
+// the caller has just created it).
+func (b *ControllerBackend) waitSnapshot(ctx context.Context, id string, known bool) (*contract.Snapshot, error) {
 	ls := &v1.LocalSnapshot{}
-	err := b.waitFor(ctx, &v1.LocalSnapshot{}, func() client.ObjectList { return &v1.LocalSnapshotList{} }, id,
+	err := b.waitFor(ctx, "LocalSnapshot", b.cache.snapshots, &v1.LocalSnapshot{}, id, known,
 		func(o client.Object) (bool, error) {
 			ls = o.(*v1.LocalSnapshot)
 			if ls.Status.ReadyToUse {

@@ -70,6 +70,14 @@ type Options struct {
 	// Kubeconfig is the kubeconfig file for controller and node mode; empty
 	// means the in-cluster configuration.
 	Kubeconfig string
+	// KubeAPIQPS and KubeAPIBurst bound the requests per second (sustained,
+	// and at once) of the controller's and the node agent's API client
+	// (client-go's rest.Config QPS and Burst; the sidecars' flags of the
+	// same names). The defaults never throttle a node provisioning hundreds
+	// of volumes at once (client-go's own, 5 and 10, held 100 PVCs back by
+	// seconds).
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 	// KubeletRoot is the kubelet's root directory. When set, the Node
 	// service refuses (INVALID_ARGUMENT) staging and target paths that do
 	// not lie below it once symlinks are resolved. Empty: no check. The
@@ -152,7 +160,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	ctl := fss.FlagSet(FlagsController)
 	ctl.Var(o.maxVolume, "max-volume-size", "largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
 	ctl.Var(o.defaultVolume, "default-volume-size", "size of a new empty volume requested without capacity_range.required_bytes (a restore or clone gets its source's size), in bytes or e.g. 1Gi")
-	fss.FlagSet(FlagsCluster).StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the API server (default: in-cluster configuration)")
+	cl := fss.FlagSet(FlagsCluster)
+	cl.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the API server (default: in-cluster configuration)")
+	cl.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 200, "requests per second to the API server the controller or node agent may sustain")
+	cl.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "requests the controller or node agent may send to the API server at once, above --kube-api-qps")
 	node := fss.FlagSet(FlagsNode)
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
 	node.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "absolute directory holding the volumes and the state file")
@@ -210,6 +221,9 @@ func (o *Options) Validate() error {
 	case "auto", "dir", "btrfs":
 	default:
 		return fmt.Errorf("--engine=%q: must be auto, dir or btrfs", o.Engine)
+	}
+	if o.Mode != ModeAll && (o.KubeAPIQPS <= 0 || o.KubeAPIBurst < 1) {
+		return fmt.Errorf("--kube-api-qps=%g, --kube-api-burst=%d: both must be positive", o.KubeAPIQPS, o.KubeAPIBurst)
 	}
 	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
 		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")

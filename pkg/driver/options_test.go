@@ -18,6 +18,8 @@ func validOptions() Options {
 		DataRoot:           "/var/lib/localdir",
 		DefaultVolumeBytes: gib,
 		Engine:             "auto",
+		KubeAPIQPS:         200,
+		KubeAPIBurst:       400,
 	}
 }
 
@@ -71,6 +73,9 @@ func TestOptionsValidate(t *testing.T) {
 		{"zero default size", func(o *Options) { o.DefaultVolumeBytes = 0 }, "--default-volume-size"},
 		{"negative default size", func(o *Options) { o.DefaultVolumeBytes = -4096 }, "--default-volume-size"},
 		{"negative volumes per node", func(o *Options) { o.MaxVolumesPerNode = -1 }, "negative"},
+		{"zero API rate in node mode", func(o *Options) { o.Mode = ModeNode; o.KubeAPIQPS = 0 }, "--kube-api-qps"},
+		{"zero API burst in controller mode", func(o *Options) { o.Mode = ModeController; o.KubeAPIBurst = 0 }, "--kube-api-burst"},
+		{"all mode has no API client", func(o *Options) { o.KubeAPIQPS, o.KubeAPIBurst = 0, 0 }, ""},
 		{"zero limits are fine", func(o *Options) { o.CapacityBytes, o.MaxVolumeBytes, o.MaxVolumesPerNode = 0, 0, 0 }, ""},
 	}
 	for _, tc := range tests {

@@ -60,7 +60,7 @@ func createClasses() error {
 
 // namespace creates a namespace for one test; cleanup deletes it and waits
 // until its PVs (reclaim policy Delete) and their volumes are gone.
-func namespace(t *testing.T, name string) string {
+func namespace(t testing.TB, name string) string {
 	t.Helper()
 	ctx := context.Background()
 	ns := "e2e-" + name
@@ -100,7 +100,7 @@ func namespace(t *testing.T, name string) string {
 }
 
 // dump logs the namespace's objects and events when a test failed.
-func dump(t *testing.T, ns string) {
+func dump(t testing.TB, ns string) {
 	for _, args := range [][]string{
 		{"get", "pods,pvc,volumesnapshots", "-n", ns, "-o", "wide"},
 		{"get", "pv,localvolumes"},
@@ -136,7 +136,7 @@ func block(p *corev1.PersistentVolumeClaim) {
 	p.Spec.VolumeMode = &m
 }
 
-func createPVC(t *testing.T, ns, name, class, size string, opts ...pvcOpt) *corev1.PersistentVolumeClaim {
+func createPVC(t testing.TB, ns, name, class, size string, opts ...pvcOpt) *corev1.PersistentVolumeClaim {
 	t.Helper()
 	p := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -189,7 +189,7 @@ func securityContext(sc *corev1.PodSecurityContext) podOpt {
 }
 
 // createPod runs busybox sleeping (to exec into) with the given volumes.
-func createPod(t *testing.T, ns, name string, opts ...podOpt) *corev1.Pod {
+func createPod(t testing.TB, ns, name string, opts ...podOpt) *corev1.Pod {
 	t.Helper()
 	grace := int64(1)
 	p := &corev1.Pod{
@@ -212,7 +212,7 @@ func createPod(t *testing.T, ns, name string, opts ...podOpt) *corev1.Pod {
 	return p
 }
 
-func waitPodRunning(t *testing.T, ns, name string, timeout time.Duration) {
+func waitPodRunning(t testing.TB, ns, name string, timeout time.Duration) {
 	t.Helper()
 	waitFor(t, "pod "+ns+"/"+name+" Running", timeout, func() (bool, error) {
 		p, err := kc.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
@@ -231,7 +231,7 @@ func waitPodRunning(t *testing.T, ns, name string, timeout time.Duration) {
 	})
 }
 
-func deletePod(t *testing.T, ns, name string) {
+func deletePod(t testing.TB, ns, name string) {
 	t.Helper()
 	ctx := context.Background()
 	if err := kc.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
@@ -243,7 +243,7 @@ func deletePod(t *testing.T, ns, name string) {
 	})
 }
 
-func getPVC(t *testing.T, ns, name string) *corev1.PersistentVolumeClaim {
+func getPVC(t testing.TB, ns, name string) *corev1.PersistentVolumeClaim {
 	t.Helper()
 	p, err := kc.CoreV1().PersistentVolumeClaims(ns).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
@@ -252,7 +252,7 @@ func getPVC(t *testing.T, ns, name string) *corev1.PersistentVolumeClaim {
 	return p
 }
 
-func waitBound(t *testing.T, ns, name string, timeout time.Duration) *corev1.PersistentVolumeClaim {
+func waitBound(t testing.TB, ns, name string, timeout time.Duration) *corev1.PersistentVolumeClaim {
 	t.Helper()
 	var pvc *corev1.PersistentVolumeClaim
 	waitFor(t, "PVC "+ns+"/"+name+" Bound", timeout, func() (bool, error) {
@@ -265,7 +265,7 @@ func waitBound(t *testing.T, ns, name string, timeout time.Duration) *corev1.Per
 
 // podExec runs a shell command in the pod's container (kubectl exec) and
 // returns its output; it fails the test if the command fails.
-func podExec(t *testing.T, ns, pod, script string) string {
+func podExec(t testing.TB, ns, pod, script string) string {
 	t.Helper()
 	out, err := tryExec(ns, pod, script)
 	if err != nil {
@@ -279,7 +279,7 @@ func tryExec(ns, pod, script string) (string, error) {
 }
 
 // events lists the messages of events about an object.
-func events(t *testing.T, ns, kind, name string) []string {
+func events(t testing.TB, ns, kind, name string) []string {
 	t.Helper()
 	ev, err := kc.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
 		FieldSelector: fmt.Sprintf("involvedObject.kind=%s,involvedObject.name=%s", kind, name)})
@@ -293,7 +293,7 @@ func events(t *testing.T, ns, kind, name string) []string {
 	return out
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -316,7 +316,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 // briefly unreachable (server timeout, too many requests, service
 // unavailable, connection refused or reset); any other error is returned
 // and fails the wait.
-func retryTransient(t *testing.T, err error) error {
+func retryTransient(t testing.TB, err error) error {
 	t.Helper()
 	if apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
 		apierrors.IsServiceUnavailable(err) || utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) {
@@ -340,7 +340,7 @@ var transientMessages = []string{
 // retryTransientMessage is retryTransient for an error message a
 // controller recorded in a status (what): nil for the messages above,
 // an error naming it otherwise.
-func retryTransientMessage(t *testing.T, what, msg string) error {
+func retryTransientMessage(t testing.TB, what, msg string) error {
 	t.Helper()
 	for _, m := range transientMessages {
 		if strings.Contains(msg, m) {
@@ -353,7 +353,7 @@ func retryTransientMessage(t *testing.T, what, msg string) error {
 
 // localVolume returns the LocalVolume of a bound PVC's PV (the volume id is
 // its name), or nil when there is none.
-func localVolume(t *testing.T, id string) *unstructured.Unstructured {
+func localVolume(t testing.TB, id string) *unstructured.Unstructured {
 	t.Helper()
 	u, err := dyn.Resource(gvrLocalVolume).Get(context.Background(), id, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -365,7 +365,7 @@ func localVolume(t *testing.T, id string) *unstructured.Unstructured {
 	return u
 }
 
-func volumeID(t *testing.T, ns, pvc string) (pvName, id string) {
+func volumeID(t testing.TB, ns, pvc string) (pvName, id string) {
 	t.Helper()
 	p := getPVC(t, ns, pvc)
 	pv, err := kc.CoreV1().PersistentVolumes().Get(context.Background(), p.Spec.VolumeName, metav1.GetOptions{})
@@ -381,7 +381,7 @@ func volumeID(t *testing.T, ns, pvc string) (pvName, id string) {
 // onDisk lists the paths under the node's data root (seen from the host
 // through the node namespace), two levels deep (volumes/<id>,
 // block/<id>.img, snapshots/<id>), whose name contains s.
-func onDisk(t *testing.T, s string) []string {
+func onDisk(t testing.TB, s string) []string {
 	t.Helper()
 	root := cl.NodePath(harness.DataRoot)
 	var out []string

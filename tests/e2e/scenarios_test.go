@@ -5,10 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -477,115 +475,6 @@ func TestNodePluginRestart(t *testing.T) {
 		t.Fatalf("after remount md5 %s, want %s", got, sum)
 	}
 	t.Logf("node plugin killed (SIGKILL) and restarted under running pods: data kept, new fs/inline mounts work, old volumes unmount and mount again")
-}
-
-// 10. Scale: 100 PVCs created at once all bind. Reports PVC→Bound p50,
-// p99 and the time until all are Bound (logged, not asserted).
-func TestScale100PVCs(t *testing.T) {
-	needCluster(t)
-	ctx := context.Background()
-	ns := namespace(t, "scale")
-	const n = 100
-	var mu sync.Mutex
-	created := map[string]time.Time{}
-	bound := map[string]time.Time{}
-	// Polls the list every 50ms: the time a PVC is first seen Bound.
-	done := make(chan struct{})
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			l, err := kc.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				continue
-			}
-			now := time.Now()
-			mu.Lock()
-			for _, p := range l.Items {
-				if _, seen := bound[p.Name]; !seen && p.Status.Phase == corev1.ClaimBound {
-					bound[p.Name] = now
-				}
-			}
-			all := len(bound) == n
-			mu.Unlock()
-			if all {
-				return
-			}
-		}
-	}()
-	t0 := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			name := fmt.Sprintf("pvc-%03d", i)
-			class := scImmediate
-			p := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeClaimSpec{
-				StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}}}}
-			mu.Lock()
-			created[name] = time.Now() // the create request is sent
-			mu.Unlock()
-			if _, err := kc.CoreV1().PersistentVolumeClaims(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				errs <- err
-			}
-		}(i)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Minute):
-		mu.Lock()
-		t.Fatalf("%d of %d PVCs Bound after 5 minutes", len(bound), n)
-	}
-	total := time.Since(t0)
-	mu.Lock()
-	var lat []time.Duration
-	for name, b := range bound {
-		lat = append(lat, b.Sub(created[name]))
-	}
-	mu.Unlock()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1)+0.5)] }
-	lvs, err := dyn.Resource(gvrLocalVolume).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(lvs.Items) < n {
-		t.Fatalf("%d LocalVolumes for %d Bound PVCs", len(lvs.Items), n)
-	}
-	t.Logf("SCALE: %d PVCs (1Mi, Immediate) all Bound in %.2fs; PVC→Bound p50 %.2fs p99 %.2fs max %.2fs",
-		n, total.Seconds(), pct(0.50).Seconds(), pct(0.99).Seconds(), lat[len(lat)-1].Seconds())
-
-	t1 := time.Now()
-	if err := kc.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "all PVs deleted", 5*time.Minute, func() (bool, error) {
-		pvs, err := kc.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, retryTransient(t, err)
-		}
-		for _, pv := range pvs.Items {
-			if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == ns {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	t.Logf("SCALE: %d PVCs deleted, PVs and volumes gone in %.2fs", n, time.Since(t1).Seconds())
 }
 
 // An ext4 StorageClass (csi.storage.k8s.io/fstype): the pod sees a

@@ -271,7 +271,9 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 		mutate(&o)
 	}
 	ctrlID, _ := e.Identities(t)
-	b, err := cluster.NewControllerBackend(rest.CopyConfig(ctrlID.Config), o.MaxVolumeBytes)
+	cfg := rest.CopyConfig(ctrlID.Config)
+	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+	b, err := cluster.NewControllerBackend(t.Context(), cfg, o.MaxVolumeBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,6 +311,7 @@ func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin 
 	}
 	agent := &cluster.NodeAgent{NodeID: o.NodeID, VM: d.VolumeManager(), Version: driver.Version(), Heartbeat: 2 * time.Second}
 	cfg := rest.CopyConfig(nodeID.Config)
+	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
 	return run(t, dir, o, func(ctx context.Context) error {
 		// Like app.Run: when either half fails, both stop.
 		errc := make(chan error, 1)

@@ -175,7 +175,7 @@ func TestIntegerSizesReadAfterUpgrade(t *testing.T) {
 		}
 	})
 
-	b, err := cluster.NewControllerBackend(rest.CopyConfig(env.Config), 0)
+	b, err := cluster.NewControllerBackend(t.Context(), rest.CopyConfig(env.Config), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,165 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+)
+
+// objectCache is the controller's view of the localdir objects: one
+// client-go shared informer each for LocalNodes, LocalVolumes and
+// LocalSnapshots (one LIST and one WATCH per kind for the life of the
+// process). Every read of the CSI Controller service is answered from it,
+// and a wait for a node plugin is woken by its events: a provisioned volume
+// costs the API server its create and the node's status write, no GET, LIST
+// or WATCH of its own.
+type objectCache struct {
+	nodes, volumes, snapshots cache.SharedIndexInformer
+
+	mu   sync.Mutex
+	subs map[string]map[chan struct{}]struct{} // by kind/name: waiters to wake
+}
+
+// byNode indexes LocalVolumes by spec.node.
+const byNode = "node"
+
+// cacheSyncTimeout bounds the first LIST of each kind at start: a missing
+// permission fails the start instead of hanging it.
+const cacheSyncTimeout = time.Minute
+
+func newObjectCache(c client.WithWatch) *objectCache {
+	oc := &objectCache{subs: map[string]map[chan struct{}]struct{}{}}
+	oc.nodes = informer(c, &v1.LocalNode{}, func() client.ObjectList { return &v1.LocalNodeList{} }, nil)
+	oc.volumes = informer(c, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} },
+		cache.Indexers{byNode: func(o any) ([]string, error) { return []string{o.(*v1.LocalVolume).Spec.Node}, nil }})
+	oc.snapshots = informer(c, &v1.LocalSnapshot{}, func() client.ObjectList { return &v1.LocalSnapshotList{} }, nil)
+	return oc
+}
+
+// informer lists and watches every object of one kind through c.
+func informer(c client.WithWatch, obj client.Object, newList func() client.ObjectList, idx cache.Indexers) cache.SharedIndexInformer {
+	lw := listThenWatch{&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			l := newList()
+			return l, c.List(ctx, l, &client.ListOptions{Raw: &o})
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.Watch(ctx, newList(), &client.ListOptions{Raw: &o})
+		},
+	}}
+	return cache.NewSharedIndexInformer(lw, obj, 0, idx)
+}
+
+// listThenWatch makes the reflector list, then watch, instead of asking
+// for the initial state as a stream of watch events (WatchList), which a
+// client that does not pass that request on (controller-runtime's fake
+// client) never ends.
+type listThenWatch struct{ *cache.ListWatch }
+
+// IsWatchListSemanticsUnSupported is what client-go's reflector asks.
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
+
+// start runs the informers until ctx is done and waits for their first
+// LIST (cacheSyncTimeout at most).
+func (oc *objectCache) start(ctx context.Context) error {
+	for kind, inf := range oc.kinds() {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { oc.changed(kind, o) },
+			UpdateFunc: func(_, o any) { oc.changed(kind, o) },
+			DeleteFunc: func(o any) { oc.changed(kind, o) },
+		}); err != nil {
+			return err
+		}
+		go inf.RunWithContext(ctx)
+	}
+	sctx, cancel := context.WithTimeout(ctx, cacheSyncTimeout)
+	defer cancel()
+	for kind, inf := range oc.kinds() {
+		if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
+			return fmt.Errorf("cannot list and watch %s objects within %s (is the CRD installed, and may the controller's ServiceAccount list and watch them?)", kind, cacheSyncTimeout)
+		}
+	}
+	return nil
+}
+
+func (oc *objectCache) kinds() map[string]cache.SharedIndexInformer {
+	return map[string]cache.SharedIndexInformer{"LocalNode": oc.nodes, "LocalVolume": oc.volumes, "LocalSnapshot": oc.snapshots}
+}
+
+// changed wakes the waiters of the object o of kind.
+func (oc *objectCache) changed(kind string, o any) {
+	name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o)
+	if err != nil {
+		return
+	}
+	oc.mu.Lock()
+	defer oc.mu.Unlock()
+	for ch := range oc.subs[kind+"/"+name] {
+		select {
+		case ch <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
+}
+
+// subscribe returns a channel that receives after each change of the
+// object kind/name seen by the cache, and the function that ends it.
+func (oc *objectCache) subscribe(kind, name string) (<-chan struct{}, func()) {
+	key := kind + "/" + name
+	ch := make(chan struct{}, 1)
+	oc.mu.Lock()
+	defer oc.mu.Unlock()
+	if oc.subs[key] == nil {
+		oc.subs[key] = map[chan struct{}]struct{}{}
+	}
+	oc.subs[key][ch] = struct{}{}
+	return ch, func() {
+		oc.mu.Lock()
+		defer oc.mu.Unlock()
+		delete(oc.subs[key], ch)
+		if len(oc.subs[key]) == 0 {
+			delete(oc.subs, key)
+		}
+	}
+}
+
+// get returns a copy of the cached object name of inf (T: its pointer
+// type), or false.
+func get[T client.Object](inf cache.SharedIndexInformer, name string) (T, bool) {
+	var zero T
+	o, ok, err := inf.GetStore().GetByKey(name)
+	if err != nil || !ok {
+		return zero, false
+	}
+	return o.(runtime.Object).DeepCopyObject().(T), true
+}
+
+// all returns the cached objects of inf, shared with the cache: read them,
+// never change them.
+func all[T client.Object](inf cache.SharedIndexInformer) []T {
+	objs := inf.GetStore().List()
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(T))
+	}
+	return out
+}
+
+// volumesOn returns the cached LocalVolumes of node (shared: read only).
+func (oc *objectCache) volumesOn(node string) []*v1.LocalVolume {
+	objs, _ := oc.volumes.GetIndexer().ByIndex(byNode, node)
+	out := make([]*v1.LocalVolume, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*v1.LocalVolume))
+	}
+	return out
+}

@@ -1,0 +1,274 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/localdir-csi/localdir/tests/e2e/harness"
+)
+
+// Binding many PVCs at once: TestScale100PVCs (make e2e) and the
+// BenchmarkCluster runs (make bench-cluster) share this measurement.
+
+// scaleRun is the outcome of one bindMany.
+type scaleRun struct {
+	n                       int
+	allBound, p50, p99, max time.Duration // from the first create
+	deleted                 time.Duration // from the delete of the PVCs until their PVs are gone
+	create, remove          apiRequests   // API requests during the bind and the delete
+}
+
+// apiRequests are kube-apiserver's apiserver_request_total counters by
+// "verb resource[/subresource]" and API group.
+type apiRequests map[[2]string]float64
+
+// localdirGroup is the API group of LocalVolume, LocalSnapshot, LocalNode.
+const localdirGroup = "localdir.csi.dev"
+
+// readAPIRequests reads apiserver_request_total from kube-apiserver's
+// /metrics (the admin user may).
+func readAPIRequests(tb testing.TB) apiRequests {
+	tb.Helper()
+	raw, err := kc.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := apiRequests{}
+	for _, m := range fams["apiserver_request_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		what := strings.ToLower(l["verb"]) + " " + l["resource"]
+		if l["subresource"] != "" {
+			what += "/" + l["subresource"]
+		}
+		out[[2]string{what, l["group"]}] += m.GetCounter().GetValue()
+	}
+	return out
+}
+
+// since returns the requests counted after before.
+func (a apiRequests) since(before apiRequests) apiRequests {
+	out := apiRequests{}
+	for k, v := range a {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// total sums the requests of group ("" = every group).
+func (a apiRequests) total(group string) float64 {
+	var n float64
+	for k, v := range a {
+		if group == "" || k[1] == group {
+			n += v
+		}
+	}
+	return n
+}
+
+// perVolume lists group's requests per volume, e.g. "create localvolumes
+// 1.00, update localvolumes/status 1.00".
+func (a apiRequests) perVolume(group string, n int) string {
+	var parts []string
+	for k, v := range a {
+		if k[1] == group {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k[0], v/float64(n)))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// bindMany creates n PVCs of 1Mi of class in ns at once (with a pod each,
+// mounting it, when pods), waits until all are Bound, calls afterBind (if
+// not nil), then deletes them (the pods first, unmeasured) and waits until
+// their PVs are gone.
+func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func()) scaleRun {
+	tb.Helper()
+	ctx := context.Background()
+	r := scaleRun{n: n}
+	w, err := kc.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer w.Stop()
+	before := readAPIRequests(tb)
+	created := make([]time.Time, n)
+	t0 := time.Now()
+	create(tb, n, func(i int) error {
+		name := fmt.Sprintf("pvc-%04d", i)
+		p := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}}}}
+		created[i] = time.Now() // the create request is sent
+		if _, err := kc.CoreV1().PersistentVolumeClaims(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		if pods {
+			return createScalePod(ctx, ns, fmt.Sprintf("pod-%04d", i), name)
+		}
+		return nil
+	})
+	var lat []time.Duration
+	bound := map[string]bool{}
+	timeout := time.After(10 * time.Minute)
+	for len(bound) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				tb.Fatalf("the PVC watch ended with %d of %d Bound", len(bound), n)
+			}
+			p, isPVC := ev.Object.(*corev1.PersistentVolumeClaim)
+			if !isPVC || ev.Type == watch.Deleted || p.Status.Phase != corev1.ClaimBound || bound[p.Name] {
+				continue
+			}
+			var i int
+			if _, err := fmt.Sscanf(p.Name, "pvc-%d", &i); err != nil {
+				tb.Fatal(err)
+			}
+			bound[p.Name] = true
+			lat = append(lat, time.Since(created[i]))
+		case <-timeout:
+			tb.Fatalf("%d of %d PVCs Bound after 10 minutes", len(bound), n)
+		}
+	}
+	r.allBound = time.Since(t0)
+	r.create = readAPIRequests(tb).since(before)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1)+0.5)] }
+	r.p50, r.p99, r.max = pct(0.50), pct(0.99), lat[len(lat)-1]
+	if afterBind != nil {
+		afterBind()
+	}
+
+	if pods {
+		// Not forced: a pod is gone once its kubelet unmounted its volume.
+		one := int64(1)
+		if err := kc.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &one}, metav1.ListOptions{}); err != nil {
+			tb.Fatal(err)
+		}
+		waitFor(tb, "the pods of "+ns+" to be gone", 10*time.Minute, func() (bool, error) {
+			l, err := kc.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, retryTransient(tb, err)
+			}
+			return len(l.Items) == 0, nil
+		})
+	}
+	before = readAPIRequests(tb)
+	t1 := time.Now()
+	if err := kc.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	waitFor(tb, "all PVs of "+ns+" deleted", 10*time.Minute, func() (bool, error) {
+		pvs, err := kc.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, retryTransient(tb, err)
+		}
+		for _, pv := range pvs.Items {
+			if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == ns {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	r.deleted = time.Since(t1)
+	r.remove = readAPIRequests(tb).since(before)
+	return r
+}
+
+// create calls f(0..n-1) from 50 goroutines and fails tb on an error.
+func create(tb testing.TB, n int, f func(i int) error) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for range 50 {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(i); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Fatal(err)
+	}
+}
+
+// createScalePod creates a pod that mounts claim and does nothing (the
+// pause image: the least a kubelet can start).
+func createScalePod(ctx context.Context, ns, name, claim string) error {
+	grace := int64(0)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: &grace,
+			Containers:                    []corev1.Container{{Name: "app", Image: harness.PauseImage, ImagePullPolicy: corev1.PullIfNotPresent, VolumeMounts: []corev1.VolumeMount{{Name: "v", MountPath: "/data"}}}},
+			Volumes:                       []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}},
+		},
+	}
+	_, err := kc.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	return err
+}
+
+// report prints r as a line of docs/benchmarks.md's cluster table.
+func (r scaleRun) report(tb testing.TB, what string) {
+	tb.Logf("SCALE %s: %d PVCs all Bound in %.2fs (p50 %.2fs, p99 %.2fs, max %.2fs); all PVs deleted in %.2fs",
+		what, r.n, r.allBound.Seconds(), r.p50.Seconds(), r.p99.Seconds(), r.max.Seconds(), r.deleted.Seconds())
+	tb.Logf("SCALE %s: API requests per volume: bind %.1f (localdir objects %.2f: %s), delete %.1f (localdir objects %.2f: %s)",
+		what, r.create.total("")/float64(r.n), r.create.total(localdirGroup)/float64(r.n), r.create.perVolume(localdirGroup, r.n),
+		r.remove.total("")/float64(r.n), r.remove.total(localdirGroup)/float64(r.n), r.remove.perVolume(localdirGroup, r.n))
+}
+
+// 10. Scale: TestScale100PVCs binds 100 PVCs of an Immediate class at once: every one
+// is Bound with a LocalVolume, and deleting them removes every PV. Its
+// timings are printed (SCALE), not asserted; make bench-cluster measures
+// them against the control plane's floor.
+func TestScale100PVCs(t *testing.T) {
+	needCluster(t)
+	ns := namespace(t, "scale")
+	const n = 100
+	var lvs int
+	r := bindMany(t, ns, scImmediate, n, false, func() {
+		l, err := dyn.Resource(gvrLocalVolume).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lvs = len(l.Items)
+	})
+	if lvs < n {
+		t.Fatalf("%d LocalVolumes for %d Bound PVCs", lvs, n)
+	}
+	r.report(t, "localdir, Immediate")
+}
