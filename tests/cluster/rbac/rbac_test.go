@@ -7,6 +7,7 @@ package rbac
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	authnv1 "k8s.io/api/authentication/v1"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/localdir-csi/localdir/pkg/cluster"
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
 )
@@ -101,6 +103,18 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 	}
 	mustAllow(t, ctrl.Create(ctx, lv), "controller: create a LocalVolume")
 	mustAllow(t, ctrl.List(ctx, &v1.LocalNodeList{}), "controller: list LocalNodes")
+	// The controller's object cache lists and watches every kind.
+	watcher, err := client.NewWithWatch(ctrlID.Config, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []client.ObjectList{&v1.LocalNodeList{}, &v1.LocalVolumeList{}, &v1.LocalSnapshotList{}} {
+		w, err := watcher.Watch(ctx, l)
+		mustAllow(t, err, fmt.Sprintf("controller: watch %T", l))
+		if err == nil {
+			w.Stop()
+		}
+	}
 
 	// Everything else is refused.
 	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "localvolumes.localdir.csi.dev"}}
