@@ -131,8 +131,9 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 // NodeUnstageVolume unmounts staging_target_path; for a block volume it
 // removes the device node <staging_target_path>/<volume_id> and detaches
 // the volume's loop devices, read-write and read-only (spec
-// §NodeUnstageVolume). Not staged, and unknown volumes, are success. Codes:
-// INVALID_ARGUMENT, ABORTED.
+// §NodeUnstageVolume). Not staged, and unknown volumes, are success. Another
+// call on the volume is waited for until the request's deadline. Codes:
+// INVALID_ARGUMENT, ABORTED (still busy at the deadline).
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -140,7 +141,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.vm.Unstage(req.GetVolumeId(), req.GetStagingTargetPath()))
+	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.vm.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()))
 }
 
 // NodePublishVolume bind-mounts the staged volume onto target_path,

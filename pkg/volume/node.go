@@ -162,9 +162,11 @@ func matchAccess(v *contract.Volume, accessType string) error {
 // (the directory itself belongs to the CO and stays); for a block volume
 // the device node <stagingPath>/<id> is removed and its loop devices,
 // read-write and read-only, are detached. Not staged, and unknown volumes,
-// are success. Errors: contract.ErrBusy (another call on the volume).
-func (m *Manager) Unstage(id, stagingPath string) error {
-	unlock, err := m.lock(id)
+// are success. Like Unpublish it waits (bounded by ctx) for another call
+// on the volume to end — a cluster node agent's reconcile, say — before
+// failing with contract.ErrBusy: the CO must be able to finish a teardown.
+func (m *Manager) Unstage(ctx context.Context, id, stagingPath string) error {
+	unlock, err := m.locks.Wait(ctx, "volume", id)
 	if err != nil {
 		return err
 	}

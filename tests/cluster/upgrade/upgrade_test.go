@@ -224,6 +224,18 @@ func TestIntegerSizesReadAfterUpgrade(t *testing.T) {
 		if err := c.Status().Update(ctx, ln); err != nil {
 			t.Fatal(err)
 		}
+		// The controller places from its object cache: wait until it shows
+		// the new node's room.
+		for i := 0; ; i++ {
+			total, _, err := b.Capacity(ctx, &csi.Topology{Segments: map[string]string{contract.TopologyKey: newNode}})
+			if err == nil && total > 0 {
+				break
+			}
+			if i == 500 {
+				t.Fatalf("the controller's cache never showed LocalNode %s: Capacity %d, %v", newNode, total, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		// CreateVolume records the LocalVolume on the node with most room,
 		// then waits for a node plugin, which this test does not run.
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
