@@ -69,8 +69,9 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		// Several node agents may share a process (tests run three nodes);
 		// controller names need not be unique then.
 		// Volumes are independent: create them in parallel (one at a time,
-		// 100 PVCs took 40 s on btrfs in the e2e scale test).
-		Controller: config.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8},
+		// 100 PVCs took 40 s on btrfs in the e2e scale test). A burst of
+		// PVCs is mostly waiting on fsync and the API server: reconcileWorkers.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: reconcileWorkers},
 	})
 	if err != nil {
 		return err
@@ -91,6 +92,10 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 	}
 	return mgr.Start(ctx)
 }
+
+// reconcileWorkers is how many LocalVolumes (and, apart, LocalSnapshots)
+// a node agent carries out at once.
+const reconcileWorkers = 16
 
 // busyRetry is when a reconcile that met a conflicting operation on the
 // same data (contract.ErrBusy: a restore reading a snapshot being deleted,
