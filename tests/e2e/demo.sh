@@ -92,6 +92,8 @@ run kubectl exec scratch -- cat /scratch/f
 step "10. An image volume (examples/ext4.yaml): a 64Mi ext4 filesystem whose size holds on any data root"
 run kubectl apply -f examples/ext4.yaml
 quiet kubectl wait --for=condition=Ready pod/ext4-user --timeout=120s
+# The pod writes until the filesystem is full: wait for the end of that.
+for _ in $(seq 60); do kubectl logs ext4-user | grep -q refused && break; sleep 1; done
 say "df in the pod shows the PVC's size (less ext4's own metadata), and a write past it fails:"
 run kubectl logs ext4-user
 
