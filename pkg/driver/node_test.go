@@ -87,7 +87,11 @@ func (f *fakeNode) unpublish(ctx context.Context, id, target string) error {
 }
 
 func (f *fakeNode) unstage(id, staging string) error {
-	_, err := f.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	return f.unstageCtx(context.Background(), id, staging)
+}
+
+func (f *fakeNode) unstageCtx(ctx context.Context, id, staging string) error {
+	_, err := f.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
 	return err
 }
 
@@ -190,8 +194,8 @@ func (b *blockingMounter) Bind(x mount.Bind) error {
 // TestNodePerVolumeLock: while a call on a volume is in flight, another
 // call on it answers ABORTED — from the CSI services and from a direct
 // caller of the volume manager (the cluster node agent) alike — while
-// NodeUnpublishVolume waits (bounded by its context) and other volumes go
-// on.
+// NodeUnpublishVolume and NodeUnstageVolume wait (bounded by their
+// context) and other volumes go on.
 func TestNodePerVolumeLock(t *testing.T) {
 	bm := &blockingMounter{Fake: mount.NewFake(), entered: make(chan struct{}, 4), release: make(chan struct{})}
 	f := newFakeNode(t, bm)
@@ -204,16 +208,20 @@ func TestNodePerVolumeLock(t *testing.T) {
 	<-bm.entered
 
 	wantCode(t, f.stage(id, staging, swCap), codes.Aborted)
-	wantCode(t, f.unstage(id, staging), codes.Aborted)
 	if err := f.d.vm.Delete(id); !errors.Is(err, contract.ErrBusy) {
 		t.Fatalf("Manager.Delete during a stage = %v, want contract.ErrBusy", err)
 	}
-	start := time.Now() // before the deadline is set, so it cannot look early
-	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	wantCode(t, f.unpublish(tctx, id, filepath.Join(f.kubelet, "pods", "t")), codes.Aborted)
-	cancel()
-	if time.Since(start) < 50*time.Millisecond {
-		t.Fatal("unpublish did not wait for the call in flight")
+	for what, call := range map[string]func(context.Context) error{
+		"unpublish": func(c context.Context) error { return f.unpublish(c, id, filepath.Join(f.kubelet, "pods", "t")) },
+		"unstage":   func(c context.Context) error { return f.unstageCtx(c, id, staging) },
+	} {
+		start := time.Now() // before the deadline is set, so it cannot look early
+		tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		wantCode(t, call(tctx), codes.Aborted)
+		cancel()
+		if time.Since(start) < 50*time.Millisecond {
+			t.Fatalf("%s did not wait for the call in flight", what)
+		}
 	}
 
 	// Another volume does not wait.
