@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,5 +236,35 @@ func AssertFileBytes(t testing.TB, p string, want []byte) {
 		t.Errorf("read %s: %v", p, err)
 	case !bytes.Equal(got, want):
 		t.Errorf("%s: %d bytes differ from the %d bytes written", p, len(got), len(want))
+	}
+}
+
+// Each calls f(0), …, f(n-1) from workers goroutines at once and fails tb
+// with every error they return (after all calls ended).
+func Each(tb testing.TB, n, workers int, f func(i int) error) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	next := make(chan int)
+	errs := make(chan error, n)
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(i); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Error(err)
+	}
+	if tb.Failed() {
+		tb.FailNow()
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
 
@@ -118,7 +118,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	before := readAPIRequests(tb)
 	created := make([]time.Time, n)
 	t0 := time.Now()
-	create(tb, n, func(i int) error {
+	csitest.Each(tb, n, 50, func(i int) error {
 		name := fmt.Sprintf("pvc-%04d", i)
 		p := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeClaimSpec{
 			StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -198,32 +198,6 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	r.deleted = time.Since(t1)
 	r.remove = readAPIRequests(tb).since(before)
 	return r
-}
-
-// create calls f(0..n-1) from 50 goroutines and fails tb on an error.
-func create(tb testing.TB, n int, f func(i int) error) {
-	tb.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	next := make(chan int)
-	for range 50 {
-		wg.Go(func() {
-			for i := range next {
-				if err := f(i); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		tb.Fatal(err)
-	}
 }
 
 // createScalePod creates a pod that mounts claim and does nothing (the

@@ -17,7 +17,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -69,7 +69,7 @@ func nodeScale(b *testing.B, n int) {
 
 	at0 := createLatency(b, cc, "first", 20)
 	t0 := time.Now()
-	each(b, n, 32, func(i int) error { return createVolume(cc, fmt.Sprintf("bulk-%05d", i)) })
+	csitest.Each(b, n, 32, func(i int) error { return createVolume(cc, fmt.Sprintf("bulk-%05d", i)) })
 	createRate := float64(n) / time.Since(t0).Seconds()
 	atN := createLatency(b, cc, "then", 20)
 	ctrlRSS, nodeRSS := rss(b, ctrl), rss(b, nodeProc)
@@ -103,7 +103,7 @@ func nodeScale(b *testing.B, n int) {
 	nodeRSSAfter := rss(b, nodeProc)
 
 	t1 := time.Now()
-	each(b, len(lvs.Items), 32, func(i int) error {
+	csitest.Each(b, len(lvs.Items), 32, func(i int) error {
 		_, err := cc.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: lvs.Items[i].Name})
 		return err
 	})
@@ -145,31 +145,6 @@ func createLatency(b *testing.B, cc csi.ControllerClient, prefix string, count i
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return lat[len(lat)/2]
-}
-
-// each calls f(0..n-1) from workers goroutines; the first error fails b.
-func each(b *testing.B, n, workers int, f func(int) error) {
-	var wg sync.WaitGroup
-	next := make(chan int)
-	errs := make(chan error, n)
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				if err := f(i); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
-	}
 }
 
 // heartbeat is the LocalNode's last heartbeat.
