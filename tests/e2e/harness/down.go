@@ -22,7 +22,7 @@ var hostPaths = []string{"/var/lib/kubelet", "/var/lib/containerd", "/run/contai
 	"/var/log/pods", "/var/log/containers", DataRoot, "/run/netns", "/var/run/netns", "/etc/kubernetes", "/opt/cni"}
 
 // controlPlane is stopped in this order (the node side first).
-var controlPlane = []string{"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "localdir-controller",
+var controlPlane = []string{"floor-provisioner", "floor", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "localdir-controller",
 	"snapshot-controller", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"}
 
 // Down stops the cluster of the work folder: it deletes the pods, volume
