@@ -185,12 +185,19 @@ func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) erro
 
 // deleteWithIntent sets the object's spec.deleteData (*intent, a field of
 // obj) and the v1alpha1.Finalizer in one patch unless both are there, then
-// deletes obj: the node plugin removes data only for objects carrying that
-// intent, and the finalizer keeps the object until it has. Objects nobody
+// deletes obj (unless it is deleted with the intent already): the node
+// plugin removes data only for objects carrying that intent, and the
+// finalizer keeps the object until it has. Objects nobody
 // asked to delete never carry the finalizer (an uninstall deleting the
 // CRDs does not wait on node plugins).
 func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
-	if !*intent || !controllerutil.ContainsFinalizer(obj, v1.Finalizer) {
+	recorded := *intent && controllerutil.ContainsFinalizer(obj, v1.Finalizer)
+	if recorded && obj.GetDeletionTimestamp() != nil {
+		// Deleted with the intent already: the node plugin is at it (a
+		// CO's repeated DeleteVolume costs no request).
+		return nil
+	}
+	if !recorded {
 		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
 		*intent = true
 		controllerutil.AddFinalizer(obj, v1.Finalizer)

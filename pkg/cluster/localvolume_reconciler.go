@@ -49,6 +49,11 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	if lv.DeletionTimestamp != nil {
 		return r.finishDelete(ctx, lv)
 	}
+	if lv.Spec.DeleteData {
+		// DeleteVolume recorded its intent and deletes the object next:
+		// nothing to carry out, nor to report, until then.
+		return reconcile.Result{}, nil
+	}
 	if err := dropLegacyFinalizer(ctx, r.Client, lv, lv.Spec.DeleteData); err != nil {
 		return reconcile.Result{}, err
 	}
