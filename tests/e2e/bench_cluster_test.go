@@ -44,6 +44,7 @@ func BenchmarkCluster(b *testing.B) {
 	}{
 		{"floor/immediate-100", floorImmediate, 100, false},
 		{"localdir/immediate-100", scImmediate, 100, false},
+		{"floor/immediate-1000", floorImmediate, 1000, false},
 		{"localdir/immediate-1000", scImmediate, 1000, false},
 		{"floor/wffc-100-pods", floorWFFC, 100, true},
 		{"localdir/wffc-100-pods", scWFFC, 100, true},
