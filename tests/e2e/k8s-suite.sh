@@ -53,19 +53,23 @@ fi
 
 rm -rf "$REPORT"
 mkdir -p "$REPORT"
-echo "== e2e.test: focus '$FOCUS', skip '$SKIP', $PROCS processes; log in $REPORT/e2e.log"
-t1=$(date +%s)
-ginkgo --procs="$PROCS" --timeout="$TIMEOUT" --focus="$FOCUS" --skip="$SKIP" \
-	--no-color --output-dir="$REPORT" --junit-report=junit.xml --json-report=report.json \
-	"$TOOLS/e2e.test" -- \
-	--kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$TOOLS/kubectl" \
-	--storage.testdriver="$ROOT/deploy/kubernetes/test-driver.yaml" \
-	--report-dir="$REPORT" --node-os-distro=debian >"$REPORT/e2e.log" 2>&1 || rc=$?
-t2=$(date +%s)
 
-# The summary: ginkgo's own line, then the failed specs by name.
-grep -E '^Ran [0-9]+ of [0-9]+ Specs|^(SUCCESS|FAIL)! .*Passed' "$REPORT/e2e.log" | tail -2
-python3 - "$REPORT/report.json" "$FOCUS" "$SKIP" <<'EOF' | tee "$REPORT/summary.txt" || true
+# suite <report dir> <test driver file> <focus>: one run of e2e.test, its
+# log and reports in the report dir, and its summary.
+suite() {
+	local dir=$1 driver=$2 focus=$3 prc=0
+	mkdir -p "$dir"
+	echo "== e2e.test: focus '$focus', skip '$SKIP', $PROCS processes; log in $dir/e2e.log"
+	ginkgo --procs="$PROCS" --timeout="$TIMEOUT" --focus="$focus" --skip="$SKIP" \
+		--no-color --output-dir="$dir" --junit-report=junit.xml --json-report=report.json \
+		"$TOOLS/e2e.test" -- \
+		--kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$TOOLS/kubectl" \
+		--storage.testdriver="$driver" \
+		--report-dir="$dir" --node-os-distro=debian >"$dir/e2e.log" 2>&1 || prc=$?
+	[ $prc = 0 ] || rc=$prc
+	# The summary: ginkgo's own line, then the failed specs by name.
+	grep -E '^Ran [0-9]+ of [0-9]+ Specs|^(SUCCESS|FAIL)! .*Passed' "$dir/e2e.log" | tail -2
+	python3 - "$dir/report.json" "$focus" "$SKIP" <<'EOF' | tee "$dir/summary.txt" || true
 # Counts over the specs the focus and skip select (ginkgo reports every
 # spec of e2e.test; those filtered out are "skipped" too, and not counted).
 import json, re, sys
@@ -93,4 +97,29 @@ print(f"selected {ran + count['skipped'] + count['other']}: ran {ran}, passed {c
 for f in fails:
     print("  FAILED:", f)
 EOF
+}
+
+t1=$(date +%s)
+suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS"
+# The suite runs its provisioning specs (among them "correct filesystem size
+# when restoring snapshot to larger size pvc") only with the driver's
+# default StorageClass, whose volumes are directories: their filesystem is
+# the data root's. Run those specs again with an ext4 image-volume class as
+# the default (test-driver-ext4.yaml).
+if [ -z "${E2E_K8S_FOCUS:-}" ]; then
+	kubectl --kubeconfig="$KUBECONFIG" apply -f - >/dev/null <<'EOF'
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: localdir-e2e-ext4
+provisioner: localdir.csi.dev
+parameters:
+  csi.storage.k8s.io/fstype: ext4
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+reclaimPolicy: Delete
+EOF
+	suite "$REPORT/ext4" "$ROOT/deploy/kubernetes/test-driver-ext4.yaml" 'External.Storage.*localdir.csi.dev.*default fs.*provisioning'
+fi
+t2=$(date +%s)
 echo "suite $((t2 - t1)) s, with cluster up $((t2 - t0)) s"
