@@ -76,9 +76,17 @@ func TestLocalVolumeReconcilerCreatesGrowsDeletes(t *testing.T) {
 
 	// Delete with intent: the data goes, then the finalizer (and the object).
 	lv.Spec.DeleteData = true
+	lv.Generation++ // what the API server does for a spec change
 	controllerutil.AddFinalizer(lv, v1.Finalizer)
 	if err := c.Update(ctx, lv); err != nil {
 		t.Fatal(err)
+	}
+	// Between the intent and the delete the node writes nothing: the new
+	// generation alone is no state change (#14).
+	rv := lv.ResourceVersion
+	reconcileOnce(t, r, lv.Name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil || lv.ResourceVersion != rv {
+		t.Errorf("the recorded delete intent made the node write the object (resourceVersion %s → %s, %v)", rv, lv.ResourceVersion, err)
 	}
 	if err := c.Delete(ctx, lv); err != nil {
 		t.Fatal(err)
