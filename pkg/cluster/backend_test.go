@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -47,15 +46,7 @@ func TestDeleteVolumeWrites(t *testing.T) {
 		t.Fatalf("DeleteVolume: %d writes, want 2 (the intent, the delete)", n)
 	}
 	// The cache shows the object deleted, with the intent and finalizer.
-	for i := 0; ; i++ {
-		if got, ok := get[*v1.LocalVolume](b.cache.volumes, lv.Name); ok && got.DeletionTimestamp != nil {
-			break
-		}
-		if i == 1000 {
-			t.Fatal("the cache never showed the deleted object")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	cached(t, b, lv.Name, func(got *v1.LocalVolume) bool { return got.DeletionTimestamp != nil })
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}

@@ -68,12 +68,19 @@ func create(t *testing.T, b *ControllerBackend, obj client.Object) {
 	if err := b.c.Create(context.Background(), obj); err != nil {
 		t.Fatal(err)
 	}
+	cached(t, b, obj.GetName(), func(*v1.LocalVolume) bool { return true })
+}
+
+// cached waits (5 s at most) until b's cache holds LocalVolume name in a
+// state cond accepts.
+func cached(t *testing.T, b *ControllerBackend, name string, cond func(*v1.LocalVolume) bool) {
+	t.Helper()
 	for i := 0; ; i++ {
-		if _, ok, _ := b.cache.volumes.GetStore().GetByKey(obj.GetName()); ok {
+		if lv, ok := get[*v1.LocalVolume](b.cache.volumes, name); ok && cond(lv) {
 			return
 		}
 		if i == 1000 {
-			t.Fatalf("%s never reached the controller's cache", obj.GetName())
+			t.Fatalf("LocalVolume %s never reached the controller's cache in the state awaited", name)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

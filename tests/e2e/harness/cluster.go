@@ -562,11 +562,17 @@ func (c *Cluster) StartNodePlugin(ctx context.Context) error {
 	if _, err := c.start("localdir-node", true, nil, c.NodePluginArgs()...); err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "the node plugin's socket", 30*time.Second, func() (bool, error) {
-		if !c.Running("localdir-node") {
-			return false, errors.New("the node plugin exited (see logs/localdir-node.log)")
+	return c.waitSocket(ctx, "localdir-node", "the node plugin", c.NodePath(NodeSocket))
+}
+
+// waitSocket waits until the daemon name (what, in errors) has created
+// its socket sock, and fails at once when it exits.
+func (c *Cluster) waitSocket(ctx context.Context, name, what, sock string) error {
+	return c.waitFor(ctx, what+"'s socket", 30*time.Second, func() (bool, error) {
+		if !c.Running(name) {
+			return false, fmt.Errorf("%s exited (see logs/%s.log)", what, name)
 		}
-		_, err := os.Stat(c.NodePath(NodeSocket))
+		_, err := os.Stat(sock)
 		return err == nil, nil
 	})
 }
@@ -601,13 +607,7 @@ func (c *Cluster) startDriverController(ctx context.Context) error {
 		"--driver-name="+DriverName, kc, "--metrics-address="+ControllerMetricsAddress, "-v=2"); err != nil {
 		return err
 	}
-	if err := c.waitFor(ctx, "the controller's socket", 30*time.Second, func() (bool, error) {
-		if !c.Running("localdir-controller") {
-			return false, errors.New("the controller exited (see logs/localdir-controller.log)")
-		}
-		_, err := os.Stat(sock)
-		return err == nil, nil
-	}); err != nil {
+	if err := c.waitSocket(ctx, "localdir-controller", "the controller", sock); err != nil {
 		return err
 	}
 	csiAddr := "--csi-address=" + sock

@@ -2,9 +2,7 @@ package harness
 
 import (
 	"context"
-	"errors"
 	"os"
-	"time"
 )
 
 // FloorDriverName is the CSI driver name of the stand-in driver of
@@ -28,13 +26,7 @@ func (c *Cluster) StartFloor(ctx context.Context) error {
 	if _, err := c.start("floor", false, nil, c.tool("floor"), "--socket="+sock); err != nil {
 		return err
 	}
-	if err := c.waitFor(ctx, "the stand-in driver's socket", 30*time.Second, func() (bool, error) {
-		if !c.Running("floor") {
-			return false, errors.New("the stand-in driver exited (see logs/floor.log)")
-		}
-		_, err := os.Stat(sock)
-		return err == nil, nil
-	}); err != nil {
+	if err := c.waitSocket(ctx, "floor", "the stand-in driver", sock); err != nil {
 		return err
 	}
 	_, err := c.start("floor-provisioner", false, []string{"NAMESPACE=default", "POD_NAME=floor-e2e"}, c.tool("csi-provisioner"),
