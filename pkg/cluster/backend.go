@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -59,6 +60,13 @@ func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes 
 func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeBytes int64) (*ControllerBackend, error) {
 	b := &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, cache: newObjectCache(c),
 		nodes: map[string]*sync.Mutex{}, pending: map[string]map[string]unseenSize{}}
+	if _, err := b.cache.volumes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { b.seen(o, false) },
+		UpdateFunc: func(_, o any) { b.seen(o, false) },
+		DeleteFunc: func(o any) { b.seen(o, true) },
+	}); err != nil {
+		return nil, err
+	}
 	if err := b.cache.start(ctx); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,28 +52,52 @@ type unseenSize struct {
 }
 
 // unseenFor is how long a pending size is counted at most: the cache shows
-// a write within milliseconds; an object deleted before it showed would
-// otherwise be counted for ever.
+// a write within milliseconds; only an object created and deleted before
+// the controller recorded its size is never seen to go.
 const unseenFor = time.Minute
 
-// wrote records that volume id on node was written with size bytes.
+// wrote records that volume id on node was written with size bytes, unless
+// the cache shows that size already.
 func (b *ControllerBackend) wrote(node, id string, size int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if lv, ok := get[*v1.LocalVolume](b.cache.volumes, id); ok && lv.Spec.Size.Value() >= size {
+		return
+	}
 	if b.pending[node] == nil {
 		b.pending[node] = map[string]unseenSize{}
 	}
 	b.pending[node][id] = unseenSize{size, time.Now()}
 }
 
+// seen is the cache's event handler for LocalVolumes: a pending size is
+// forgotten once the cache shows it, or shows the volume deleted.
+func (b *ControllerBackend) seen(o any, deleted bool) {
+	lv, ok := o.(*v1.LocalVolume)
+	if !ok { // a deletion the watch missed: the object's last known state
+		if d, isTomb := o.(cache.DeletedFinalStateUnknown); isTomb {
+			lv, ok = d.Obj.(*v1.LocalVolume)
+		}
+		if !ok {
+			return
+		}
+		deleted = true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p, ok := b.pending[lv.Spec.Node][lv.Name]; ok && (deleted || lv.Spec.Size.Value() >= p.size) {
+		delete(b.pending[lv.Spec.Node], lv.Name)
+	}
+}
+
 // unseen returns the sizes written on node that the cache does not show
-// yet, by volume id, and forgets the others.
+// yet, by volume id (and forgets those older than unseenFor).
 func (b *ControllerBackend) unseen(node string) map[string]int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := map[string]int64{}
 	for id, p := range b.pending[node] {
-		if lv, ok := get[*v1.LocalVolume](b.cache.volumes, id); (ok && lv.Spec.Size.Value() >= p.size) || time.Since(p.written) > unseenFor {
+		if time.Since(p.written) > unseenFor {
 			delete(b.pending[node], id)
 			continue
 		}

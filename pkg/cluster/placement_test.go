@@ -71,16 +71,22 @@ func create(t *testing.T, b *ControllerBackend, obj client.Object) {
 	cached(t, b, obj.GetName(), func(*v1.LocalVolume) bool { return true })
 }
 
-// cached waits (5 s at most) until b's cache holds LocalVolume name in a
-// state cond accepts.
+// cached waits until b's cache holds LocalVolume name in a state cond
+// accepts.
 func cached(t *testing.T, b *ControllerBackend, name string, cond func(*v1.LocalVolume) bool) {
 	t.Helper()
-	for i := 0; ; i++ {
-		if lv, ok := get[*v1.LocalVolume](b.cache.volumes, name); ok && cond(lv) {
-			return
-		}
+	eventually(t, "LocalVolume "+name+" in the controller's cache in the state awaited", func() bool {
+		lv, ok := get[*v1.LocalVolume](b.cache.volumes, name)
+		return ok && cond(lv)
+	})
+}
+
+// eventually waits (5 s at most) until cond holds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
 		if i == 1000 {
-			t.Fatalf("LocalVolume %s never reached the controller's cache in the state awaited", name)
+			t.Fatalf("never: %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -274,5 +280,32 @@ func TestCapacity(t *testing.T) {
 		if err != nil || total != c.total || largest != c.largest {
 			t.Errorf("Capacity(%v) = %d, %d, %v; want %d, %d", c.segment.GetSegments(), total, largest, err, c.total, c.largest)
 		}
+	}
+}
+
+// A volume placed and deleted again gives its room back as soon as the
+// cache shows it gone, even when no placement looked at the node in
+// between (the size the controller wrote is not counted on).
+func TestPlacedThenDeletedGivesRoomBack(t *testing.T) {
+	ctx := context.Background()
+	b := fakeBackend(t, 0, node("a", 100*mi, 100*mi, 0))
+	lv := newVolume("v", 30*mi)
+	if err := b.placeVolume(ctx, lv, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	placedLV := &v1.LocalVolume{}
+	if err := b.c.Get(ctx, client.ObjectKey{Name: lv.Name}, placedLV); err != nil {
+		t.Fatal(err)
+	}
+	cached(t, b, lv.Name, func(*v1.LocalVolume) bool { return true })
+	if err := b.c.Delete(ctx, placedLV); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache shows the volume deleted", func() bool {
+		_, ok := get[*v1.LocalVolume](b.cache.volumes, lv.Name)
+		return !ok
+	})
+	if r, err := b.room(ctx, "a"); err != nil || r.available != 100*mi {
+		t.Errorf("room after the volume went: %d bytes (%v), want all 100Mi back", r.available, err)
 	}
 }
