@@ -193,9 +193,10 @@ func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) erro
 
 // deleteWithIntent sets the object's spec.deleteData (*intent, a field of
 // obj) and the v1alpha1.Finalizer in one patch unless both are there, then
-// deletes obj (unless it is deleted with the intent already): the node
-// plugin removes data only for objects carrying that intent, and the
-// finalizer keeps the object until it has. Objects nobody
+// deletes obj (unless it is deleted with the intent already) and waits
+// until the cache shows it deleted: the node plugin removes data only for
+// objects carrying that intent, and the finalizer keeps the object until
+// it has. Objects nobody
 // asked to delete never carry the finalizer (an uninstall deleting the
 // CRDs does not wait on node plugins).
 func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
@@ -214,7 +215,21 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 		}
 	}
 	uid := obj.GetUID()
-	return client.IgnoreNotFound(b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}))
+	if err := b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	// Read your writes: the calls after this one answer from the cache,
+	// where the object must no longer look alive (ListSnapshots right after
+	// DeleteSnapshot, say).
+	kind, inf := "LocalVolume", b.cache.volumes
+	if _, ok := obj.(*v1.LocalSnapshot); ok {
+		kind, inf = "LocalSnapshot", b.cache.snapshots
+	}
+	ctx, cancel := b.waitCtx(ctx)
+	defer cancel()
+	return b.awaitCache(ctx, kind, inf, obj.GetName(), func(o client.Object, ok bool) (bool, error) {
+		return !ok || o.GetDeletionTimestamp() != nil, nil
+	})
 }
 
 // DeleteVolume implements driver.Backend: the delete intent is recorded on

@@ -12,7 +12,8 @@ import (
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 )
 
-// A DeleteVolume records the intent and deletes (two writes); a repeated
+// A DeleteVolume records the intent and deletes (two writes), and returns
+// once the controller's own reads no longer find the volume; a repeated
 // one, while the node plugin removes the data, writes nothing (#14: no
 // write that changes nothing). Nor does any call read the API server: the
 // object cache answers.
@@ -45,16 +46,18 @@ func TestDeleteVolumeWrites(t *testing.T) {
 	if n := writes.Load(); n != 2 {
 		t.Fatalf("DeleteVolume: %d writes, want 2 (the intent, the delete)", n)
 	}
-	// The cache shows the object deleted, with the intent and finalizer.
-	cached(t, b, lv.Name, func(got *v1.LocalVolume) bool { return got.DeletionTimestamp != nil })
+	// Read your writes: at once, no call finds the volume any more.
+	if _, err := b.Volume(ctx, lv.Name); err == nil {
+		t.Error("Volume() finds the volume right after its DeleteVolume")
+	}
+	if vols, _, err := b.ListVolumes(ctx, "", 0); err != nil || len(vols) != 0 {
+		t.Errorf("ListVolumes right after DeleteVolume: %d volumes (%v), want none", len(vols), err)
+	}
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}
 	if n := writes.Load(); n != 2 {
 		t.Errorf("a repeated DeleteVolume wrote %d times more", n-2)
-	}
-	if _, err := b.Volume(ctx, lv.Name); err == nil {
-		t.Error("Volume() finds a volume being deleted")
 	}
 	if n := reads.Load(); n != 0 {
 		t.Errorf("%d GETs: reads come from the cache", n)

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
@@ -24,6 +25,26 @@ func (b *ControllerBackend) waitCtx(ctx context.Context) (context.Context, conte
 	return context.WithTimeout(ctx, b.Wait)
 }
 
+// awaitCache calls cond with the cached state of the object name of kind
+// (inf's; nil and false while the cache lacks it) now and after each change
+// the cache sees, until cond says finished or fails, or ctx ends (its
+// error).
+func (b *ControllerBackend) awaitCache(ctx context.Context, kind string, inf cache.SharedIndexInformer, name string, cond func(obj client.Object, ok bool) (bool, error)) error {
+	woken, stop := b.cache.subscribe(kind, name)
+	defer stop()
+	for {
+		obj, ok := get[client.Object](inf, name)
+		if finished, err := cond(obj, ok); finished || err != nil {
+			return err
+		}
+		select {
+		case <-woken:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // waitFor waits, on the object cache's events, until done, called with
 // each state of the object name of kind (inf's), says it is finished or
 // failed. known: the caller has just created the object (the cache may not
@@ -33,35 +54,31 @@ func (b *ControllerBackend) waitCtx(ctx context.Context) (context.Context, conte
 func (b *ControllerBackend) waitFor(ctx context.Context, kind string, inf cache.SharedIndexInformer, objType client.Object, name string, known bool, done func(client.Object) (bool, error)) error {
 	ctx, cancel := b.waitCtx(ctx)
 	defer cancel()
-	woken, stop := b.cache.subscribe(kind, name)
-	defer stop()
 	gone := fmt.Errorf("%w: %s was deleted while waiting for it", contract.ErrBusy, name)
 	seen := false // by the cache
-	for {
-		switch obj, ok := get[client.Object](inf, name); {
+	err := b.awaitCache(ctx, kind, inf, name, func(obj client.Object, ok bool) (bool, error) {
+		switch {
 		case ok:
 			seen = true
-			if finished, err := done(obj); finished || err != nil {
-				return err
-			}
+			return done(obj)
 		case seen:
-			return gone
+			return true, gone
 		case !known:
 			// A first read fails fast where the wait would last until the
 			// deadline (an object never created, a missing permission).
 			if err := b.c.Get(ctx, client.ObjectKey{Name: name}, objType); apierrors.IsNotFound(err) {
-				return gone
+				return true, gone
 			} else if err != nil {
-				return err
+				return true, err
 			}
 			known = true
 		}
-		select {
-		case <-woken:
-		case <-ctx.Done():
-			return fmt.Errorf("timed out waiting for the node plugin on %s; the call can be retried and will pick the same object up: %w", name, context.DeadlineExceeded)
-		}
+		return false, nil
+	})
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("timed out waiting for the node plugin on %s; the call can be retried and will pick the same object up: %w", name, context.DeadlineExceeded)
 	}
+	return err
 }
 
 // reportedCodes are the gRPC code names a node plugin writes to
