@@ -167,8 +167,9 @@ $(E2E_CLUSTER): FORCE
 	$(GO) build -o $@ ./tests/e2e/cmd/e2e-cluster
 
 E2E_TIMEOUT ?= 45m
-e2e: deps build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster: kubelet, containerd, sidecars (as root)
-	@rc=0; $(GO) test $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
+# make e2e starts two nodes unless E2E_NODES says otherwise; make demo one.
+e2e: deps build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster of two nodes (E2E_NODES): kubelets, containerd, sidecars (as root)
+	@rc=0; E2E_NODES=$${E2E_NODES:-2} $(GO) test $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
 
 BENCH_CLUSTER ?= BenchmarkCluster

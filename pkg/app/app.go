@@ -106,6 +106,7 @@ func Run(ctx context.Context, opts driver.Options) error {
 		if err != nil {
 			return err
 		}
+		b.StaleAfter = opts.NodeStaleAfter
 		d, err := driver.NewController(opts, b)
 		if err != nil {
 			return err
@@ -124,7 +125,8 @@ func Run(ctx context.Context, opts driver.Options) error {
 	if err != nil {
 		return err
 	}
-	agent := &cluster.NodeAgent{NodeID: opts.NodeID, VM: d.VolumeManager(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes}
+	agent := &cluster.NodeAgent{NodeID: opts.NodeID, VM: d.VolumeManager(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
+		Heartbeat: opts.HeartbeatInterval}
 	if err := serveMetrics(gctx, g, opts, NodeMetrics(d.VolumeManager(), opts.NodeID, agent.Orphans)); err != nil {
 		return err
 	}

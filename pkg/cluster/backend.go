@@ -35,6 +35,9 @@ type ControllerBackend struct {
 	Wait time.Duration
 	// MaxVolumeBytes caps single volumes (0: no cap).
 	MaxVolumeBytes int64
+	// StaleAfter is how old a LocalNode heartbeat may be before its node
+	// counts as gone: no capacity, no placement (default StaleAfter).
+	StaleAfter time.Duration
 
 	cache *objectCache // every read; c only writes (and GETs what the cache cannot know)
 
@@ -58,7 +61,7 @@ func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes 
 
 // newControllerBackend is a backend on any client (a fake one in unit tests).
 func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeBytes int64) (*ControllerBackend, error) {
-	b := &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, cache: newObjectCache(c),
+	b := &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, StaleAfter: StaleAfter, cache: newObjectCache(c),
 		nodes: map[string]*sync.Mutex{}, pending: map[string]map[string]unseenSize{}}
 	if _, err := b.cache.volumes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { b.seen(o, false) },

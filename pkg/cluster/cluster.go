@@ -41,5 +41,6 @@ func SnapshotIDFor(name string) string {
 }
 
 // StaleAfter is how old a LocalNode heartbeat may be before the controller
-// treats the node plugin as gone (no capacity, no placement).
+// treats the node plugin as gone (no capacity, no placement), by default
+// (--node-stale-after; ControllerBackend.StaleAfter).
 const StaleAfter = 3 * time.Minute

@@ -116,7 +116,7 @@ func (b *ControllerBackend) room(_ context.Context, node string) (nodeRoom, erro
 		r.reason = "no LocalNode: the localdir node plugin is not running there"
 		return r, nil
 	}
-	if time.Since(ln.Status.Heartbeat.Time) > StaleAfter {
+	if time.Since(ln.Status.Heartbeat.Time) > b.StaleAfter {
 		r.reason = fmt.Sprintf("the node plugin's last heartbeat was %s ago", time.Since(ln.Status.Heartbeat.Time).Round(time.Second))
 		return r, nil
 	}
@@ -222,7 +222,7 @@ func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume,
 		if len(topology.GetRequisite())+len(topology.GetPreferred()) > 0 && !slices.Contains(nodes, sourceNode) {
 			// RESOURCE_EXHAUSTED, not NOT_FOUND: the provisioner then
 			// reschedules instead of giving up (kubernetes-csi/csi-driver-host-path#651).
-			return fmt.Errorf("%w: the content source lives on node %q, which the accessibility requirements exclude", contract.ErrNoSpace, sourceNode)
+			return fmt.Errorf("%w: the content source lives on node %q, which the accessibility requirements exclude (a restore or clone is made on its source's node: run its pod there, or use an Immediate StorageClass)", contract.ErrNoSpace, sourceNode)
 		}
 		nodes = []string{sourceNode}
 	}

@@ -105,6 +105,8 @@ func TestRoom(t *testing.T) {
 	stale.Status.Heartbeat = metav1.NewTime(time.Now().Add(-StaleAfter - time.Minute))
 	// At its heartbeat the node held "made" (30Mi, 5Mi of it written: 70Mi
 	// free, 25Mi it may still write); "new" was placed since.
+	recent := node("recent", 100*mi, 100*mi, 0)
+	recent.Status.Heartbeat = metav1.NewTime(time.Now().Add(-20 * time.Second))
 	counted := node("counted", 100*mi, 70*mi, 0)
 	counted.Status.AllocatedBytes, counted.Status.HeadroomBytes = quantity(30*mi), quantity(25*mi)
 	b := fakeBackend(t, 0,
@@ -116,7 +118,7 @@ func TestRoom(t *testing.T) {
 		counted,
 		placed("made", "counted", 30*mi, v1.PhaseReady),
 		placed("new", "counted", 10*mi, v1.PhasePending),
-		stale,
+		stale, recent,
 	)
 	grown := placed("grown", "a", 10*mi, v1.PhaseReady)
 	grown.Status.CapacityBytes = quantity(15 * mi) // the larger of spec and status counts
@@ -142,6 +144,16 @@ func TestRoom(t *testing.T) {
 			t.Errorf("room(%s) = %+v, want available %d, max %d, reason %q", c.node, r, c.available, c.maxVol, c.reason)
 		}
 	}
+	// --node-stale-after: a heartbeat 20 s old is fresh by default, stale
+	// after 10 s.
+	if r, _ := b.room(context.Background(), "recent"); r.reason != "" || r.available != 100*mi {
+		t.Errorf("room(recent) with the default staleness: %+v, want 100Mi available", r)
+	}
+	b.StaleAfter = 10 * time.Second
+	if r, _ := b.room(context.Background(), "recent"); !strings.Contains(r.reason, "last heartbeat") || r.available != 0 {
+		t.Errorf("room(recent) with StaleAfter 10s: %+v, want refused for its last heartbeat", r)
+	}
+	b.StaleAfter = StaleAfter
 	// The controller's own cap applies when smaller than the node's.
 	b.MaxVolumeBytes = 30 * mi
 	if r, _ := b.room(context.Background(), "tight"); r.maxVolume != 30*mi {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	cliflag "k8s.io/component-base/cli/flag"
@@ -78,6 +79,12 @@ type Options struct {
 	// seconds).
 	KubeAPIQPS   float32
 	KubeAPIBurst int
+	// HeartbeatInterval is how often the node agent writes its LocalNode
+	// status (node mode); NodeStaleAfter is how old that status may be
+	// before the controller treats the node plugin as gone: no capacity,
+	// no placement (controller mode). Durations.
+	HeartbeatInterval time.Duration
+	NodeStaleAfter    time.Duration
 	// KubeletRoot is the kubelet's root directory. When set, the Node
 	// service refuses (INVALID_ARGUMENT) staging and target paths that do
 	// not lie below it once symlinks are resolved. Empty: no check. The
@@ -164,6 +171,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	cl.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the API server (default: in-cluster configuration)")
 	cl.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 200, "requests per second to the API server the controller or node agent may sustain")
 	cl.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "requests the controller or node agent may send to the API server at once, above --kube-api-qps")
+	cl.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 30*time.Second, "node mode: how often the node agent writes its LocalNode status (capacity, free space, heartbeat)")
+	cl.DurationVar(&o.NodeStaleAfter, "node-stale-after", 3*time.Minute, "controller mode: how old a LocalNode heartbeat may be before the node counts as gone (no capacity reported, no volume placed there); keep it several --heartbeat-interval")
 	node := fss.FlagSet(FlagsNode)
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
 	node.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "absolute directory holding the volumes and the state file")
@@ -224,6 +233,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Mode != ModeAll && (o.KubeAPIQPS <= 0 || o.KubeAPIBurst < 1) {
 		return fmt.Errorf("--kube-api-qps=%g, --kube-api-burst=%d: both must be positive", o.KubeAPIQPS, o.KubeAPIBurst)
+	}
+	if o.Mode != ModeAll && (o.HeartbeatInterval < time.Second || o.NodeStaleAfter < time.Second) {
+		return fmt.Errorf("--heartbeat-interval=%s, --node-stale-after=%s: both must be at least 1s", o.HeartbeatInterval, o.NodeStaleAfter)
 	}
 	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
 		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -18,6 +19,8 @@ func validOptions() Options {
 		DataRoot:           "/var/lib/localdir",
 		DefaultVolumeBytes: gib,
 		Engine:             "auto",
+		HeartbeatInterval:  30 * time.Second,
+		NodeStaleAfter:     3 * time.Minute,
 		KubeAPIQPS:         200,
 		KubeAPIBurst:       400,
 	}
@@ -76,6 +79,9 @@ func TestOptionsValidate(t *testing.T) {
 		{"zero API rate in node mode", func(o *Options) { o.Mode = ModeNode; o.KubeAPIQPS = 0 }, "--kube-api-qps"},
 		{"zero API burst in controller mode", func(o *Options) { o.Mode = ModeController; o.KubeAPIBurst = 0 }, "--kube-api-burst"},
 		{"all mode has no API client", func(o *Options) { o.KubeAPIQPS, o.KubeAPIBurst = 0, 0 }, ""},
+		{"zero heartbeat in node mode", func(o *Options) { o.Mode = ModeNode; o.HeartbeatInterval = 0 }, "--heartbeat-interval"},
+		{"sub-second staleness in controller mode", func(o *Options) { o.Mode = ModeController; o.NodeStaleAfter = time.Millisecond }, "--node-stale-after"},
+		{"all mode has no heartbeat", func(o *Options) { o.HeartbeatInterval, o.NodeStaleAfter = 0, 0 }, ""},
 		{"zero limits are fine", func(o *Options) { o.CapacityBytes, o.MaxVolumeBytes, o.MaxVolumesPerNode = 0, 0, 0 }, ""},
 	}
 	for _, tc := range tests {
@@ -185,6 +191,9 @@ func TestAddFlags(t *testing.T) {
 	}
 	if err := o.Validate(); err != nil {
 		t.Fatalf("Validate() = %v", err)
+	}
+	if o.HeartbeatInterval != 30*time.Second || o.NodeStaleAfter != 3*time.Minute {
+		t.Fatalf("--heartbeat-interval %s, --node-stale-after %s: want the defaults 30s and 3m", o.HeartbeatInterval, o.NodeStaleAfter)
 	}
 	if got := fs.Lookup("capacity").Value.String(); got != "100Gi" {
 		t.Fatalf("capacity flag String() = %q", got)

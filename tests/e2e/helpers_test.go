@@ -184,6 +184,76 @@ func inlineVolume(path string, attrs map[string]string) podOpt {
 	}
 }
 
+// onNode pins the pod to a node (its kubernetes.io/hostname label).
+func onNode(name string) podOpt {
+	return func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": name} }
+}
+
+// node is the cluster's node of that name.
+func node(t testing.TB, name string) *harness.Node {
+	t.Helper()
+	for _, n := range cl.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	t.Fatalf("no node %q in the cluster", name)
+	return nil
+}
+
+// pvNode is the node a bound PVC's PV is pinned to by localdir's topology
+// key (its only node affinity term).
+func pvNode(t testing.TB, ns, pvc string) *harness.Node {
+	t.Helper()
+	p := getPVC(t, ns, pvc)
+	pv, err := kc.CoreV1().PersistentVolumes().Get(context.Background(), p.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		t.Fatalf("PV %s has no node affinity", pv.Name)
+	}
+	terms := pv.Spec.NodeAffinity.Required.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || terms[0].MatchExpressions[0].Key != topologyKey ||
+		len(terms[0].MatchExpressions[0].Values) != 1 {
+		t.Fatalf("PV %s node affinity = %+v, want one %s term", pv.Name, terms, topologyKey)
+	}
+	return node(t, terms[0].MatchExpressions[0].Values[0])
+}
+
+// podNode is the node a pod was scheduled to.
+func podNode(t testing.TB, ns, pod string) *harness.Node {
+	t.Helper()
+	p, err := kc.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node(t, p.Spec.NodeName)
+}
+
+// topologyKey is localdir's topology key (accessible_topology segment).
+const topologyKey = "topology.localdir.csi.dev/node"
+
+// pinnedClass returns the name of a copy of StorageClass base whose
+// allowedTopologies hold only the given node, creating it on first use.
+func pinnedClass(t testing.TB, base, nodeName string) string {
+	t.Helper()
+	ctx := context.Background()
+	sc, err := kc.StorageV1().StorageClasses().Get(ctx, base, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: base + "-" + nodeName},
+		Provisioner: sc.Provisioner, Parameters: sc.Parameters, ReclaimPolicy: sc.ReclaimPolicy, MountOptions: sc.MountOptions,
+		AllowVolumeExpansion: sc.AllowVolumeExpansion, VolumeBindingMode: sc.VolumeBindingMode,
+		AllowedTopologies: []corev1.TopologySelectorTerm{{MatchLabelExpressions: []corev1.TopologySelectorLabelRequirement{
+			{Key: topologyKey, Values: []string{nodeName}}}}}}
+	if _, err := kc.StorageV1().StorageClasses().Create(ctx, pinned, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	return pinned.Name
+}
+
 func securityContext(sc *corev1.PodSecurityContext) podOpt {
 	return func(p *corev1.Pod) { p.Spec.SecurityContext = sc }
 }
@@ -191,6 +261,15 @@ func securityContext(sc *corev1.PodSecurityContext) podOpt {
 // createPod runs busybox sleeping (to exec into) with the given volumes.
 func createPod(t testing.TB, ns, name string, opts ...podOpt) *corev1.Pod {
 	t.Helper()
+	p, err := kc.CoreV1().Pods(ns).Create(context.Background(), podSpec(name, opts...), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// podSpec is the pod createPod creates.
+func podSpec(name string, opts ...podOpt) *corev1.Pod {
 	grace := int64(1)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -204,10 +283,6 @@ func createPod(t testing.TB, ns, name string, opts ...podOpt) *corev1.Pod {
 	}
 	for _, o := range opts {
 		o(p)
-	}
-	p, err := kc.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
 	}
 	return p
 }
@@ -378,12 +453,22 @@ func volumeID(t testing.TB, ns, pvc string) (pvName, id string) {
 	return pv.Name, pv.Spec.CSI.VolumeHandle
 }
 
-// onDisk lists the paths under the node's data root (seen from the host
-// through the node namespace), two levels deep (volumes/<id>,
+// onDisk lists the paths under every node's data root (seen from the
+// host through the node's namespaces), two levels deep (volumes/<id>,
 // block/<id>.img, snapshots/<id>), whose name contains s.
 func onDisk(t testing.TB, s string) []string {
 	t.Helper()
-	root := cl.NodePath(harness.DataRoot)
+	var out []string
+	for _, n := range cl.Nodes {
+		out = append(out, onNodeDisk(t, n, s)...)
+	}
+	return out
+}
+
+// onNodeDisk is onDisk on one node.
+func onNodeDisk(t testing.TB, n *harness.Node, s string) []string {
+	t.Helper()
+	root := n.Path(harness.DataRoot)
 	var out []string
 	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 		if err != nil || p == root {

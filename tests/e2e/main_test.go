@@ -49,7 +49,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
-	cl = harness.New(harness.Options{Root: root, Work: os.Getenv("E2E_WORK"), NodeCapacity: NodeCapacity,
+	nodes, err := harness.NodesFromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cl = harness.New(harness.Options{Root: root, Work: os.Getenv("E2E_WORK"), NodeCapacity: NodeCapacity, Nodes: nodes,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 	// Tear down on SIGINT/SIGTERM too; `make e2e` also runs
 	// `e2e-cluster down --check` after this process, whatever happened.

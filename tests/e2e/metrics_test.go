@@ -46,13 +46,15 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 func TestMetricsAndUnplaceablePVC(t *testing.T) {
 	needCluster(t)
 	ns := namespace(t, "metrics")
+	// On the first node (a class pinned to it), whose metrics are read.
+	on := cl.Nodes[0]
 	ctrlBefore := scrapeMetrics(t, harness.ControllerMetricsAddress)
-	nodeBefore := scrapeMetrics(t, harness.NodeMetricsAddress)
+	nodeBefore := scrapeMetrics(t, on.MetricsAddress())
 	okKey := `localdir_rpc_requests_total{code="OK",method="CreateVolume"}`
 	exhaustedKey := `localdir_rpc_requests_total{code="ResourceExhausted",method="CreateVolume"}`
-	allocKey := `localdir_allocatable_bytes{node="` + harness.NodeName + `"}`
+	allocKey := `localdir_allocatable_bytes{node="` + on.Name + `"}`
 
-	createPVC(t, ns, "fits", scImmediate, "64Mi")
+	createPVC(t, ns, "fits", pinnedClass(t, scImmediate, on.Name), "64Mi")
 	waitBound(t, ns, "fits", time.Minute)
 	// Far larger than the node's capacity: no node can take it.
 	createPVC(t, ns, "too-big", scImmediate, "1Ti")
@@ -67,22 +69,29 @@ func TestMetricsAndUnplaceablePVC(t *testing.T) {
 		return false, nil
 	})
 	t.Logf("event on the PVC that cannot be placed: %s", why)
-	if !strings.Contains(why, harness.NodeName) || !strings.Contains(why, "free space on a node, pick a smaller size, or add nodes") {
-		t.Errorf("the event does not name the node and what to change: %s", why)
+	for _, n := range cl.Nodes {
+		if !strings.Contains(why, n.Name) {
+			t.Errorf("the event does not name node %s: %s", n.Name, why)
+		}
+	}
+	if !strings.Contains(why, "free space on a node, pick a smaller size, or add nodes") {
+		t.Errorf("the event does not say what to change: %s", why)
 	}
 
 	var ctrlAfter, nodeAfter map[string]float64
 	waitFor(t, "the metrics to show the new volume and the failure", time.Minute, func() (bool, error) {
 		ctrlAfter = scrapeMetrics(t, harness.ControllerMetricsAddress)
-		nodeAfter = scrapeMetrics(t, harness.NodeMetricsAddress)
+		nodeAfter = scrapeMetrics(t, on.MetricsAddress())
 		return ctrlAfter[okKey] > ctrlBefore[okKey] && ctrlAfter[exhaustedKey] > ctrlBefore[exhaustedKey] &&
 			nodeAfter[allocKey] <= nodeBefore[allocKey]-64<<20, nil
 	})
-	if ctrlAfter[`localdir_capacity_bytes{node="`+harness.NodeName+`"}`] <= 0 {
-		t.Errorf("controller reports no capacity for node %s", harness.NodeName)
+	for _, n := range cl.Nodes {
+		if ctrlAfter[`localdir_capacity_bytes{node="`+n.Name+`"}`] <= 0 {
+			t.Errorf("controller reports no capacity for node %s", n.Name)
+		}
 	}
-	if ctrlAfter[`localdir_volumes{node="`+harness.NodeName+`",phase="Ready"}`] < 1 {
-		t.Errorf("controller reports no Ready volume on %s", harness.NodeName)
+	if ctrlAfter[`localdir_volumes{node="`+on.Name+`",phase="Ready"}`] < 1 {
+		t.Errorf("controller reports no Ready volume on %s", on.Name)
 	}
 	t.Logf("CreateVolume OK %v→%v, ResourceExhausted %v→%v; node allocatable %v→%v",
 		ctrlBefore[okKey], ctrlAfter[okKey], ctrlBefore[exhaustedKey], ctrlAfter[exhaustedKey], nodeBefore[allocKey], nodeAfter[allocKey])

@@ -57,14 +57,17 @@ func TestBindingModesAndPersistence(t *testing.T) {
 			pvc := waitBound(t, ns, "data", time.Minute)
 			sum := writeBlob(t, ns, "writer", "/data/blob", "1Mi")
 
-			// The PV is pinned to the node by localdir's topology key.
-			pv, err := kc.CoreV1().PersistentVolumes().Get(context.Background(), pvc.Spec.VolumeName, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
+			// The PV is pinned by localdir's topology key to the node the
+			// pod runs on, and the volume's data is there and nowhere else.
+			on := pvNode(t, ns, "data")
+			if ran := podNode(t, ns, "writer"); ran.Name != on.Name {
+				t.Fatalf("PV pinned to %s, its pod runs on %s", on.Name, ran.Name)
 			}
-			terms := pv.Spec.NodeAffinity.Required.NodeSelectorTerms
-			if len(terms) != 1 || terms[0].MatchExpressions[0].Key != "topology.localdir.csi.dev/node" || terms[0].MatchExpressions[0].Values[0] != harness.NodeName {
-				t.Fatalf("PV node affinity = %+v, want topology.localdir.csi.dev/node=%s", terms, harness.NodeName)
+			_, id := volumeID(t, ns, "data")
+			for _, n := range cl.Nodes {
+				if got := len(onNodeDisk(t, n, id)) > 0; got != (n == on) {
+					t.Fatalf("volume %s on the disk of node %s: %v, want %v (it is %s's)", id, n.Name, got, n == on, on.Name)
+				}
 			}
 
 			deletePod(t, ns, "writer")
@@ -73,19 +76,22 @@ func TestBindingModesAndPersistence(t *testing.T) {
 			if got := md5In(t, ns, "reader", "/data/blob"); got != sum {
 				t.Fatalf("new pod reads md5 %s, the first pod wrote %s", got, sum)
 			}
-			t.Logf("%s: PVC Bound to %s; 1Mi written by one pod, the same bytes read by the next (md5 %s)", tc.class, pv.Name, sum)
+			t.Logf("%s: PVC Bound to %s on %s; 1Mi written by one pod, the same bytes read by the next (md5 %s)", tc.class, pvc.Spec.VolumeName, on.Name, sum)
 		})
 	}
 }
 
 // 2. VolumeSnapshot readyToUse with restoreSize; a PVC from the snapshot
-// and a clone of the PVC, both larger than the source, hold its data.
+// and a clone of the PVC, both larger than the source, hold its data. On
+// the first node (btrfs enforces the sizes); the reader is pinned there
+// too, since a WaitForFirstConsumer restore or clone must be made on its
+// source's node and the scheduler does not know that.
 func TestSnapshotRestoreClone(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	ns := namespace(t, "snapshot")
 	createPVC(t, ns, "src", scWFFC, "64Mi")
-	createPod(t, ns, "writer", pvcVolume("src", "/data"))
+	createPod(t, ns, "writer", pvcVolume("src", "/data"), onNode(harness.NodeName))
 	waitPodRunning(t, ns, "writer", 2*time.Minute)
 	sum := writeBlob(t, ns, "writer", "/data/blob", "2Mi")
 
@@ -117,7 +123,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 
 	createPVC(t, ns, "restored", scWFFC, "128Mi", withSource("VolumeSnapshot", "snap"))
 	createPVC(t, ns, "clone", scWFFC, "128Mi", withSource("PersistentVolumeClaim", "src"))
-	createPod(t, ns, "reader", pvcVolume("restored", "/restored"), pvcVolume("clone", "/clone"))
+	createPod(t, ns, "reader", pvcVolume("restored", "/restored"), pvcVolume("clone", "/clone"), onNode(harness.NodeName))
 	waitPodRunning(t, ns, "reader", 2*time.Minute)
 	for _, name := range []string{"restored", "clone"} {
 		p := waitBound(t, ns, name, time.Minute)
@@ -143,15 +149,16 @@ func TestSnapshotRestoreClone(t *testing.T) {
 
 // 3. Online resize of a bound, mounted PVC: the pod sees the new size, a
 // write past the old size succeeds and one past the new size fails
-// (btrfs data root: the size is a qgroup limit). A raw block PVC grows
-// under its running pod too.
+// (btrfs data root: the size is a qgroup limit; the pod runs on the first
+// node, whose data root is btrfs). A raw block PVC grows under its
+// running pod too.
 func TestOnlineResize(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	ns := namespace(t, "resize")
 	createPVC(t, ns, "data", scWFFC, "64Mi")
 	createPVC(t, ns, "raw", scWFFC, "32Mi", block)
-	createPod(t, ns, "app", pvcVolume("data", "/data"), pvcVolume("raw", "/dev/xvda"))
+	createPod(t, ns, "app", pvcVolume("data", "/data"), pvcVolume("raw", "/dev/xvda"), onNode(harness.NodeName))
 	waitPodRunning(t, ns, "app", 2*time.Minute)
 	waitBound(t, ns, "data", time.Minute)
 	_, id := volumeID(t, ns, "data")
@@ -310,15 +317,15 @@ func TestFSGroupNonRoot(t *testing.T) {
 	t.Logf("uid/gids %s; %s", strings.ReplaceAll(ids, "\n", " / "), ls)
 }
 
-// capacityOf returns the CSIStorageCapacity of class for the node.
-func capacityOf(t *testing.T, class string) int64 {
+// capacityOf returns the CSIStorageCapacity of class for a node.
+func capacityOf(t testing.TB, class, nodeName string) int64 {
 	t.Helper()
 	l, err := kc.StorageV1().CSIStorageCapacities("localdir").List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range l.Items {
-		if c.StorageClassName != class || c.NodeTopology == nil || c.NodeTopology.MatchLabels["topology.localdir.csi.dev/node"] != harness.NodeName {
+		if c.StorageClassName != class || c.NodeTopology == nil || c.NodeTopology.MatchLabels[topologyKey] != nodeName {
 			continue
 		}
 		if c.Capacity == nil {
@@ -326,23 +333,27 @@ func capacityOf(t *testing.T, class string) int64 {
 		}
 		return c.Capacity.Value()
 	}
-	t.Fatalf("no CSIStorageCapacity for class %s and node %s", class, harness.NodeName)
+	t.Fatalf("no CSIStorageCapacity for class %s and node %s", class, nodeName)
 	return 0
 }
 
 // 7. Capacity: CSIStorageCapacity objects exist for the node and follow
 // the volumes; a PVC larger than what is left stays Pending with an event
-// that says why, and binds once room is made.
+// that says why, and binds once room is made. On the first node, with
+// classes pinned to it (allowedTopologies) when there are several.
 func TestCapacity(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	ns := namespace(t, "capacity")
+	nodeName := harness.NodeName
+	immediate, wffc := pinnedClass(t, scImmediate, nodeName), pinnedClass(t, scWFFC, nodeName)
+	capacityOf := func(t *testing.T, class string) int64 { return capacityOf(t, class, nodeName) }
 	start := capacityOf(t, scWFFC)
 	if start <= 0 || start > mustQuantity(NodeCapacity) {
 		t.Fatalf("capacity for %s is %d, want within (0, %s]", scWFFC, start, NodeCapacity)
 	}
 	filler := start / 2
-	createPVC(t, ns, "filler", scImmediate, strconv.FormatInt(filler, 10))
+	createPVC(t, ns, "filler", immediate, strconv.FormatInt(filler, 10))
 	waitBound(t, ns, "filler", time.Minute)
 	var after int64
 	waitFor(t, "CSIStorageCapacity to drop", time.Minute, func() (bool, error) {
@@ -352,7 +363,7 @@ func TestCapacity(t *testing.T) {
 	t.Logf("CSIStorageCapacity for node %s: %d bytes, %d after a %d-byte volume", harness.NodeName, start, after, filler)
 
 	big := after + mustQuantity("512Mi")
-	createPVC(t, ns, "big", scWFFC, strconv.FormatInt(big, 10))
+	createPVC(t, ns, "big", wffc, strconv.FormatInt(big, 10))
 	createPod(t, ns, "user", pvcVolume("big", "/data"))
 	var why string
 	waitFor(t, "the pod's FailedScheduling event", time.Minute, func() (bool, error) {
@@ -381,13 +392,14 @@ func TestCapacity(t *testing.T) {
 }
 
 // 8. Delete: PVC deleted → PV, LocalVolume and data on disk gone; with
-// Retain the PV, LocalVolume and data stay.
+// Retain the PV, LocalVolume and data stay. Both on the first node (one
+// pod uses both; Immediate binding could place them apart).
 func TestDeleteAndRetain(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	ns := namespace(t, "delete")
 	for _, class := range []string{scImmediate, scRetain} {
-		createPVC(t, ns, class, class, "16Mi")
+		createPVC(t, ns, class, pinnedClass(t, class, harness.NodeName), "16Mi")
 	}
 	createPod(t, ns, "writer", pvcVolume(scImmediate, "/a"), pvcVolume(scRetain, "/b"))
 	waitPodRunning(t, ns, "writer", 2*time.Minute)
@@ -446,7 +458,8 @@ func TestNodePluginRestart(t *testing.T) {
 	sum := writeBlob(t, ns, "app", "/data/blob", "1Mi")
 	podExec(t, ns, "app", "echo before-crash | dd of=/dev/xvda conv=fsync 2>/dev/null")
 
-	if err := cl.KillNodePlugin(); err != nil {
+	on := podNode(t, ns, "app")
+	if err := on.KillPlugin(); err != nil {
 		t.Fatal(err)
 	}
 	// While it is down the pod still works on its volumes.
@@ -454,7 +467,7 @@ func TestNodePluginRestart(t *testing.T) {
 		t.Fatalf("with the node plugin down the pod reads md5 %s, want %s", got, sum)
 	}
 	podExec(t, ns, "app", "echo during >> /data/log")
-	if err := cl.StartNodePlugin(context.Background()); err != nil {
+	if err := on.StartPlugin(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := md5In(t, ns, "app", "/data/blob"); got != sum {
@@ -465,7 +478,7 @@ func TestNodePluginRestart(t *testing.T) {
 	}
 	// New mounts, and unmounting what was mounted before the crash.
 	createPVC(t, ns, "b", scWFFC, "16Mi")
-	createPod(t, ns, "app2", pvcVolume("b", "/data"), inlineVolume("/scratch", nil))
+	createPod(t, ns, "app2", pvcVolume("b", "/data"), inlineVolume("/scratch", nil), onNode(on.Name))
 	waitPodRunning(t, ns, "app2", 2*time.Minute)
 	podExec(t, ns, "app2", "echo new > /data/f && echo new > /scratch/f")
 	deletePod(t, ns, "app")
@@ -474,7 +487,7 @@ func TestNodePluginRestart(t *testing.T) {
 	if got := md5In(t, ns, "app3", "/data/blob"); got != sum {
 		t.Fatalf("after remount md5 %s, want %s", got, sum)
 	}
-	t.Logf("node plugin killed (SIGKILL) and restarted under running pods: data kept, new fs/inline mounts work, old volumes unmount and mount again")
+	t.Logf("node plugin of %s killed (SIGKILL) and restarted under running pods: data kept, new fs/inline mounts work, old volumes unmount and mount again", on.Name)
 }
 
 // An ext4 StorageClass (csi.storage.k8s.io/fstype): the pod sees a

@@ -221,13 +221,14 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 		return true, nil
 	})
 
-	if err := cl.KillNodePlugin(); err != nil {
+	on := pvNode(t, ns, "a")
+	if err := on.KillPlugin(); err != nil {
 		t.Fatal(err)
 	}
 	restarted := false
 	defer func() {
 		if !restarted {
-			_ = cl.StartNodePlugin(ctx)
+			_ = on.StartPlugin(ctx)
 		}
 	}()
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
@@ -248,7 +249,7 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 	waitFor(t, "LocalVolume "+id+" gone", 30*time.Second, func() (bool, error) { return localVolume(t, id) == nil, nil })
 	mustBeOnDisk(t, id)
 
-	if err := cl.StartNodePlugin(ctx); err != nil {
+	if err := on.StartPlugin(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true

@@ -8,13 +8,15 @@
 // csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter on one
 // socket (what the localdir-controller Deployment runs).
 //
-// The node, in a private mount namespace (unshare --mount --propagation
-// slave, held open by a `sleep` process: tmpfs on /run, bind mounts of
-// folders of the work folder over /var/lib and /var/log, and the data root
-// /var/lib/localdir on a loop-mounted btrfs image): containerd with runc
-// and the CNI bridge plugin, the kubelet (node "localhost"), localdir in
-// node mode and the registrar stand-in (what the localdir-node DaemonSet
-// runs). Every mount made there goes away with the namespace.
+// The nodes (Options.Nodes, E2E_NODES; node.go), each in a mount and PID
+// namespace of its own (unshare --mount --pid --mount-proc --propagation
+// slave, PID 1 the pause binary: tmpfs on /run, bind mounts of folders of
+// the work folder over /var/lib and /var/log, and the data root
+// /var/lib/localdir on a loop-mounted image: btrfs on the first node
+// "localhost", XFS with reflink on "node2", "node3"…): containerd with
+// runc and the CNI bridge plugin, the kubelet, localdir in node mode and
+// the registrar stand-in (what the localdir-node DaemonSet runs). Every
+// mount made there goes away with the namespace.
 //
 // localdir itself is installed from deploy/kubernetes as a user would
 // (kubectl apply --server-side of the kustomize output: CRDs, namespace,
@@ -44,28 +46,27 @@ import (
 // Ports on 127.0.0.1. Not the defaults, so that a cluster already on this
 // machine does not collide.
 const (
-	EtcdPort          = 23790
-	etcdPeerPort      = 23800
-	APIServerPort     = 16443
-	kcmPort           = 20257
-	schedulerPort     = 20259
+	EtcdPort      = 23790
+	etcdPeerPort  = 23800
+	APIServerPort = 16443
+	kcmPort       = 20257
+	schedulerPort = 20259
+	// The kubelets' ports, on each node's own IP (Node.IP).
 	kubeletPort       = 20250
 	kubeletHealthPort = 20248
 	snapshotCtlPort   = 20280
 	controllerMetrics = 20281
 
-	// NodeName is the one node's name and localdir node id.
+	// NodeName is the first node's name and localdir node id.
 	NodeName = "localhost"
 	// DriverName is localdir's CSI driver name.
 	DriverName = "localdir.csi.dev"
 	// DataRoot is the node plugin's --data-root inside the node namespace
 	// (the DaemonSet's default).
 	DataRoot = "/var/lib/localdir"
-	// CgroupRoot is the kubelet's cgroupRoot: every pod cgroup lives under
-	// it, in each cgroup v1 hierarchy.
+	// CgroupRoot holds the kubelets' cgroupRoots (CgroupRoot/<node>):
+	// every pod cgroup lives under it, in each cgroup v1 hierarchy.
 	CgroupRoot = "localdir-e2e"
-	// Bridge is the CNI bridge for pod networking (no route leaves it).
-	Bridge = "ldir-e2e0"
 	// BusyboxImage and PauseImage are the images built offline and
 	// imported into containerd.
 	BusyboxImage = "docker.io/library/busybox:1.35"
@@ -80,8 +81,10 @@ type Options struct {
 	// DataRootSize is the size of the sparse btrfs image holding the data
 	// root (default 8Gi); "" or "0" keeps the data root a plain folder.
 	DataRootSize string
-	// NodeCapacity is the node plugin's --capacity ("" = filesystem size).
+	// NodeCapacity is the node plugins' --capacity ("" = filesystem size).
 	NodeCapacity string
+	// Nodes is how many nodes to start (default 1; NodesFromEnv).
+	Nodes int
 	// SuiteImages also builds the images the Kubernetes e2e suite's
 	// storage tests run (images.go; needs the agnhost binary of
 	// `make e2e-k8s` in the tools folder).
@@ -97,6 +100,10 @@ type Cluster struct {
 	Tools, Driver string
 	// Kubeconfig is the admin kubeconfig (system:masters).
 	Kubeconfig string
+	// Nodes are the cluster's nodes, the first one NodeName.
+	Nodes []*Node
+
+	imageTars []imageTar
 }
 
 // New returns the cluster of o's work folder without starting anything.
@@ -110,12 +117,14 @@ func New(o Options) *Cluster {
 	if o.Logf == nil {
 		o.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
 	}
-	return &Cluster{
+	c := &Cluster{
 		Options:    o,
 		Tools:      filepath.Join(o.Root, "_output", "tools", "bin"),
 		Driver:     filepath.Join(o.Root, "_output", "localdir-csi"),
 		Kubeconfig: filepath.Join(o.Work, "kubeconfig"),
 	}
+	c.setNodes(o.Nodes)
+	return c
 }
 
 func (c *Cluster) path(p ...string) string { return filepath.Join(append([]string{c.Work}, p...)...) }
@@ -163,8 +172,9 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 		{"kube-apiserver", c.startAPIServer},
 		{"kube-controller-manager, kube-scheduler", c.startControllers},
 		{"snapshot CRDs, localdir from deploy/kubernetes", c.install},
-		{"node namespace: containerd, images, kubelet", c.startNode},
-		{"localdir node plugin and registrar (in the node namespace)", c.startNodePlugin},
+		{"images (OCI layouts)", c.buildImages},
+		{fmt.Sprintf("%d node(s): namespaces, containerd, images, kubelet", len(c.Nodes)), c.startNodes},
+		{"localdir node plugins and registrars (in the node namespaces)", c.startNodePlugins},
 		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
 		{"cluster ready", c.waitReady},
 	}); err != nil {
@@ -205,7 +215,7 @@ func (c *Cluster) preflight() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing (run `make build e2e-tools`): %s", strings.Join(missing, ", "))
 	}
-	for _, p := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "umoci", "unshare", "nsenter", "mkfs.btrfs", "ip"} {
+	for _, p := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "umoci", "unshare", "nsenter", "mkfs.btrfs", "mkfs.xfs", "ip"} {
 		if _, err := exec.LookPath(p); err != nil {
 			missing = append(missing, p)
 		}
@@ -217,7 +227,7 @@ func (c *Cluster) preflight() error {
 		missing = append(missing, "/bin/busybox")
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing commands (apt-get install containerd runc containernetworking-plugins umoci busybox-static btrfs-progs iproute2 util-linux): %s", strings.Join(missing, ", "))
+		return fmt.Errorf("missing commands (apt-get install containerd runc containernetworking-plugins umoci busybox-static btrfs-progs xfsprogs iproute2 util-linux): %s", strings.Join(missing, ", "))
 	}
 	for _, p := range []string{"/var/lib", "/var/log", "/run", "/var/run"} {
 		if c.Work == p || strings.HasPrefix(c.Work, p+"/") {
@@ -228,7 +238,10 @@ func (c *Cluster) preflight() error {
 	if len(c.ControllerSocket()) > 100 {
 		return fmt.Errorf("work folder path too long for a unix socket: %s", c.ControllerSocket())
 	}
-	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, kubeletPort, kubeletHealthPort, snapshotCtlPort, controllerMetrics} {
+	if ls := links(); len(ls) > 0 {
+		return fmt.Errorf("network links %s exist (another cluster running? `make demo-down`)", strings.Join(ls, ", "))
+	}
+	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, snapshotCtlPort, controllerMetrics} {
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
 		} else {
@@ -246,13 +259,17 @@ func (c *Cluster) wipe() error {
 	if err := os.RemoveAll(c.Work); err != nil {
 		return err
 	}
-	for _, d := range []string{"logs", "pids", "tmp", "etcd", "controller", "images", "cni",
-		"node/var-lib/kubelet/plugins_registry", "node/var-lib/kubelet/plugins/" + DriverName, "node/var-log", "node/var-lib/localdir"} {
+	for _, d := range []string{"logs", "pids", "tmp", "etcd", "controller", "images"} {
 		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
 			return err
 		}
 	}
-	return nil
+	for _, n := range c.Nodes {
+		if err := n.mkdirs(); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(c.nodesFile(), []byte(fmt.Sprintf("%d\n", len(c.Nodes))), 0o644)
 }
 
 // writeConfig writes certificates, kubeconfigs and component configs.
@@ -270,8 +287,7 @@ func (c *Cluster) writeConfig(context.Context) error {
 	}{
 		{"apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}, append(lo, net.ParseIP("10.0.0.1"))},
 		{"admin", "admin", []string{"system:masters"}, nil, nil},
-		{"kubelet", "system:node:" + NodeName, []string{"system:nodes"}, nil, nil},
-		{"kubelet-serving", NodeName, nil, []string{NodeName}, lo},
+		{"kubelet-serving", NodeName, nil, c.nodeNames(), c.nodeIPs()},
 		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil},
 		{"serving", "localdir-e2e", nil, []string{"localhost"}, lo},
 	} {
@@ -282,9 +298,6 @@ func (c *Cluster) writeConfig(context.Context) error {
 	ca := p.path("ca.crt")
 	write := func(name, content string) error { return os.WriteFile(c.path(name), []byte(content), 0o600) }
 	if err := write("kubeconfig", kubeconfig(c.Server(), ca, p.path("admin.crt"), p.path("admin.key"), "")); err != nil {
-		return err
-	}
-	if err := write("kubeconfig-kubelet", kubeconfig(c.Server(), ca, p.path("kubelet.crt"), p.path("kubelet.key"), "")); err != nil {
 		return err
 	}
 	if err := write("scheduler.yaml", fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
@@ -298,73 +311,16 @@ leaderElection:
 `, c.Kubeconfig)); err != nil {
 		return err
 	}
-	if err := write("kubelet.yaml", fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: 127.0.0.1
-port: %d
-healthzBindAddress: 127.0.0.1
-healthzPort: %d
-readOnlyPort: 0
-tlsCertFile: %s
-tlsPrivateKeyFile: %s
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: false}
-  x509: {clientCAFile: %s}
-authorization: {mode: AlwaysAllow}
-# This host has cgroup v1.
-failCgroupV1: false
-cgroupDriver: cgroupfs
-cgroupRoot: /%s
-failSwapOn: false
-containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
-# Imported images must never be collected, nothing evicted on a busy disk.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFree: "1%%", imagefs.available: "1%%"}
-serializeImagePulls: false
-maxPods: 250
-resolvConf: /etc/resolv.conf
-kubeAPIQPS: 100
-kubeAPIBurst: 200
-`, kubeletPort, kubeletHealthPort, p.path("kubelet-serving.crt"), p.path("kubelet-serving.key"), ca, CgroupRoot)); err != nil {
-		return err
+	for _, n := range c.Nodes {
+		if err := n.writeConfig(p); err != nil {
+			return err
+		}
 	}
-	if err := write("cni/10-localdir-e2e.conflist", fmt.Sprintf(`{
-  "cniVersion": "0.4.0",
-  "name": "localdir-e2e",
-  "plugins": [
-    {"type": "bridge", "bridge": %q, "isGateway": false, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}}
-  ]
-}
-`, Bridge)); err != nil {
-		return err
-	}
-	return write("containerd.toml", fmt.Sprintf(`# containerd 1.6 (Debian) inside the node namespace: /var/lib and /run are
-# the work folder's and a tmpfs.
-version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-[grpc]
-  address = "/run/containerd/containerd.sock"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %q
-  # This VM lacks CAP_SYS_RESOURCE: without this runc fails sandbox creation.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = %q
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-`, PauseImage, c.path("cni")))
+	return nil
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	if _, err := c.start("etcd", false, nil, c.tool("etcd"),
+	if _, err := c.start("etcd", nil, nil, c.tool("etcd"),
 		"--name=e2e", "--data-dir="+c.path("etcd"),
 		fmt.Sprintf("--listen-client-urls=http://127.0.0.1:%d", EtcdPort),
 		fmt.Sprintf("--advertise-client-urls=http://127.0.0.1:%d", EtcdPort),
@@ -379,14 +335,14 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.path("pki")
-	if _, err := c.start("kube-apiserver", false, nil, c.tool("kube-apiserver"),
+	if _, err := c.start("kube-apiserver", nil, nil, c.tool("kube-apiserver"),
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", EtcdPort),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", APIServerPort),
 		"--tls-cert-file="+filepath.Join(p, "apiserver.crt"), "--tls-private-key-file="+filepath.Join(p, "apiserver.key"),
 		"--client-ca-file="+filepath.Join(p, "ca.crt"),
 		"--kubelet-client-certificate="+filepath.Join(p, "apiserver-kubelet-client.crt"),
 		"--kubelet-client-key="+filepath.Join(p, "apiserver-kubelet-client.key"),
-		"--kubelet-preferred-address-types=Hostname",
+		"--kubelet-preferred-address-types=InternalIP",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+filepath.Join(p, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(p, "sa.key"),
@@ -404,7 +360,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 
 func (c *Cluster) startControllers(ctx context.Context) error {
 	p := c.path("pki")
-	if _, err := c.start("kube-controller-manager", false, nil, c.tool("kube-controller-manager"),
+	if _, err := c.start("kube-controller-manager", nil, nil, c.tool("kube-controller-manager"),
 		"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", kcmPort), "--leader-elect=false",
 		"--service-account-private-key-file="+filepath.Join(p, "sa.key"),
@@ -414,10 +370,13 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		"--controllers=*",
 		// The notes measured binding 100 PVCs: the defaults (20/30) hold it.
 		"--kube-api-qps=200", "--kube-api-burst=300",
+		// A node whose kubelet stops is NotReady (and tainted) after 20 s,
+		// not 50: the scenario of a node going away waits for it.
+		"--node-monitor-grace-period=20s",
 		"-v=1"); err != nil {
 		return err
 	}
-	_, err := c.start("kube-scheduler", false, nil, c.tool("kube-scheduler"),
+	_, err := c.start("kube-scheduler", nil, nil, c.tool("kube-scheduler"),
 		"--config="+c.path("scheduler.yaml"),
 		"--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", schedulerPort), "-v=1")
@@ -471,99 +430,51 @@ func (c *Cluster) install(ctx context.Context) error {
 	return nil
 }
 
-// startNode sets up the node namespace and runs containerd and the kubelet
-// in it.
-func (c *Cluster) startNode(ctx context.Context) error {
-	img := ""
-	if c.DataRootSize != "0" {
-		img = c.path("node", "localdir-btrfs.img")
-		if err := run(ctx, "truncate", "-s", strings.TrimSuffix(strings.TrimSuffix(c.DataRootSize, "i"), "B"), img); err != nil {
-			return err
-		}
-		if err := run(ctx, "mkfs.btrfs", "-q", "-f", img); err != nil {
-			return err
+// startNodes starts every node (nodesBridge first), one after another.
+func (c *Cluster) startNodes(ctx context.Context) error {
+	if err := c.startNodesBridge(ctx); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if err := n.start(ctx); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
-	if err := mkCgroupRoot(); err != nil {
-		return err
-	}
-	script := `set -e
-mount -t tmpfs -o mode=0755 tmpfs /run
-mount --bind "$W/node/var-lib" /var/lib
-mount --bind "$W/node/var-log" /var/log
-if [ -n "$IMG" ]; then mount -o loop "$IMG" ` + DataRoot + `; fi
-readlink /proc/self/ns/mnt > "$W/node/mntns"
-exec sleep infinity`
-	if _, err := c.start("node-namespace", false, []string{"W=" + c.Work, "IMG=" + img},
-		"unshare", "--mount", "--propagation", "slave", "/bin/sh", "-c", script); err != nil {
-		return err
-	}
-	if err := c.waitFor(ctx, "the node namespace", 20*time.Second, func() (bool, error) {
-		if !c.Running("node-namespace") {
-			return false, errors.New("the namespace holder exited (see logs/node-namespace.log)")
-		}
-		b, err := os.ReadFile(c.path("node", "mntns"))
-		return err == nil && len(b) > 0, nil
-	}); err != nil {
-		return err
-	}
-	if _, err := c.start("containerd", true, nil, "containerd", "--config", c.path("containerd.toml"), "--log-level", "warn"); err != nil {
-		return err
-	}
-	if err := c.waitFor(ctx, "containerd", 30*time.Second, func() (bool, error) {
-		if !c.Running("containerd") {
-			return false, errors.New("containerd exited (see logs/containerd.log)")
-		}
-		_, err := c.NodeOutput(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "version")
-		return err == nil, nil
-	}); err != nil {
-		return err
-	}
-	if err := c.buildImages(ctx); err != nil {
-		return err
-	}
-	if _, err := c.start("kubelet", true, nil, c.tool("kubelet"),
-		"--config="+c.path("kubelet.yaml"), "--kubeconfig="+c.path("kubeconfig-kubelet"),
-		"--hostname-override="+NodeName, "-v=1"); err != nil {
-		return err
-	}
-	return c.waitFor(ctx, "node "+NodeName+" Ready", 90*time.Second, func() (bool, error) {
-		if !c.Running("kubelet") {
-			return false, errors.New("the kubelet exited (see logs/kubelet.log)")
-		}
-		out, err := c.Kubectl(ctx, "", "get", "node", NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		return err == nil && out == "True", nil
-	})
+	return nil
 }
 
-// Where the driver processes serve Prometheus metrics (the manifests use
-// :9810 in their pods; here both share the host network).
+// startNodePlugins starts the node plugin and registrar of every node.
+func (c *Cluster) startNodePlugins(ctx context.Context) error {
+	for _, n := range c.Nodes {
+		if err := n.startPlugin(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// HeartbeatInterval and NodeStaleAfter are the node plugins'
+// --heartbeat-interval and the controller's --node-stale-after here:
+// shorter than deploy/'s (30s, 3m), so that a test sees a node plugin that
+// went away counted as gone within half a minute.
 const (
-	ControllerMetricsAddress = "127.0.0.1:19810"
-	NodeMetricsAddress       = "127.0.0.1:19811"
+	HeartbeatInterval = "5s"
+	NodeStaleAfter    = "30s"
 )
 
-// NodePluginArgs are the node plugin's arguments: the DaemonSet's, with
-// the socket where its hostPath puts it and a kubeconfig for the
-// localdir-node ServiceAccount.
-func (c *Cluster) NodePluginArgs() []string {
-	args := []string{c.Driver, "--mode=node", "--endpoint=unix://" + NodeSocket, "--driver-name=" + DriverName,
-		"--node-id=" + NodeName, "--data-root=" + DataRoot, "--engine=auto",
-		"--kubeconfig=" + c.path("kubeconfig-localdir-node"), "--metrics-address=" + NodeMetricsAddress, "-v=2"}
-	if c.NodeCapacity != "" {
-		args = append(args, "--capacity="+c.NodeCapacity)
-	}
-	return args
-}
+// Where the controller serves Prometheus metrics (the manifests use :9810
+// in their pods; here it is on the host network). Node.MetricsAddress is
+// each node plugin's.
+const ControllerMetricsAddress = "127.0.0.1:19810"
 
-// StartNodePlugin starts localdir in node mode in the node namespace and
-// waits until its socket answers (used again after KillNodePlugin).
-func (c *Cluster) StartNodePlugin(ctx context.Context) error {
-	if _, err := c.start("localdir-node", true, nil, c.NodePluginArgs()...); err != nil {
-		return err
-	}
-	return c.waitSocket(ctx, "localdir-node", "the node plugin", c.NodePath(NodeSocket))
-}
+// NodePluginArgs are the first node's plugin arguments (Node.PluginArgs).
+func (c *Cluster) NodePluginArgs() []string { return c.Nodes[0].PluginArgs() }
+
+// StartNodePlugin starts the first node's plugin (Node.StartPlugin).
+func (c *Cluster) StartNodePlugin(ctx context.Context) error { return c.Nodes[0].StartPlugin(ctx) }
+
+// KillNodePlugin kills the first node's plugin with SIGKILL, as a crash would.
+func (c *Cluster) KillNodePlugin() error { return c.Nodes[0].KillPlugin() }
 
 // waitSocket waits until the daemon name (what, in errors) has created
 // its socket sock, and fails at once when it exits.
@@ -577,25 +488,21 @@ func (c *Cluster) waitSocket(ctx context.Context, name, what, sock string) error
 	})
 }
 
-// KillNodePlugin kills the node plugin with SIGKILL, as a crash would.
-func (c *Cluster) KillNodePlugin() error { return c.stop("localdir-node", 0) }
+// nodeNames and nodeIPs list the nodes' names and IPs (with 127.0.0.1).
+func (c *Cluster) nodeNames() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		out = append(out, n.Name)
+	}
+	return out
+}
 
-func (c *Cluster) startNodePlugin(ctx context.Context) error {
-	if err := c.StartNodePlugin(ctx); err != nil {
-		return err
+func (c *Cluster) nodeIPs() []net.IP {
+	out := []net.IP{net.ParseIP("127.0.0.1")}
+	for _, n := range c.Nodes {
+		out = append(out, net.ParseIP(n.IP()))
 	}
-	if _, err := c.start("registrar", true, nil, c.tool("registrar"),
-		"--csi-address="+NodeSocket, "--kubelet-registration-path="+NodeSocket); err != nil {
-		return err
-	}
-	return c.waitFor(ctx, "CSINode lists "+DriverName+" and LocalNode "+NodeName, 60*time.Second, func() (bool, error) {
-		out, err := c.Kubectl(ctx, "", "get", "csinode", NodeName, "-o", "jsonpath={.spec.drivers[*].name}")
-		if err != nil || !strings.Contains(out, DriverName) {
-			return false, nil
-		}
-		_, err = c.Kubectl(ctx, "", "get", "localnode", NodeName)
-		return err == nil, nil
-	})
+	return out
 }
 
 // startDriverController runs what the localdir-controller Deployment runs,
@@ -603,8 +510,8 @@ func (c *Cluster) startNodePlugin(ctx context.Context) error {
 func (c *Cluster) startDriverController(ctx context.Context) error {
 	sock := c.ControllerSocket()
 	kc := "--kubeconfig=" + c.path("kubeconfig-localdir-controller")
-	if _, err := c.start("localdir-controller", false, nil, c.Driver, "--mode=controller", "--endpoint=unix://"+sock,
-		"--driver-name="+DriverName, kc, "--metrics-address="+ControllerMetricsAddress, "-v=2"); err != nil {
+	if _, err := c.start("localdir-controller", nil, nil, c.Driver, "--mode=controller", "--endpoint=unix://"+sock,
+		"--driver-name="+DriverName, kc, "--metrics-address="+ControllerMetricsAddress, "--node-stale-after="+NodeStaleAfter, "-v=2"); err != nil {
 		return err
 	}
 	if err := c.waitSocket(ctx, "localdir-controller", "the controller", sock); err != nil {
@@ -620,7 +527,7 @@ func (c *Cluster) startDriverController(ctx context.Context) error {
 		args []string
 	}{
 		{"csi-provisioner", []string{"NAMESPACE=localdir", "POD_NAME=localdir-e2e"}, []string{"--timeout=60s", "--extra-create-metadata",
-			"--enable-capacity", "--capacity-ownerref-level=-1", "--capacity-poll-interval=3s",
+			"--immediate-topology=false", "--strict-topology", "--enable-capacity", "--capacity-ownerref-level=-1", "--capacity-poll-interval=3s",
 			"--kube-api-qps=200", "--kube-api-burst=300", "--worker-threads=100"}},
 		{"csi-attacher", nil, []string{"--kube-api-qps=200", "--kube-api-burst=300"}},
 		{"csi-resizer", nil, []string{"--timeout=60s", "--handle-volume-inuse-error=false", "--kube-api-qps=200", "--kube-api-burst=300"}},
@@ -628,11 +535,11 @@ func (c *Cluster) startDriverController(ctx context.Context) error {
 	}
 	for _, s := range sidecars {
 		args := append([]string{c.tool(s.name), csiAddr, kc, "--v=2", "--leader-election=false"}, s.args...)
-		if _, err := c.start(s.name, false, s.env, args...); err != nil {
+		if _, err := c.start(s.name, nil, s.env, args...); err != nil {
 			return err
 		}
 	}
-	_, err := c.start("snapshot-controller", false, nil, c.tool("snapshot-controller"), "--kubeconfig="+c.Kubeconfig,
+	_, err := c.start("snapshot-controller", nil, nil, c.tool("snapshot-controller"), "--kubeconfig="+c.Kubeconfig,
 		"--leader-election=false", "--v=2", fmt.Sprintf("--http-endpoint=127.0.0.1:%d", snapshotCtlPort),
 		"--kube-api-qps=200", "--kube-api-burst=300")
 	return err
@@ -655,9 +562,15 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			_, err := c.Kubectl(ctx, "", "get", "serviceaccount", "default", "-n", "default")
 			return err == nil, nil
 		}},
-		{"CSIStorageCapacity for StorageClass localdir", func() (bool, error) {
-			out, err := c.Kubectl(ctx, "", "get", "csistoragecapacities", "-n", "localdir", "-o", "jsonpath={.items[*].storageClassName}")
-			return err == nil && strings.Contains(out, "localdir"), nil
+		{"a CSIStorageCapacity per node for StorageClass localdir", func() (bool, error) {
+			out, err := c.Kubectl(ctx, "", "get", "csistoragecapacities", "-n", "localdir", "-o",
+				`jsonpath={range .items[?(@.storageClassName=="localdir")]}{.nodeTopology.matchLabels.topology\.localdir\.csi\.dev/node}{"\n"}{end}`)
+			for _, n := range c.Nodes {
+				if err != nil || !strings.Contains("\n"+out+"\n", "\n"+n.Name+"\n") {
+					return false, nil
+				}
+			}
+			return true, nil
 		}},
 	}
 	for _, ch := range checks {
@@ -691,37 +604,14 @@ func (c *Cluster) Kubectl(ctx context.Context, stdin string, args ...string) (st
 	return strings.TrimSpace(string(out)), nil
 }
 
-// holderPID is the process that holds the node namespace open.
-func (c *Cluster) holderPID() (int, error) {
-	if pid := c.pidOf("node-namespace"); pid != 0 {
-		return pid, nil
-	}
-	return 0, errors.New("the node namespace is not running")
-}
-
-// NodeOutput runs a command inside the node's mount namespace.
+// NodeOutput runs a command on the first node (Node.Output).
 func (c *Cluster) NodeOutput(ctx context.Context, argv ...string) (string, error) {
-	holder, err := c.holderPID()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, "nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder), "--"}, argv...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s (in the node namespace): %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+	return c.Nodes[0].Output(ctx, argv...)
 }
 
-// NodePath is where a path of the node namespace can be read from the host
-// (through the holder's /proc/<pid>/root).
-func (c *Cluster) NodePath(p string) string {
-	holder, err := c.holderPID()
-	if err != nil {
-		return "/nonexistent" + p
-	}
-	return fmt.Sprintf("/proc/%d/root%s", holder, p)
-}
+// NodePath is where the first node's path p can be read from the host
+// (Node.Path).
+func (c *Cluster) NodePath(p string) string { return c.Nodes[0].Path(p) }
 
 func execOutput(ctx context.Context, argv ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()

@@ -37,7 +37,10 @@ func (c *Cluster) Down(ctx context.Context, check bool) error {
 	var errs []error
 	if _, err := os.Stat(c.Work); err == nil {
 		t0 := time.Now()
-		if c.Running("kube-apiserver") && c.Running("kubelet") {
+		if n := c.recordedNodes(); n > 0 {
+			c.setNodes(n)
+		}
+		if c.Running("kube-apiserver") && c.Running(c.Nodes[0].proc("kubelet")) {
 			if err := c.deleteWorkloads(ctx); err != nil {
 				c.Logf("· deleting workloads: %v (stopping anyway)", err)
 			}
@@ -75,34 +78,22 @@ func (c *Cluster) deleteWorkloads(ctx context.Context) error {
 
 func (c *Cluster) stopAll() error {
 	var errs []error
-	nsb, _ := os.ReadFile(c.path("node", "mntns"))
-	ns := strings.TrimSpace(string(nsb))
-	for _, n := range []string{"registrar", "localdir-node", "kubelet"} {
-		errs = append(errs, c.stop(n, 10*time.Second))
-	}
-	// Containers, shims and containerd: everything in the node namespace
-	// or in the pods' cgroups.
-	errs = append(errs, c.stop("containerd", 5*time.Second))
-	holder := c.pidOf("node-namespace")
-	for i := 0; i < 3; i++ {
-		var pids []int
-		for _, pid := range procsIn(ns, "/"+CgroupRoot+"/") {
-			if pid != holder {
-				pids = append(pids, pid)
-			}
-		}
-		errs = append(errs, killAll(pids))
+	// Containers, shims and containerd: everything in each node's
+	// namespaces or in its pods' cgroups.
+	for _, n := range c.Nodes {
+		errs = append(errs, n.stopProcesses())
 	}
 	// Loop devices of raw block volumes whose pods were not deleted (the
 	// driver's, and the kubelet's own over their device nodes): detached
-	// while the namespace still exists, because their backing files are
-	// named by their paths in it (/var/lib/localdir/..., /var/lib/kubelet/...)
-	// only as long as it does. The btrfs image's own loop device is
-	// auto-cleared once its filesystem goes with the namespace.
+	// while the namespaces still exist, because their backing files are
+	// named by their paths in them (/var/lib/localdir/..., /var/lib/kubelet/...)
+	// only as long as they do. The data roots' own loop devices are
+	// auto-cleared once their filesystems go with the namespaces.
 	base := c.baseline()
 	detachLoops(c.ourLoops(base), c.Logf)
-	errs = append(errs, c.stop("node-namespace", 5*time.Second))
-	errs = append(errs, killAll(procsIn(ns, "/"+CgroupRoot+"/")))
+	for _, n := range c.Nodes {
+		errs = append(errs, n.stopNamespace())
+	}
 	for _, n := range controlPlane {
 		errs = append(errs, c.stop(n, 10*time.Second))
 	}
@@ -111,8 +102,8 @@ func (c *Cluster) stopAll() error {
 		return len(c.ourLoops(base)) == 0, nil
 	})
 	errs = append(errs, rmCgroupRoot())
-	if _, err := os.Stat("/sys/class/net/" + Bridge); err == nil {
-		errs = append(errs, run(context.Background(), "ip", "link", "delete", Bridge))
+	for _, l := range links() {
+		errs = append(errs, run(context.Background(), "ip", "link", "delete", l))
 	}
 	return errors.Join(errs...)
 }
@@ -140,9 +131,13 @@ func detachLoops(loops []string, logf func(string, ...any)) {
 // Leaks lists what the cluster left on the host.
 func (c *Cluster) Leaks() []string {
 	var out []string
-	nsb, _ := os.ReadFile(c.path("node", "mntns"))
-	for _, pid := range procsIn(strings.TrimSpace(string(nsb)), "/"+CgroupRoot+"/") {
-		out = append(out, fmt.Sprintf("process %d in the node namespace or pod cgroups: %s", pid, cmdline(pid)))
+	if n := c.recordedNodes(); n > 0 {
+		c.setNodes(n)
+	}
+	for _, n := range c.Nodes {
+		for _, pid := range procsIn(n.mntns(), "/"+CgroupRoot+"/") {
+			out = append(out, fmt.Sprintf("process %d in node %s's namespace or pod cgroups: %s", pid, n.Name, cmdline(pid)))
+		}
 	}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -164,8 +159,8 @@ func (c *Cluster) Leaks() []string {
 	for _, l := range c.ourLoops(c.baseline()) {
 		out = append(out, "loop device "+l)
 	}
-	if _, err := os.Stat("/sys/class/net/" + Bridge); err == nil {
-		out = append(out, "network link "+Bridge)
+	for _, l := range links() {
+		out = append(out, "network link "+l)
 	}
 	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/" + CgroupRoot); len(cg) > 0 {
 		out = append(out, "cgroups "+strings.Join(cg, " "))
@@ -272,21 +267,26 @@ func cgroupHierarchies() []string {
 	return out
 }
 
-// mkCgroupRoot makes the kubelet's cgroupRoot in every v1 hierarchy (the
-// kubelet requires it to exist); a new cpuset starts empty, so it gets
+// mkCgroupRoot makes a kubelet's cgroupRoot (a path relative to the
+// hierarchies' roots) and its parents in every v1 hierarchy (the kubelet
+// requires it to exist); a new cpuset starts empty, so each level gets
 // its parent's CPUs and memory nodes.
-func mkCgroupRoot() error {
+func mkCgroupRoot(root string) error {
 	for _, h := range cgroupHierarchies() {
-		d := filepath.Join(h, CgroupRoot)
-		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
-			return err
-		}
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			if b, err := os.ReadFile(filepath.Join(h, f)); err == nil {
-				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
-					return fmt.Errorf("%s: %w", filepath.Join(d, f), err)
+		parent := h
+		for _, part := range strings.Split(root, "/") {
+			d := filepath.Join(parent, part)
+			if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
+				return err
+			}
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if b, err := os.ReadFile(filepath.Join(parent, f)); err == nil {
+					if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+						return fmt.Errorf("%s: %w", filepath.Join(d, f), err)
+					}
 				}
 			}
+			parent = d
 		}
 	}
 	return nil

@@ -23,13 +23,13 @@ func (c *Cluster) StartFloor(ctx context.Context) error {
 	if err := os.MkdirAll(c.path("floor"), 0o755); err != nil {
 		return err
 	}
-	if _, err := c.start("floor", false, nil, c.tool("floor"), "--socket="+sock); err != nil {
+	if _, err := c.start("floor", nil, nil, c.tool("floor"), "--socket="+sock); err != nil {
 		return err
 	}
 	if err := c.waitSocket(ctx, "floor", "the stand-in driver", sock); err != nil {
 		return err
 	}
-	_, err := c.start("floor-provisioner", false, []string{"NAMESPACE=default", "POD_NAME=floor-e2e"}, c.tool("csi-provisioner"),
+	_, err := c.start("floor-provisioner", nil, []string{"NAMESPACE=default", "POD_NAME=floor-e2e"}, c.tool("csi-provisioner"),
 		"--csi-address="+sock, "--kubeconfig="+c.Kubeconfig, "--v=1", "--leader-election=false",
 		"--timeout=60s", "--extra-create-metadata", "--kube-api-qps=200", "--kube-api-burst=300", "--worker-threads=100")
 	return err

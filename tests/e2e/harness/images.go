@@ -28,7 +28,8 @@ type image struct {
 }
 
 // buildImages builds the pause and busybox images offline as OCI layouts
-// (umoci) and imports them into containerd's k8s.io namespace:
+// (umoci), tarred for Node.importImages to import into each node's containerd
+// (k8s.io namespace):
 // registry.k8s.io/pause:3.10 holds the static pause binary of
 // tests/e2e/images/pause; docker.io/library/busybox:1.35 holds Debian's
 // busybox-static with a link per applet in /bin, /etc/passwd and /tmp.
@@ -43,6 +44,7 @@ type image struct {
 // /bin/sh (busybox's shell runs its own dd applet before /bin/dd), with the
 // glibc libraries they link.
 func (c *Cluster) buildImages(ctx context.Context) error {
+	c.imageTars = nil
 	dir := c.path("images")
 	rootfs := filepath.Join(dir, "busybox-rootfs")
 	if err := busyboxRoot(ctx, rootfs); err != nil {
@@ -84,18 +86,31 @@ func (c *Cluster) buildImages(ctx context.Context) error {
 				return fmt.Errorf("image %s: %w", img.ref, err)
 			}
 		}
-		if _, err := c.NodeOutput(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "images", "import",
-			"--base-name", name, layout+".tar"); err != nil {
+		c.imageTars = append(c.imageTars, imageTar{img.ref, name, layout + ".tar"})
+	}
+	return nil
+}
+
+// imageTar is an image built by buildImages: its reference, the name
+// ctr's --base-name wants, and the OCI layout's tar.
+type imageTar struct{ ref, name, tar string }
+
+// importImages imports the images buildImages made into the node's
+// containerd and checks that containerd lists them.
+func (n *Node) importImages(ctx context.Context) error {
+	ctr := []string{"ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "images"}
+	for _, img := range n.c.imageTars {
+		if _, err := n.Output(ctx, append(ctr, "import", "--base-name", img.name, img.tar)...); err != nil {
 			return fmt.Errorf("import %s: %w", img.ref, err)
 		}
 	}
-	out, err := c.NodeOutput(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "images", "ls", "-q")
+	out, err := n.Output(ctx, append(ctr, "ls", "-q")...)
 	if err != nil {
 		return err
 	}
-	for _, img := range images {
+	for _, img := range n.c.imageTars {
 		if !strings.Contains(out, img.ref) {
-			return fmt.Errorf("image %s missing after import; containerd has: %s", img.ref, out)
+			return fmt.Errorf("image %s missing after import on %s; containerd has: %s", img.ref, n.Name, out)
 		}
 	}
 	return nil

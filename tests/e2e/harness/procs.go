@@ -38,15 +38,16 @@ func startTime(pid int) string {
 }
 
 // start runs a daemon in its own session with its output in
-// <work>/logs/<name>.log. With inNode set it runs inside the node's mount
-// namespace (nsenter into the holder process's namespace).
-func (c *Cluster) start(name string, inNode bool, env []string, argv ...string) (int, error) {
-	if inNode {
-		holder, err := c.holderPID()
+// <work>/logs/<name>.log. With a node it runs inside the node's mount
+// and PID namespaces (nsenter, which forks: the pid recorded is its
+// child's, the daemon itself, so a stop signals the daemon).
+func (c *Cluster) start(name string, node *Node, env []string, argv ...string) (int, error) {
+	if node != nil {
+		pre, err := node.enter()
 		if err != nil {
 			return 0, err
 		}
-		argv = append([]string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder), "--"}, argv...)
+		argv = append(pre, argv...)
 	}
 	logf, err := os.OpenFile(filepath.Join(c.Work, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -63,6 +64,18 @@ func (c *Cluster) start(name string, inNode bool, env []string, argv ...string) 
 	}
 	pid := cmd.Process.Pid
 	go cmd.Wait() // reap it if it exits while this process lives
+	if node != nil {
+		for i := 0; i < 1000; i++ {
+			if child := childOf(cmd.Process.Pid); child != 0 {
+				pid = child
+				break
+			}
+			if startTime(cmd.Process.Pid) == "" {
+				break // nsenter failed or the command exited at once
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 	st := ""
 	for i := 0; i < 100 && st == ""; i++ {
 		if st = startTime(pid); st == "" {

@@ -11,8 +11,8 @@ import (
 )
 
 // controllerProcs run in the localdir-controller Deployment's pod and
-// nodeProcs in the localdir-node DaemonSet's pod; the harness runs them as
-// processes because there are no images here.
+// nodeProcs (on every node) in the localdir-node DaemonSet's pods; the
+// harness runs them as processes because there are no images here.
 var (
 	controllerProcs = []string{"localdir-controller", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"}
 	nodeProcs       = []string{"localdir-node", "registrar"}
@@ -33,7 +33,13 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		var errs []error
-		for _, p := range append(append(append([]string{}, nodeProcs...), controllerProcs...), "snapshot-controller") {
+		var procs []string
+		for _, n := range c.Nodes {
+			for _, p := range nodeProcs {
+				procs = append(procs, n.proc(p))
+			}
+		}
+		for _, p := range append(append(procs, controllerProcs...), "snapshot-controller") {
 			errs = append(errs, c.stop(p, 5*time.Second))
 		}
 		stopErr = errors.Join(errs...)
@@ -54,7 +60,7 @@ func (c *Cluster) Uninstall(ctx context.Context) error {
 func (c *Cluster) Reinstall(ctx context.Context) error {
 	if err := c.runSteps(ctx, []step{
 		{"localdir from deploy/kubernetes", c.install},
-		{"localdir node plugin and registrar", c.startNodePlugin},
+		{"localdir node plugins and registrars", c.startNodePlugins},
 		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
 		{"cluster ready", c.waitReady},
 	}); err != nil {

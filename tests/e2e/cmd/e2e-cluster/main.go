@@ -6,7 +6,8 @@
 //	e2e-cluster down [--check] stop it; --check fails if anything is left behind
 //	e2e-cluster env           print KUBECONFIG=… for the running cluster
 //
-// The work folder is _output/e2e of the repository (E2E_WORK overrides it).
+// The work folder is _output/e2e of the repository (E2E_WORK overrides it);
+// E2E_NODES is the number of nodes `up` starts (default 1).
 package main
 
 import (
@@ -35,9 +36,13 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	nodes, err := harness.NodesFromEnv()
+	if err != nil {
+		fail(err)
+	}
 	c := harness.New(harness.Options{Root: root, Work: os.Getenv("E2E_WORK"), NodeCapacity: os.Getenv("E2E_NODE_CAPACITY"),
-		SuiteImages: *suiteImages,
-		Logf:        func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+		Nodes: nodes, SuiteImages: *suiteImages,
+		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	switch os.Args[1] {

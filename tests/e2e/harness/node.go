@@ -1,0 +1,464 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// NodesBridge holds every node's address (10.254.0.<index+1>/32): the
+// kubelets serve there, so the API server reaches each one at its Node's
+// InternalIP (a kubelet refuses a loopback node IP). The pods' bridges are
+// ldir-e2e<index>.
+const NodesBridge = "ldir-e2e-nodes"
+
+// Node is one node of the cluster: its own mount and PID namespace (PID 1
+// is the pause binary, which reaps orphans; when it goes the kernel kills
+// everything left in the namespace), containerd, kubelet, CNI bridge and
+// pod subnet, kubelet root (/var/lib of the namespace is a folder of the
+// work folder), cgroupRoot, data root on its own loop-mounted filesystem,
+// node plugin and registrar. All nodes share the host's network namespace.
+type Node struct {
+	c *Cluster
+	// Index counts from 0; Name is the Node object's name and localdir's
+	// node id (the first node is "localhost", then "node2", "node3"…).
+	Index int
+	Name  string
+	// FS is the data root's filesystem: btrfs on the first node (quotas
+	// enforce sizes), xfs with reflink on the others (so engines mix);
+	// "" when Options.DataRootSize is "0" (a plain folder).
+	FS string
+}
+
+func newNode(c *Cluster, i int) *Node {
+	n := &Node{c: c, Index: i, Name: NodeName, FS: "btrfs"}
+	if i > 0 {
+		n.Name, n.FS = fmt.Sprintf("node%d", i+1), "xfs"
+	}
+	if c.DataRootSize == "0" {
+		n.FS = ""
+	}
+	return n
+}
+
+// IP is the node's InternalIP, on NodesBridge.
+func (n *Node) IP() string { return fmt.Sprintf("10.254.0.%d", n.Index+1) }
+
+// MetricsAddress is where the node's localdir node plugin serves
+// Prometheus metrics.
+func (n *Node) MetricsAddress() string { return n.IP() + ":19811" }
+
+func (n *Node) dir(p ...string) string {
+	return n.c.path(append([]string{"nodes", n.Name}, p...)...)
+}
+
+// proc is the harness's name (pid file, log file) of the node's process base.
+func (n *Node) proc(base string) string { return base + "-" + n.Name }
+
+// cgroupRoot is the kubelet's cgroupRoot, under CgroupRoot.
+func (n *Node) cgroupRoot() string { return CgroupRoot + "/" + n.Name }
+
+// bridge is the CNI bridge of the node's pods (subnet 10.244.<index>.0/24).
+func (n *Node) bridge() string { return fmt.Sprintf("ldir-e2e%d", n.Index) }
+
+// init is the host pid of the node's PID 1 (the child of the unshare
+// process the harness started), or an error when the node is not running.
+func (n *Node) init() (int, error) {
+	if pid := childOf(n.c.pidOf(n.proc("node-namespace"))); pid != 0 {
+		return pid, nil
+	}
+	return 0, fmt.Errorf("node %s's namespace is not running", n.Name)
+}
+
+// childOf is the first child of pid (0 when there is none).
+func childOf(pid int) int {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	c, _ := strconv.Atoi(f[0])
+	return c
+}
+
+// enter is the nsenter prefix that runs a command in the node's mount and
+// PID namespaces.
+func (n *Node) enter() ([]string, error) {
+	pid, err := n.init()
+	if err != nil {
+		return nil, err
+	}
+	return []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", pid), fmt.Sprintf("--pid=/proc/%d/ns/pid", pid), "--"}, nil
+}
+
+// Output runs a command in the node's namespaces and returns its output.
+func (n *Node) Output(ctx context.Context, argv ...string) (string, error) {
+	pre, err := n.enter()
+	if err != nil {
+		return "", err
+	}
+	argv = append(pre, argv...)
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s (on node %s): %v: %s", strings.Join(argv[len(pre):], " "), n.Name, err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// Path is where the node's path p can be read from the host (through its
+// PID 1's /proc/<pid>/root).
+func (n *Node) Path(p string) string {
+	pid, err := n.init()
+	if err != nil {
+		return "/nonexistent" + p
+	}
+	return fmt.Sprintf("/proc/%d/root%s", pid, p)
+}
+
+// mntns is the node's mount namespace ("mnt:[inode]"), as its PID 1 wrote it.
+func (n *Node) mntns() string {
+	b, _ := os.ReadFile(n.dir("mntns"))
+	return strings.TrimSpace(string(b))
+}
+
+// mkdirs makes the node's folders in the work folder.
+func (n *Node) mkdirs() error {
+	for _, d := range []string{"var-lib/kubelet/plugins_registry", "var-lib/kubelet/plugins/" + DriverName, "var-log", "var-lib/localdir", "cni"} {
+		if err := os.MkdirAll(n.dir(d), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeConfig writes the node's kubelet, CNI and containerd configuration.
+func (n *Node) writeConfig(p *pki) error {
+	c := n.c
+	if err := p.issue("kubelet-"+n.Name, "system:node:"+n.Name, []string{"system:nodes"}, nil, nil); err != nil {
+		return err
+	}
+	ca := p.path("ca.crt")
+	write := func(name, content string) error { return os.WriteFile(n.dir(name), []byte(content), 0o600) }
+	if err := write("kubeconfig", kubeconfig(c.Server(), ca, p.path("kubelet-"+n.Name+".crt"), p.path("kubelet-"+n.Name+".key"), "")); err != nil {
+		return err
+	}
+	if err := write("kubelet.yaml", fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: %[1]s
+port: %[2]d
+healthzBindAddress: %[1]s
+healthzPort: %[3]d
+readOnlyPort: 0
+tlsCertFile: %[4]s
+tlsPrivateKeyFile: %[5]s
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: %[6]s}
+authorization: {mode: AlwaysAllow}
+# This host has cgroup v1.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /%[7]s
+failSwapOn: false
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+# Imported images must never be collected, nothing evicted on a busy disk.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFree: "1%%", imagefs.available: "1%%"}
+serializeImagePulls: false
+maxPods: 250
+resolvConf: /etc/resolv.conf
+kubeAPIQPS: 100
+kubeAPIBurst: 200
+`, n.IP(), kubeletPort, kubeletHealthPort, p.path("kubelet-serving.crt"), p.path("kubelet-serving.key"), ca, n.cgroupRoot())); err != nil {
+		return err
+	}
+	if err := write("cni/10-localdir-e2e.conflist", fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "localdir-e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": %q, "isGateway": false, "ipMasq": false,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.%d.0/24"}]]}}
+  ]
+}
+`, n.bridge(), n.Index)); err != nil {
+		return err
+	}
+	return write("containerd.toml", fmt.Sprintf(`# containerd 1.6 (Debian) inside the node's namespaces: /var/lib and /run
+# are the work folder's and a tmpfs.
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  # This VM lacks CAP_SYS_RESOURCE: without this runc fails sandbox creation.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+`, PauseImage, n.dir("cni")))
+}
+
+// start sets up the node's namespaces and runs containerd and the kubelet
+// in them; the images are imported from the OCI layouts in images.
+func (n *Node) start(ctx context.Context) error {
+	c := n.c
+	img := ""
+	if n.FS != "" {
+		img = n.dir("localdir-" + n.FS + ".img")
+		if err := run(ctx, "truncate", "-s", strings.TrimSuffix(strings.TrimSuffix(c.DataRootSize, "i"), "B"), img); err != nil {
+			return err
+		}
+		mkfs := []string{"mkfs.btrfs", "-q", "-f", img}
+		if n.FS == "xfs" {
+			mkfs = []string{"mkfs.xfs", "-q", "-f", "-m", "reflink=1", img}
+		}
+		if err := run(ctx, mkfs...); err != nil {
+			return err
+		}
+	}
+	if err := mkCgroupRoot(n.cgroupRoot()); err != nil {
+		return err
+	}
+	script := `set -e
+mount -t tmpfs -o mode=0755 tmpfs /run
+mount --bind "$D/var-lib" /var/lib
+mount --bind "$D/var-log" /var/log
+if [ -n "$IMG" ]; then mount -o loop "$IMG" ` + DataRoot + `; fi
+readlink /proc/self/ns/mnt > "$D/mntns"
+exec "$INIT"`
+	// unshare forks the namespace's PID 1 (--kill-child: it dies with
+	// unshare); --mount-proc gives the namespace its own /proc.
+	if _, err := c.start(n.proc("node-namespace"), nil, []string{"D=" + n.dir(), "IMG=" + img, "INIT=" + c.tool("pause")},
+		"unshare", "--mount", "--pid", "--kill-child", "--mount-proc", "--propagation", "slave", "/bin/sh", "-c", script); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "node "+n.Name+"'s namespace", 20*time.Second, func() (bool, error) {
+		if !c.Running(n.proc("node-namespace")) {
+			return false, fmt.Errorf("the namespace holder exited (see logs/%s.log)", n.proc("node-namespace"))
+		}
+		return n.mntns() != "", nil
+	}); err != nil {
+		return err
+	}
+	if _, err := c.start(n.proc("containerd"), n, nil, "containerd", "--config", n.dir("containerd.toml"), "--log-level", "warn"); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "containerd on "+n.Name, 30*time.Second, func() (bool, error) {
+		if !c.Running(n.proc("containerd")) {
+			return false, fmt.Errorf("containerd exited (see logs/%s.log)", n.proc("containerd"))
+		}
+		_, err := n.Output(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "version")
+		return err == nil, nil
+	}); err != nil {
+		return err
+	}
+	if err := n.importImages(ctx); err != nil {
+		return err
+	}
+	if _, err := c.start(n.proc("kubelet"), n, nil, c.tool("kubelet"),
+		"--config="+n.dir("kubelet.yaml"), "--kubeconfig="+n.dir("kubeconfig"),
+		"--hostname-override="+n.Name, "--node-ip="+n.IP(), "-v=1"); err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "node "+n.Name+" Ready", 90*time.Second, func() (bool, error) {
+		if !c.Running(n.proc("kubelet")) {
+			return false, fmt.Errorf("the kubelet exited (see logs/%s.log)", n.proc("kubelet"))
+		}
+		out, err := c.Kubectl(ctx, "", "get", "node", n.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		return err == nil && out == "True", nil
+	})
+}
+
+// PluginArgs are the node plugin's arguments: the DaemonSet's, with the
+// socket where its hostPath puts it, a kubeconfig for the localdir-node
+// ServiceAccount and a shorter heartbeat (HeartbeatInterval).
+func (n *Node) PluginArgs() []string {
+	c := n.c
+	args := []string{c.Driver, "--mode=node", "--endpoint=unix://" + NodeSocket, "--driver-name=" + DriverName,
+		"--node-id=" + n.Name, "--data-root=" + DataRoot, "--engine=auto",
+		"--kubeconfig=" + c.path("kubeconfig-localdir-node"), "--metrics-address=" + n.MetricsAddress(),
+		"--heartbeat-interval=" + HeartbeatInterval, "-v=2"}
+	if c.NodeCapacity != "" {
+		args = append(args, "--capacity="+c.NodeCapacity)
+	}
+	return args
+}
+
+// StartPlugin starts localdir in node mode on the node and waits until
+// its socket answers (used again after KillPlugin).
+func (n *Node) StartPlugin(ctx context.Context) error {
+	if _, err := n.c.start(n.proc("localdir-node"), n, nil, n.PluginArgs()...); err != nil {
+		return err
+	}
+	return n.c.waitSocket(ctx, n.proc("localdir-node"), "the node plugin on "+n.Name, n.Path(NodeSocket))
+}
+
+// KillPlugin kills the node plugin with SIGKILL, as a crash would.
+func (n *Node) KillPlugin() error { return n.c.stop(n.proc("localdir-node"), 0) }
+
+// StopPlugin stops the node plugin (SIGTERM, then SIGKILL after grace).
+func (n *Node) StopPlugin(grace time.Duration) error {
+	return n.c.stop(n.proc("localdir-node"), grace)
+}
+
+// startPlugin starts the node plugin and the registrar and waits until the
+// kubelet registered the driver and the plugin published its LocalNode.
+func (n *Node) startPlugin(ctx context.Context) error {
+	c := n.c
+	if err := n.StartPlugin(ctx); err != nil {
+		return err
+	}
+	if _, err := c.start(n.proc("registrar"), n, nil, c.tool("registrar"),
+		"--csi-address="+NodeSocket, "--kubelet-registration-path="+NodeSocket); err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "CSINode "+n.Name+" lists "+DriverName+" and LocalNode "+n.Name, 60*time.Second, func() (bool, error) {
+		out, err := c.Kubectl(ctx, "", "get", "csinode", n.Name, "-o", "jsonpath={.spec.drivers[*].name}")
+		if err != nil || !strings.Contains(out, DriverName) {
+			return false, nil
+		}
+		_, err = c.Kubectl(ctx, "", "get", "localnode", n.Name)
+		return err == nil, nil
+	})
+}
+
+// StopKubelet stops the node's kubelet and node plugin (and registrar), as
+// when a node goes away; its containers keep running. StartKubelet brings
+// them back.
+func (n *Node) StopKubelet() error {
+	var errs []error
+	for _, p := range []string{"registrar", "localdir-node", "kubelet"} {
+		errs = append(errs, n.c.stop(n.proc(p), 10*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// StartKubelet starts what StopKubelet stopped and waits until the node is
+// Ready and localdir registered on it.
+func (n *Node) StartKubelet(ctx context.Context) error {
+	c := n.c
+	if _, err := c.start(n.proc("kubelet"), n, nil, c.tool("kubelet"),
+		"--config="+n.dir("kubelet.yaml"), "--kubeconfig="+n.dir("kubeconfig"),
+		"--hostname-override="+n.Name, "--node-ip="+n.IP(), "-v=1"); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "node "+n.Name+" Ready", 90*time.Second, func() (bool, error) {
+		out, err := c.Kubectl(ctx, "", "get", "node", n.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		return err == nil && out == "True", nil
+	}); err != nil {
+		return err
+	}
+	return n.startPlugin(ctx)
+}
+
+// stopProcesses stops the node's daemons, then every process left in its
+// mount namespace or its pods' cgroups, but its PID 1.
+func (n *Node) stopProcesses() error {
+	c := n.c
+	var errs []error
+	for _, p := range []string{"registrar", "localdir-node", "kubelet"} {
+		errs = append(errs, c.stop(n.proc(p), 10*time.Second))
+	}
+	errs = append(errs, c.stop(n.proc("containerd"), 5*time.Second))
+	init := childOf(c.pidOf(n.proc("node-namespace")))
+	for i := 0; i < 3; i++ {
+		var pids []int
+		for _, pid := range procsIn(n.mntns(), "/"+n.cgroupRoot()+"/") {
+			if pid != init {
+				pids = append(pids, pid)
+			}
+		}
+		errs = append(errs, killAll(pids))
+	}
+	return errors.Join(errs...)
+}
+
+// stopNamespace ends the node's namespaces (their mounts go with them).
+func (n *Node) stopNamespace() error {
+	errs := []error{n.c.stop(n.proc("node-namespace"), 5*time.Second)}
+	errs = append(errs, killAll(procsIn(n.mntns(), "/"+n.cgroupRoot()+"/")))
+	return errors.Join(errs...)
+}
+
+// nodesFile records how many nodes Up started, for a later Down.
+func (c *Cluster) nodesFile() string { return c.path("nodes", "count") }
+
+// setNodes makes the cluster's node list of count nodes.
+func (c *Cluster) setNodes(count int) {
+	if count < 1 {
+		count = 1
+	}
+	c.Nodes = nil
+	for i := 0; i < count; i++ {
+		c.Nodes = append(c.Nodes, newNode(c, i))
+	}
+}
+
+// recordedNodes is the node count Up recorded in the work folder (0: none).
+func (c *Cluster) recordedNodes() int {
+	b, err := os.ReadFile(c.nodesFile())
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// NodesFromEnv is E2E_NODES (default 1): how many nodes `make demo` and
+// `make e2e` start.
+func NodesFromEnv() (int, error) {
+	v := os.Getenv("E2E_NODES")
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 9 {
+		return 0, fmt.Errorf("E2E_NODES=%q: want a number of nodes from 1 to 9", v)
+	}
+	return n, nil
+}
+
+// startNodesBridge creates NodesBridge with every node's address.
+func (c *Cluster) startNodesBridge(ctx context.Context) error {
+	if err := run(ctx, "ip", "link", "add", NodesBridge, "type", "bridge"); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if err := run(ctx, "ip", "addr", "add", n.IP()+"/32", "dev", NodesBridge); err != nil {
+			return err
+		}
+	}
+	return run(ctx, "ip", "link", "set", NodesBridge, "up")
+}
+
+// links are the network links the cluster makes: the nodes' bridge and
+// each node's pod bridge.
+func links() []string {
+	ls, _ := filepath.Glob("/sys/class/net/ldir-e2e*")
+	var out []string
+	for _, l := range ls {
+		out = append(out, filepath.Base(l))
+	}
+	return out
+}
