@@ -76,7 +76,9 @@ func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeByte
 	return b, nil
 }
 
-func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
+// cachedVolume is the object cache's LocalVolume id (ErrNotFound when it
+// has none): for the names CreateVolume checks, new ones mostly.
+func (b *ControllerBackend) cachedVolume(id string) (*v1.LocalVolume, error) {
 	if !volume.ValidVolumeID(id) {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
@@ -87,10 +89,26 @@ func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.Local
 	return lv, nil
 }
 
+// getVolume is LocalVolume id from the cache, or from the API server when
+// the cache has none (getOrRead): for ids the CO gave.
+func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
+	if !volume.ValidVolumeID(id) {
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
+	}
+	lv, ok, err := getOrRead(ctx, b.c, b.cache.volumes, id, &v1.LocalVolume{})
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
+	}
+	return lv, nil
+}
+
 // VolumeByName returns the Ready volume of a CSI name; one still being
 // created is left to CreateVolume, which waits for it.
 func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*contract.Volume, error) {
-	lv, err := b.getVolume(ctx, VolumeIDFor(name))
+	lv, err := b.cachedVolume(VolumeIDFor(name))
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil, nil
 	}
@@ -134,7 +152,7 @@ func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit
 // until that node's plugin reports it Ready or Failed.
 func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
 	id := VolumeIDFor(spec.Name)
-	lv, err := b.getVolume(ctx, id)
+	lv, err := b.cachedVolume(id)
 	switch {
 	case err == nil:
 		if lv.DeletionTimestamp != nil {

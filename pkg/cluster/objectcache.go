@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -18,7 +19,9 @@ import (
 // objectCache is the controller's view of the localdir objects: one
 // client-go shared informer each for LocalNodes, LocalVolumes and
 // LocalSnapshots (one LIST and one WATCH per kind for the life of the
-// process). Every read of the CSI Controller service is answered from it,
+// process). Every read of the CSI Controller service is answered from it
+// (an id the CO gave that it lacks is read from the API server once:
+// getOrRead),
 // and a wait for a node plugin is woken by its events: a provisioned volume
 // costs the API server its create and the node's status write, no GET, LIST
 // or WATCH of its own.
@@ -141,6 +144,25 @@ func get[T client.Object](inf cache.SharedIndexInformer, name string) (T, bool) 
 		return zero, false
 	}
 	return o.(runtime.Object).DeepCopyObject().(T), true
+}
+
+// getOrRead is get, or, when the cache has no such object, a GET from the
+// API server into obj (found false on NotFound). The cache may lag behind
+// objects this process did not write: one a node plugin re-created for
+// re-adopted data, or all of them while a watch is re-established after
+// the CRDs came back. For a name the CO gave (it exists, or existed): a
+// miss costs one request.
+func getOrRead[T client.Object](ctx context.Context, c client.Reader, inf cache.SharedIndexInformer, name string, obj T) (T, bool, error) {
+	if o, ok := get[T](inf, name); ok {
+		return o, true, nil
+	}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return obj, false, nil
+		}
+		return obj, false, err
+	}
+	return obj, true, nil
 }
 
 // all returns the cached objects of inf, shared with the cache: read them,

@@ -16,6 +16,8 @@
 #                   cannot be built here). [Serial] specs run, alone, at the end.
 #   E2E_K8S_PROCS   parallel ginkgo processes (default 3)
 #   E2E_K8S_TIMEOUT whole-suite timeout (default 90m)
+#   E2E_NODES       nodes of the cluster (default 2: the multi-node and
+#                   topology specs run)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 CLUSTER=${1:?usage: k8s-suite.sh <e2e-cluster binary>}
@@ -29,6 +31,11 @@ PROCS=${E2E_K8S_PROCS:-3}
 TIMEOUT=${E2E_K8S_TIMEOUT:-90m}
 export PATH="$TOOLS:$PATH"
 KUBECONFIG="${E2E_WORK:-$ROOT/_output/e2e}/kubeconfig"
+export E2E_NODES=${E2E_NODES:-2}
+# The spec that measures statfs after restoring to a larger size runs in
+# the second pass, with an ext4 class: a directory volume's filesystem is
+# the data root's (docs/limitations.md), so the first pass skips it.
+DIR_SKIP='default fs.*provisioning should provision correct filesystem size when restoring snapshot to larger size pvc'
 
 if [ "$(id -u)" != 0 ]; then
 	echo "make e2e-k8s runs a kubelet, containerd and mounts: run it as root." >&2
@@ -54,13 +61,14 @@ fi
 rm -rf "$REPORT"
 mkdir -p "$REPORT"
 
-# suite <report dir> <test driver file> <focus>: one run of e2e.test, its
-# log and reports in the report dir, and its summary.
+# suite <report dir> <test driver file> <focus> [<extra skip>]: one run of
+# e2e.test, its log and reports in the report dir, and its summary.
 suite() {
-	local dir=$1 driver=$2 focus=$3 prc=0
+	local dir=$1 driver=$2 focus=$3 prc=0 skip=$SKIP
+	[ -n "${4:-}" ] && skip="$SKIP|$4"
 	mkdir -p "$dir"
-	echo "== e2e.test: focus '$focus', skip '$SKIP', $PROCS processes; log in $dir/e2e.log"
-	ginkgo --procs="$PROCS" --timeout="$TIMEOUT" --focus="$focus" --skip="$SKIP" \
+	echo "== e2e.test: focus '$focus', skip '$skip', $PROCS processes; log in $dir/e2e.log"
+	ginkgo --procs="$PROCS" --timeout="$TIMEOUT" --focus="$focus" --skip="$skip" \
 		--no-color --output-dir="$dir" --junit-report=junit.xml --json-report=report.json \
 		"$TOOLS/e2e.test" -- \
 		--kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$TOOLS/kubectl" \
@@ -69,7 +77,7 @@ suite() {
 	[ $prc = 0 ] || rc=$prc
 	# The summary: ginkgo's own line, then the failed specs by name.
 	grep -E '^Ran [0-9]+ of [0-9]+ Specs|^(SUCCESS|FAIL)! .*Passed' "$dir/e2e.log" | tail -2
-	python3 - "$dir/report.json" "$focus" "$SKIP" <<'EOF' | tee "$dir/summary.txt" || true
+	python3 - "$dir/report.json" "$focus" "$skip" <<'EOF' | tee "$dir/summary.txt" || true
 # Counts over the specs the focus and skip select (ginkgo reports every
 # spec of e2e.test; those filtered out are "skipped" too, and not counted).
 import json, re, sys
@@ -100,7 +108,11 @@ EOF
 }
 
 t1=$(date +%s)
-suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS"
+if [ -z "${E2E_K8S_FOCUS:-}" ]; then
+	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$DIR_SKIP"
+else
+	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS"
+fi
 # The suite runs its provisioning specs (among them "correct filesystem size
 # when restoring snapshot to larger size pvc") only with the driver's
 # default StorageClass, whose volumes are directories: their filesystem is

@@ -148,14 +148,7 @@ func TestMultiNodeDeploymentScaleDownUp(t *testing.T) {
 	ns := namespace(t, "scale-down-up")
 	createPVC(t, ns, "data", scWFFC, "16Mi")
 	one, zero := int32(1), int32(0)
-	labels := map[string]string{"app": "keeper"}
-	pod := podSpec("keeper", pvcVolume("data", "/data"))
-	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "keeper"}, Spec: appsv1.DeploymentSpec{Replicas: &one,
-		Selector: &metav1.LabelSelector{MatchLabels: labels},
-		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: pod.Spec}}}
-	if _, err := kc.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	labels := createDeployment(t, ns, "keeper", pvcVolume("data", "/data"))
 	first := waitDeploymentPod(t, ns, labels)
 	sum := writeBlob(t, ns, first, "/data/blob", "1Mi")
 	on := pvNode(t, ns, "data")
@@ -179,6 +172,21 @@ func TestMultiNodeDeploymentScaleDownUp(t *testing.T) {
 		t.Fatalf("after scale down and up the pod reads md5 %s, want %s", got, sum)
 	}
 	t.Logf("scaled 1→0→1: pod %s came back on %s (the volume's node) and reads the same bytes", second, on.Name)
+}
+
+// createDeployment creates a Deployment of one createPod-like pod,
+// labelled app=<name>, and returns its labels.
+func createDeployment(t *testing.T, ns, name string, opts ...podOpt) map[string]string {
+	t.Helper()
+	one := int32(1)
+	labels := map[string]string{"app": name}
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: appsv1.DeploymentSpec{Replicas: &one,
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: podSpec(name, opts...).Spec}}}
+	if _, err := kc.AppsV1().Deployments(ns).Create(context.Background(), d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return labels
 }
 
 // waitDeploymentPod waits for one Running pod with labels and returns its name.
@@ -467,14 +475,7 @@ func TestMultiNodeDrain(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "drain")
 	createPVC(t, ns, "data", scWFFC, "16Mi")
-	labels := map[string]string{"app": "drained"}
-	one := int32(1)
-	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "drained"}, Spec: appsv1.DeploymentSpec{Replicas: &one,
-		Selector: &metav1.LabelSelector{MatchLabels: labels},
-		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: podSpec("drained", pvcVolume("data", "/data")).Spec}}}
-	if _, err := kc.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	labels := createDeployment(t, ns, "drained", pvcVolume("data", "/data"))
 	first := waitDeploymentPod(t, ns, labels)
 	sum := writeBlob(t, ns, first, "/data/blob", "1Mi")
 	on := pvNode(t, ns, "data")

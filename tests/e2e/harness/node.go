@@ -276,6 +276,12 @@ exec "$INIT"`
 	if err := n.importImages(ctx); err != nil {
 		return err
 	}
+	return n.startKubelet(ctx)
+}
+
+// startKubelet starts the node's kubelet and waits until the Node is Ready.
+func (n *Node) startKubelet(ctx context.Context) error {
+	c := n.c
 	if _, err := c.start(n.proc("kubelet"), n, nil, c.tool("kubelet"),
 		"--config="+n.dir("kubelet.yaml"), "--kubeconfig="+n.dir("kubeconfig"),
 		"--hostname-override="+n.Name, "--node-ip="+n.IP(), "-v=1"); err != nil {
@@ -357,16 +363,7 @@ func (n *Node) StopKubelet() error {
 // StartKubelet starts what StopKubelet stopped and waits until the node is
 // Ready and localdir registered on it.
 func (n *Node) StartKubelet(ctx context.Context) error {
-	c := n.c
-	if _, err := c.start(n.proc("kubelet"), n, nil, c.tool("kubelet"),
-		"--config="+n.dir("kubelet.yaml"), "--kubeconfig="+n.dir("kubeconfig"),
-		"--hostname-override="+n.Name, "--node-ip="+n.IP(), "-v=1"); err != nil {
-		return err
-	}
-	if err := c.waitFor(ctx, "node "+n.Name+" Ready", 90*time.Second, func() (bool, error) {
-		out, err := c.Kubectl(ctx, "", "get", "node", n.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		return err == nil && out == "True", nil
-	}); err != nil {
+	if err := n.startKubelet(ctx); err != nil {
 		return err
 	}
 	return n.startPlugin(ctx)
