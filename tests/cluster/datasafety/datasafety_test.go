@@ -87,6 +87,22 @@ func (f *fixture) waitReadopted(t *testing.T, obj client.Object, id string, read
 	t.Fatalf("%s was not re-adopted", id)
 }
 
+// waitControllerSeesNode waits (60 s at most) until the controller
+// reports capacity for node (its cache holds the node's LocalNode).
+func (f *fixture) waitControllerSeesNode(t *testing.T, node string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := f.ctrl.Controller.GetCapacity(f.ctx, &csi.GetCapacityRequest{
+			AccessibleTopology: &csi.Topology{Segments: map[string]string{driver.TopologyKey: node}}})
+		if err == nil && c.GetAvailableCapacity() > 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("the controller never saw node %s again", node)
+}
+
 // noFinalizers fails unless the object named id carries no finalizer.
 func (f *fixture) noFinalizers(t *testing.T, obj client.Object, id string) {
 	t.Helper()
@@ -173,6 +189,11 @@ func crdsDeletedAndReinstalled(t *testing.T, nodeGone bool) {
 	f.waitReadopted(t, ls, sid, func() bool { return ls.Status.ReadyToUse })
 	mustHave(t, marker, "data of pvc-crd")
 
+	// The controller survived the CRDs' deletion: its watches come back
+	// with the CRDs, after a backoff of seconds. Until its cache shows the
+	// node again, placement answers RESOURCE_EXHAUSTED, which a CO retries;
+	// wait for that, as the provisioner would.
+	f.waitControllerSeesNode(t, "node-a")
 	// The volume works again through CSI, and the snapshot restores.
 	if _, err := f.ctrl.Controller.ControllerGetVolume(f.ctx, &csi.ControllerGetVolumeRequest{VolumeId: id}); err != nil {
 		t.Errorf("ControllerGetVolume after re-adoption: %v", err)
