@@ -201,7 +201,7 @@ $(TOOLS)/agnhost: tests/tools/e2etest/go.mod
 $(TOOLS)/ginkgo: tests/tools/e2etest/go.mod
 	cd tests/tools/e2etest && $(GO) build -o $@ github.com/onsi/ginkgo/v2/ginkgo
 
-e2e-k8s: deps build e2e-tools $(E2E_CLUSTER) $(E2E_K8S_BINS) ## Kubernetes external storage e2e suite on the local cluster, up and down (as root; ~12 min, on demand)
+e2e-k8s: deps build e2e-tools $(E2E_CLUSTER) $(E2E_K8S_BINS) ## Kubernetes external storage e2e suite on the local cluster of two nodes, up and down (as root; ~30 min, on demand)
 	@bash tests/e2e/k8s-suite.sh "$(E2E_CLUSTER)"
 
 FORCE:
