@@ -37,13 +37,13 @@ say "${bold}localdir demo${off}: local directories as Kubernetes volumes, on a r
 say "built on this machine (kube-apiserver, controller-manager, scheduler,"
 say "kubelet + containerd, the CSI sidecars), localdir installed from deploy/kubernetes."
 
-step "1. Start the cluster (everything on 127.0.0.1; state in _output/e2e)"
+step "1. Start the cluster (control plane on 127.0.0.1, kubelets on 10.254.0.x; state in _output/e2e)"
 "$CLUSTER" up | sed 's/^/  /'
 
 step "2. localdir is installed: its CSIDriver, StorageClass, snapshot class, one LocalNode per node"
 run kubectl get csidriver,storageclass,volumesnapshotclass
 run kubectl get localnodes
-say "The node plugin reports the node's capacity (btrfs data root here: capacity is enforced)."
+say "Each node plugin reports its node's capacity (btrfs data root on localhost: capacity is enforced; XFS on the others)."
 
 step "3. A PVC (examples/pvc.yaml). The class binds WaitForFirstConsumer: Pending until a pod uses it"
 run kubectl apply -f examples/pvc.yaml

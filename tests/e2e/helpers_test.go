@@ -469,6 +469,9 @@ func onDisk(t testing.TB, s string) []string {
 func onNodeDisk(t testing.TB, n *harness.Node, s string) []string {
 	t.Helper()
 	root := n.Path(harness.DataRoot)
+	if _, err := os.Stat(root); err != nil {
+		t.Fatalf("node %s's data root cannot be read from the host: %v", n.Name, err)
+	}
 	var out []string
 	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 		if err != nil || p == root {

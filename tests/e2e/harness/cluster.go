@@ -1,5 +1,6 @@
-// Package harness brings up a whole Kubernetes cluster on 127.0.0.1 for
-// localdir's end-to-end tests and `make demo`, from binaries built out of
+// Package harness brings up a whole Kubernetes cluster on this machine
+// (control plane on 127.0.0.1, kubelets on 10.254.0.<i+1>) for localdir's
+// end-to-end tests and `make demo`, from binaries built out of
 // Go modules (`make e2e-tools`) and Debian packages, and tears it down
 // leaving nothing behind.
 //
@@ -154,6 +155,11 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 		if err := c.Down(ctx, false); err != nil {
 			return fmt.Errorf("clean up the previous run: %w", err)
 		}
+		// Down stopped the previous run's nodes; this run starts its own.
+		c.setNodes(c.Options.Nodes)
+	}
+	if ls := links(); len(ls) > 0 {
+		return fmt.Errorf("network links %s exist (another cluster running? `make demo-down`)", strings.Join(ls, ", "))
 	}
 	if err := c.wipe(); err != nil {
 		return err
@@ -237,9 +243,6 @@ func (c *Cluster) preflight() error {
 	// A socket path must fit in sockaddr_un.
 	if len(c.ControllerSocket()) > 100 {
 		return fmt.Errorf("work folder path too long for a unix socket: %s", c.ControllerSocket())
-	}
-	if ls := links(); len(ls) > 0 {
-		return fmt.Errorf("network links %s exist (another cluster running? `make demo-down`)", strings.Join(ls, ", "))
 	}
 	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, snapshotCtlPort, controllerMetrics} {
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
@@ -476,15 +479,20 @@ func (c *Cluster) StartNodePlugin(ctx context.Context) error { return c.Nodes[0]
 // KillNodePlugin kills the first node's plugin with SIGKILL, as a crash would.
 func (c *Cluster) KillNodePlugin() error { return c.Nodes[0].KillPlugin() }
 
-// waitSocket waits until the daemon name (what, in errors) has created
-// its socket sock, and fails at once when it exits.
+// waitSocket waits until the daemon name (what, in errors) accepts
+// connections on its socket sock (a socket file left by a killed process
+// does not), and fails at once when it exits.
 func (c *Cluster) waitSocket(ctx context.Context, name, what, sock string) error {
 	return c.waitFor(ctx, what+"'s socket", 30*time.Second, func() (bool, error) {
 		if !c.Running(name) {
 			return false, fmt.Errorf("%s exited (see logs/%s.log)", what, name)
 		}
-		_, err := os.Stat(sock)
-		return err == nil, nil
+		conn, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			return false, nil
+		}
+		conn.Close()
+		return true, nil
 	})
 }
 

@@ -40,7 +40,7 @@ func (c *Cluster) Down(ctx context.Context, check bool) error {
 		if n := c.recordedNodes(); n > 0 {
 			c.setNodes(n)
 		}
-		if c.Running("kube-apiserver") && c.Running(c.Nodes[0].proc("kubelet")) {
+		if c.Running("kube-apiserver") && c.allKubeletsRun() {
 			if err := c.deleteWorkloads(ctx); err != nil {
 				c.Logf("· deleting workloads: %v (stopping anyway)", err)
 			}
@@ -56,6 +56,17 @@ func (c *Cluster) Down(ctx context.Context, check bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// allKubeletsRun tells whether every node's kubelet runs (pods can then
+// be deleted the normal way).
+func (c *Cluster) allKubeletsRun() bool {
+	for _, n := range c.Nodes {
+		if !c.Running(n.proc("kubelet")) {
+			return false
+		}
+	}
+	return true
 }
 
 // deleteWorkloads deletes what users and tests created, bounded in time.
@@ -135,7 +146,7 @@ func (c *Cluster) Leaks() []string {
 		c.setNodes(n)
 	}
 	for _, n := range c.Nodes {
-		for _, pid := range procsIn(n.mntns(), "/"+CgroupRoot+"/") {
+		for _, pid := range procsIn(n.mntns(), "/"+n.cgroupRoot()+"/") {
 			out = append(out, fmt.Sprintf("process %d in node %s's namespace or pod cgroups: %s", pid, n.Name, cmdline(pid)))
 		}
 	}

@@ -378,11 +378,15 @@ func (n *Node) stopProcesses() error {
 		errs = append(errs, c.stop(n.proc(p), 10*time.Second))
 	}
 	errs = append(errs, c.stop(n.proc("containerd"), 5*time.Second))
-	init := childOf(c.pidOf(n.proc("node-namespace")))
+	// unshare (in the namespace's mount namespace too) and PID 1 stay: when
+	// either goes, the namespaces go, and the loop devices are detached
+	// while they exist (Cluster.stopAll).
+	holder := c.pidOf(n.proc("node-namespace"))
+	init := childOf(holder)
 	for i := 0; i < 3; i++ {
 		var pids []int
 		for _, pid := range procsIn(n.mntns(), "/"+n.cgroupRoot()+"/") {
-			if pid != init {
+			if pid != init && pid != holder {
 				pids = append(pids, pid)
 			}
 		}
@@ -422,8 +426,9 @@ func (c *Cluster) recordedNodes() int {
 	return n
 }
 
-// NodesFromEnv is E2E_NODES (default 1): how many nodes `make demo` and
-// `make e2e` start.
+// NodesFromEnv is E2E_NODES (default 1): how many nodes `e2e-cluster up`
+// (`make demo`) starts; `make e2e` and `make e2e-k8s` set 2 unless it is
+// set.
 func NodesFromEnv() (int, error) {
 	v := os.Getenv("E2E_NODES")
 	if v == "" {
