@@ -140,9 +140,9 @@ func TestUninstallAndReinstallKeepData(t *testing.T) {
 	if got := podExec(t, ns, "app2", "head -c 20 /dev/xvda"); got != "raw-before-uninstall" {
 		t.Fatalf("the block PV holds %q after reinstalling", got)
 	}
-	// The snapshot restores.
+	// The snapshot restores (on its node: the reader runs there).
 	createPVC(t, ns, "restored", scWFFC, "32Mi", withSource("VolumeSnapshot", "snap"))
-	createPod(t, ns, "reader", pvcVolume("restored", "/restored"))
+	createPod(t, ns, "reader", pvcVolume("restored", "/restored"), onNode(pvNode(t, ns, "fs").Name))
 	waitPodRunning(t, ns, "reader", 2*time.Minute)
 	if got := md5In(t, ns, "reader", "/restored/blob"); got != sum {
 		t.Fatalf("restored from the snapshot after reinstalling: md5 %s, want %s", got, sum)
