@@ -348,8 +348,23 @@ func TestMultiNodeSecondNodeEngine(t *testing.T) {
 	expand("dir")
 	at160("dir")
 	podExec(t, ns, "writer", "dd if=/dev/zero of=/dir/more bs=1M count=112 conv=fsync 2>&1")
+	// Unused: no pod, unstaged (the kubelet unstages after the pod is
+	// gone), and grown by the controller before the next pod stages it.
 	deletePod(t, ns, "writer")
+	deletePod(t, ns, "reader")
+	waitFor(t, "node "+n.Name+" to unstage its ext4 volumes", 2*time.Minute, func() (bool, error) {
+		out, err := n.Output(ctx, "cat", "/proc/1/mountinfo")
+		return err == nil && !strings.Contains(out, " - ext4 /dev/loop"), nil
+	})
 	expand("img")
+	waitFor(t, "the controller to grow PV of img to 160Mi", 2*time.Minute, func() (bool, error) {
+		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, getPVC(t, ns, "img").Spec.VolumeName, metav1.GetOptions{})
+		if err != nil {
+			return false, retryTransient(t, err)
+		}
+		q := pv.Spec.Capacity[corev1.ResourceStorage]
+		return q.Cmp(resource.MustParse("160Mi")) == 0, nil
+	})
 	createPod(t, ns, "grown", pvcVolume("img", "/img"), onNode(n.Name))
 	waitPodRunning(t, ns, "grown", 2*time.Minute)
 	at160("img")
