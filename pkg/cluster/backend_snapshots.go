@@ -17,26 +17,29 @@ import (
 
 // The snapshot calls of ControllerBackend.
 
+// getSnapshot is LocalSnapshot id from the cache, or from the API server
+// when the cache has none (getOrRead): for ids the CO gave.
 func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.LocalSnapshot, error) {
-	return b.snapshot(ctx, id, true)
-}
-
-// snapshot is LocalSnapshot id from the cache, and with read from the API
-// server when the cache has none (getOrRead: for ids the CO gave).
-func (b *ControllerBackend) snapshot(ctx context.Context, id string, read bool) (*v1.LocalSnapshot, error) {
 	if !volume.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
-	var ls *v1.LocalSnapshot
-	var ok bool
-	if read {
-		var err error
-		if ls, ok, err = getOrRead(ctx, b.c, b.cache.snapshots, id, &v1.LocalSnapshot{}); err != nil {
-			return nil, err
-		}
-	} else {
-		ls, ok = get[*v1.LocalSnapshot](b.cache.snapshots, id)
+	ls, ok, err := getOrRead(ctx, b.c, b.cache.snapshots, id, &v1.LocalSnapshot{})
+	if err != nil {
+		return nil, err
 	}
+	if !ok {
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
+	}
+	return ls, nil
+}
+
+// cachedSnapshot is the object cache's LocalSnapshot id (ErrNotFound when
+// it has none): for the names CreateSnapshot checks, new ones mostly.
+func (b *ControllerBackend) cachedSnapshot(id string) (*v1.LocalSnapshot, error) {
+	if !volume.ValidSnapshotID(id) {
+		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
+	}
+	ls, ok := get[*v1.LocalSnapshot](b.cache.snapshots, id)
 	if !ok {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
@@ -45,7 +48,7 @@ func (b *ControllerBackend) snapshot(ctx context.Context, id string, read bool) 
 
 // SnapshotByName implements driver.Backend (Ready snapshots only).
 func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*contract.Snapshot, error) {
-	ls, err := b.snapshot(ctx, SnapshotIDFor(name), false)
+	ls, err := b.cachedSnapshot(SnapshotIDFor(name))
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil, nil
 	}
@@ -88,7 +91,7 @@ func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, lim
 // node, then a wait for readyToUse.
 func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string, topology *csi.TopologyRequirement) (*contract.Snapshot, error) {
 	id := SnapshotIDFor(name)
-	ls, err := b.snapshot(ctx, id, false)
+	ls, err := b.cachedSnapshot(id)
 	switch {
 	case err == nil:
 		if ls.Spec.SourceVolume != src {

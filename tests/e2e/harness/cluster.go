@@ -470,15 +470,6 @@ const (
 // each node plugin's.
 const ControllerMetricsAddress = "127.0.0.1:19810"
 
-// NodePluginArgs are the first node's plugin arguments (Node.PluginArgs).
-func (c *Cluster) NodePluginArgs() []string { return c.Nodes[0].PluginArgs() }
-
-// StartNodePlugin starts the first node's plugin (Node.StartPlugin).
-func (c *Cluster) StartNodePlugin(ctx context.Context) error { return c.Nodes[0].StartPlugin(ctx) }
-
-// KillNodePlugin kills the first node's plugin with SIGKILL, as a crash would.
-func (c *Cluster) KillNodePlugin() error { return c.Nodes[0].KillPlugin() }
-
 // waitSocket waits until the daemon name (what, in errors) accepts
 // connections on its socket sock (a socket file left by a killed process
 // does not), and fails at once when it exits.
@@ -611,15 +602,6 @@ func (c *Cluster) Kubectl(ctx context.Context, stdin string, args ...string) (st
 	}
 	return strings.TrimSpace(string(out)), nil
 }
-
-// NodeOutput runs a command on the first node (Node.Output).
-func (c *Cluster) NodeOutput(ctx context.Context, argv ...string) (string, error) {
-	return c.Nodes[0].Output(ctx, argv...)
-}
-
-// NodePath is where the first node's path p can be read from the host
-// (Node.Path).
-func (c *Cluster) NodePath(p string) string { return c.Nodes[0].Path(p) }
 
 func execOutput(ctx context.Context, argv ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()

@@ -323,11 +323,6 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 // KillPlugin kills the node plugin with SIGKILL, as a crash would.
 func (n *Node) KillPlugin() error { return n.c.stop(n.proc("localdir-node"), 0) }
 
-// StopPlugin stops the node plugin (SIGTERM, then SIGKILL after grace).
-func (n *Node) StopPlugin(grace time.Duration) error {
-	return n.c.stop(n.proc("localdir-node"), grace)
-}
-
 // startPlugin starts the node plugin and the registrar and waits until the
 // kubelet registered the driver and the plugin published its LocalNode.
 func (n *Node) startPlugin(ctx context.Context) error {
@@ -373,10 +368,7 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 // mount namespace or its pods' cgroups, but its PID 1.
 func (n *Node) stopProcesses() error {
 	c := n.c
-	var errs []error
-	for _, p := range []string{"registrar", "localdir-node", "kubelet"} {
-		errs = append(errs, c.stop(n.proc(p), 10*time.Second))
-	}
+	errs := []error{n.StopKubelet()}
 	errs = append(errs, c.stop(n.proc("containerd"), 5*time.Second))
 	// unshare (in the namespace's mount namespace too) and PID 1 stay: when
 	// either goes, the namespaces go, and the loop devices are detached
