@@ -127,8 +127,10 @@ demo-sanity: build $(CSI_SANITY) ## run the driver in all mode (no Kubernetes) a
 
 # ---- End-to-end: a whole local cluster (tests/e2e, docs/e2e.md) ----------
 # The rest of Kubernetes, the CSI sidecars and snapshot-controller (built in
-# tests/tools/sidecars), the registrar stand-in, the pause binary for the
-# pause image and the snapshot CRDs; cached in _output/ like `tools`.
+# tests/tools/sidecars), the stand-ins for node-driver-registrar and
+# livenessprobe (tests/e2e/standins: the module proxy serves neither), the
+# pause binary for the pause image and the snapshot CRDs; cached in
+# _output/ like `tools`.
 SIDECARS := csi-provisioner@github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
 	csi-attacher@github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher \
 	csi-resizer@github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer \
@@ -137,11 +139,11 @@ SIDECARS := csi-provisioner@github.com/kubernetes-csi/external-provisioner/v6/cm
 SIDECAR_BINS := $(foreach s,$(SIDECARS),$(TOOLS)/$(firstword $(subst @, ,$(s))))
 SNAPSHOT_CRDS := $(OUT)/tools/snapshot-crds
 E2E_CLUSTER := $(OUT)/e2e-cluster
-E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize \
+E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize $(TOOLS)/helm \
 	$(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet \
-	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/pause $(TOOLS)/floor $(SNAPSHOT_CRDS)/.done
+	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/livenessprobe $(TOOLS)/pause $(TOOLS)/floor $(SNAPSHOT_CRDS)/.done
 
-e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar stand-in, pause)
+e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar and livenessprobe stand-ins, pause)
 
 $(SIDECAR_BINS) &: tests/tools/sidecars/go.mod
 	cd tests/tools/sidecars && for s in $(SIDECARS); do \
@@ -154,8 +156,8 @@ $(SNAPSHOT_CRDS)/.done: tests/tools/sidecars/go.mod
 	  install -m 0644 $$d/config/crd/*storage.k8s.io_*.yaml $(SNAPSHOT_CRDS)/
 	touch $@
 
-$(TOOLS)/registrar: tests/e2e/registrar/go.mod tests/e2e/registrar/main.go
-	cd tests/e2e/registrar && $(GO) build -o $@ .
+$(TOOLS)/registrar $(TOOLS)/livenessprobe &: tests/e2e/standins/go.mod tests/e2e/standins/registrar/main.go tests/e2e/standins/livenessprobe/main.go
+	cd tests/e2e/standins && $(GO) build -o $(TOOLS)/registrar ./registrar && $(GO) build -o $(TOOLS)/livenessprobe ./livenessprobe
 
 $(TOOLS)/floor: tests/e2e/floor/main.go
 	$(GO) build -o $@ ./tests/e2e/floor

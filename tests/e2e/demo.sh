@@ -40,7 +40,9 @@ say "kubelet + containerd, the CSI sidecars), localdir installed from deploy/kub
 step "1. Start the cluster (control plane on 127.0.0.1, kubelets on 10.254.0.x; state in _output/e2e)"
 "$CLUSTER" up | sed 's/^/  /'
 
-step "2. localdir is installed: its CSIDriver, StorageClass, snapshot class, one LocalNode per node"
+step "2. localdir is installed (kubectl apply -k deploy/kubernetes): its pods, CSIDriver, StorageClass, snapshot class, one LocalNode per node"
+run kubectl -n localdir get pods -o wide
+say "The controller Deployment and one node plugin per node (DaemonSet), from images built offline."
 run kubectl get csidriver,storageclass,volumesnapshotclass
 run kubectl get localnodes
 say "Each node plugin reports its node's capacity (btrfs data root on localhost: capacity is enforced; XFS on the others)."

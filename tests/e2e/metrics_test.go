@@ -4,14 +4,13 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
 
 // scrapeMetrics reads a /metrics page into "name{labels}" → value.
@@ -48,8 +47,18 @@ func TestMetricsAndUnplaceablePVC(t *testing.T) {
 	ns := namespace(t, "metrics")
 	// On the first node (a class pinned to it), whose metrics are read.
 	on := cl.Nodes[0]
-	ctrlBefore := scrapeMetrics(t, harness.ControllerMetricsAddress)
-	nodeBefore := scrapeMetrics(t, on.MetricsAddress())
+	// The pods' IPs: deploy/ serves metrics on port 9810 of each pod.
+	ctx := context.Background()
+	ctrlAddr, err := cl.ControllerMetricsAddress(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeAddr, err := on.MetricsAddress(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrlBefore := scrapeMetrics(t, ctrlAddr)
+	nodeBefore := scrapeMetrics(t, nodeAddr)
 	okKey := `localdir_rpc_requests_total{code="OK",method="CreateVolume"}`
 	exhaustedKey := `localdir_rpc_requests_total{code="ResourceExhausted",method="CreateVolume"}`
 	allocKey := `localdir_allocatable_bytes{node="` + on.Name + `"}`
@@ -80,8 +89,8 @@ func TestMetricsAndUnplaceablePVC(t *testing.T) {
 
 	var ctrlAfter, nodeAfter map[string]float64
 	waitFor(t, "the metrics to show the new volume and the failure", time.Minute, func() (bool, error) {
-		ctrlAfter = scrapeMetrics(t, harness.ControllerMetricsAddress)
-		nodeAfter = scrapeMetrics(t, on.MetricsAddress())
+		ctrlAfter = scrapeMetrics(t, ctrlAddr)
+		nodeAfter = scrapeMetrics(t, nodeAddr)
 		return ctrlAfter[okKey] > ctrlBefore[okKey] && ctrlAfter[exhaustedKey] > ctrlBefore[exhaustedKey] &&
 			nodeAfter[allocKey] <= nodeBefore[allocKey]-64<<20, nil
 	})

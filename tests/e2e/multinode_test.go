@@ -401,7 +401,7 @@ func TestMultiNodeNodeGoesAway(t *testing.T) {
 	onDiskBefore := strings.Join(onNodeDisk(t, gone, ""), " ")
 
 	back := false
-	if err := gone.StopKubelet(); err != nil {
+	if err := gone.StopKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {

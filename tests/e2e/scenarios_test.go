@@ -459,15 +459,17 @@ func TestNodePluginRestart(t *testing.T) {
 	podExec(t, ns, "app", "echo before-crash | dd of=/dev/xvda conv=fsync 2>/dev/null")
 
 	on := podNode(t, ns, "app")
-	if err := on.KillPlugin(); err != nil {
+	ctx := context.Background()
+	if err := on.KillPlugin(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// While it is down the pod still works on its volumes.
+	// While it is down (until the kubelet restarts it) the pod still works
+	// on its volumes.
 	if got := md5In(t, ns, "app", "/data/blob"); got != sum {
 		t.Fatalf("with the node plugin down the pod reads md5 %s, want %s", got, sum)
 	}
 	podExec(t, ns, "app", "echo during >> /data/log")
-	if err := on.StartPlugin(context.Background()); err != nil {
+	if err := on.WaitPluginRestarted(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := md5In(t, ns, "app", "/data/blob"); got != sum {

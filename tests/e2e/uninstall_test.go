@@ -221,14 +221,16 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 		return true, nil
 	})
 
+	// The node plugin goes down with its node's kubelet (the kubelet
+	// would restart a node plugin that merely crashed).
 	on := pvNode(t, ns, "a")
-	if err := on.KillPlugin(); err != nil {
+	if err := on.StopKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted := false
 	defer func() {
 		if !restarted {
-			_ = on.StartPlugin(ctx)
+			_ = on.StartKubelet(ctx)
 		}
 	}()
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
@@ -249,7 +251,7 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 	waitFor(t, "LocalVolume "+id+" gone", 30*time.Second, func() (bool, error) { return localVolume(t, id) == nil, nil })
 	mustBeOnDisk(t, id)
 
-	if err := on.StartPlugin(ctx); err != nil {
+	if err := on.StartKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true

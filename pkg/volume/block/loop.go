@@ -2,10 +2,15 @@
 // localdir's raw block volumes (sparse image files). It uses the loop ioctls
 // (linux/loop.h) through golang.org/x/sys/unix, not losetup(8).
 //
-// A loop device is always found again by its backing file — the sysfs
-// backing_file name, confirmed by the device and inode numbers the kernel
-// reports with LOOP_GET_STATUS64 — and never by a stored /dev/loopN, because
-// loop numbers change across reboots and detaches.
+// A loop device is always found again by its backing file — the device
+// and inode numbers the kernel reports with LOOP_GET_STATUS64, and the
+// sysfs backing_file name as a check — and never by a stored /dev/loopN,
+// because loop numbers change across reboots and detaches. The name is
+// only compared as a suffix: the kernel prints it as seen from the mount
+// namespace that attached the device, and once that namespace is gone (a
+// node plugin container that restarted) only the path below the mount it
+// went through remains ("/block/vol-x.img" for
+// /var/lib/localdir/block/vol-x.img).
 //
 // An image has at most two devices: the read-write one a stage attaches,
 // and a read-only one (LO_FLAGS_READ_ONLY) for read-only publications; the
@@ -48,10 +53,12 @@ type Device struct {
 }
 
 // Devices returns every loop device whose backing file is image, read-write
-// and read-only alike, in /sys/block order. Each is confirmed with
-// LOOP_GET_STATUS64 (same device and inode as image), which also gives its
-// read-only flag. Errors: image's stat error (os.ErrNotExist when it is
-// missing), or /sys/block unreadable.
+// and read-only alike, in /sys/block order: LOOP_GET_STATUS64 reports the
+// same device and inode as image (and its read-only flag), and image's
+// path ends with the device's backing_file name, which is not a deleted
+// file's (so an inode number reused after a delete never matches). Errors:
+// image's stat error (os.ErrNotExist when it is missing), or /sys/block
+// unreadable.
 func Devices(image string) ([]Device, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(image, &st); err != nil {
@@ -71,7 +78,7 @@ func Devices(image string) ([]Device, error) {
 		if err != nil {
 			continue // not attached
 		}
-		if strings.TrimSuffix(string(b), "\n") != image {
+		if !sameFile(image, strings.TrimSuffix(string(b), "\n")) {
 			continue
 		}
 		dev := "/dev/" + name
@@ -80,6 +87,16 @@ func Devices(image string) ([]Device, error) {
 		}
 	}
 	return out, nil
+}
+
+// sameFile tells whether a loop device's backing_file name may be image:
+// the same path, or its end below a mount (see the package comment), and
+// not a deleted file (" (deleted)").
+func sameFile(image, backing string) bool {
+	if strings.HasSuffix(backing, " (deleted)") || !strings.HasPrefix(backing, "/") {
+		return false
+	}
+	return image == backing || strings.HasSuffix(image, backing)
 }
 
 // Find returns a loop device (/dev/loopN) whose backing file is image — the
@@ -336,7 +353,9 @@ func ioctlPtr(fd int, req uint, p *uint64) error {
 	return nil
 }
 
-// CountUnder returns how many loop devices are backed by files in dir.
+// CountUnder returns how many loop devices are backed by files directly in
+// dir (matched as Devices matches an image, so devices attached from a
+// mount namespace that is gone count too).
 func CountUnder(dir string) int {
 	ents, err := os.ReadDir(sysBlock)
 	if err != nil {
@@ -348,7 +367,16 @@ func CountUnder(dir string) int {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "loop", "backing_file"))
-		if err == nil && strings.HasPrefix(string(b), dir+"/") {
+		if err != nil {
+			continue
+		}
+		name := strings.TrimSuffix(string(b), "\n")
+		image := filepath.Join(dir, filepath.Base(name))
+		var st unix.Stat_t
+		if !sameFile(image, name) || unix.Stat(image, &st) != nil {
+			continue
+		}
+		if info, err := status("/dev/" + e.Name()); err == nil && info.Device == st.Dev && info.Inode == st.Ino {
 			n++
 		}
 	}

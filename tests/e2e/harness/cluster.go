@@ -5,27 +5,26 @@
 // leaving nothing behind.
 //
 // Control plane, on the host: etcd, kube-apiserver, kube-controller-manager,
-// kube-scheduler, snapshot-controller, and localdir in controller mode with
-// csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter on one
-// socket (what the localdir-controller Deployment runs).
+// kube-scheduler and the snapshot-controller add-on.
 //
 // The nodes (Options.Nodes, E2E_NODES; node.go), each in a mount and PID
 // namespace of its own (unshare --mount --pid --mount-proc --propagation
 // slave, PID 1 the pause binary: tmpfs on /run, bind mounts of folders of
-// the work folder over /var/lib and /var/log, and the data root
+// the work folder over /var/lib (made rshared, for the Bidirectional
+// mounts of the node plugin) and /var/log, and the data root
 // /var/lib/localdir on a loop-mounted image: btrfs on the first node
 // "localhost", XFS with reflink on "node2", "node3"…): containerd with
-// runc and the CNI bridge plugin, the kubelet, localdir in node mode and
-// the registrar stand-in (what the localdir-node DaemonSet runs). Every
-// mount made there goes away with the namespace.
+// runc and the CNI bridge plugin, and the kubelet. Every mount made there
+// goes away with the namespace.
 //
 // localdir itself is installed from deploy/kubernetes as a user would
-// (kubectl apply --server-side of the kustomize output: CRDs, namespace,
-// RBAC, CSIDriver, StorageClass, VolumeSnapshotClass), except the
-// Deployment and the DaemonSet, which need images this machine cannot pull:
-// their processes run directly, with the same arguments, under the
-// localdir-controller and localdir-node ServiceAccounts (token kubeconfigs
-// from the TokenRequest API), so the deploy RBAC is what they get.
+// (kubectl apply --server-side -k, CRDs first): its Deployment and
+// DaemonSet run as pods, from images built offline (images.go: localdir's
+// from the Dockerfile's build command and packages, the sidecars from
+// their modules, stand-ins for the registrar and livenessprobe under the
+// real names). The only change is an overlay with shorter timings for the
+// tests (installOverlay). Pods reach the API server at the kubernetes
+// Service's address through one nftables rule (apiServiceTable).
 package harness
 
 import (
@@ -39,7 +38,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 )
@@ -56,7 +54,6 @@ const (
 	kubeletPort       = 20250
 	kubeletHealthPort = 20248
 	snapshotCtlPort   = 20280
-	controllerMetrics = 20281
 
 	// NodeName is the first node's name and localdir node id.
 	NodeName = "localhost"
@@ -97,8 +94,8 @@ type Options struct {
 // Cluster is a cluster in a work folder, running or not.
 type Cluster struct {
 	Options
-	// Tools holds the binaries of `make e2e-tools`; Driver is localdir-csi.
-	Tools, Driver string
+	// Tools holds the binaries of `make e2e-tools`.
+	Tools string
 	// Kubeconfig is the admin kubeconfig (system:masters).
 	Kubeconfig string
 	// Nodes are the cluster's nodes, the first one NodeName.
@@ -121,7 +118,6 @@ func New(o Options) *Cluster {
 	c := &Cluster{
 		Options:    o,
 		Tools:      filepath.Join(o.Root, "_output", "tools", "bin"),
-		Driver:     filepath.Join(o.Root, "_output", "localdir-csi"),
 		Kubeconfig: filepath.Join(o.Work, "kubeconfig"),
 	}
 	c.setNodes(o.Nodes)
@@ -133,9 +129,6 @@ func (c *Cluster) tool(name string) string { return filepath.Join(c.Tools, name)
 
 // Server is the API server's URL.
 func (c *Cluster) Server() string { return fmt.Sprintf("https://127.0.0.1:%d", APIServerPort) }
-
-// ControllerSocket is the socket localdir's controller and its sidecars share.
-func (c *Cluster) ControllerSocket() string { return c.path("controller", "csi.sock") }
 
 // NodeSocket is the node plugin's socket inside the node namespace (where
 // the DaemonSet's hostPath puts it).
@@ -161,6 +154,16 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 	if ls := links(); len(ls) > 0 {
 		return fmt.Errorf("network links %s exist (another cluster running? `make demo-down`)", strings.Join(ls, ", "))
 	}
+	if hasAPIServiceRule() {
+		return fmt.Errorf("nftables table ip %s exists (another cluster running? `make demo-down`)", apiServiceTable)
+	}
+	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, snapshotCtlPort} {
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
+		} else {
+			l.Close()
+		}
+	}
 	if err := c.wipe(); err != nil {
 		return err
 	}
@@ -177,12 +180,11 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
 		{"kube-controller-manager, kube-scheduler", c.startControllers},
-		{"snapshot CRDs, localdir from deploy/kubernetes", c.install},
-		{"images (OCI layouts)", c.buildImages},
+		{"snapshot CRDs, snapshot-controller", c.startSnapshotController},
+		{"images (OCI layouts; localdir's from the Dockerfile)", c.buildImages},
 		{fmt.Sprintf("%d node(s): namespaces, containerd, images, kubelet", len(c.Nodes)), c.startNodes},
-		{"localdir node plugins and registrars (in the node namespaces)", c.startNodePlugins},
-		{"localdir controller, sidecars, snapshot-controller", c.startDriverController},
-		{"cluster ready", c.waitReady},
+		{"localdir from deploy/kubernetes (kubectl apply -k)", c.install},
+		{"localdir pods Running, driver registered, cluster ready", c.waitReady},
 	}); err != nil {
 		return err
 	}
@@ -197,7 +199,7 @@ func (c *Cluster) preflight() error {
 	}
 	var missing []string
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
-		"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "registrar", "pause"} {
+		"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "registrar", "livenessprobe", "pause", "helm"} {
 		if _, err := os.Stat(c.tool(b)); err != nil {
 			missing = append(missing, c.tool(b))
 		}
@@ -212,16 +214,13 @@ func (c *Cluster) preflight() error {
 			}
 		}
 	}
-	if _, err := os.Stat(c.Driver); err != nil {
-		missing = append(missing, c.Driver)
-	}
 	if _, err := os.Stat(filepath.Join(c.Root, "_output", "tools", "snapshot-crds")); err != nil {
 		missing = append(missing, "_output/tools/snapshot-crds")
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("missing (run `make build e2e-tools`): %s", strings.Join(missing, ", "))
 	}
-	for _, p := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "umoci", "unshare", "nsenter", "mkfs.btrfs", "mkfs.xfs", "ip"} {
+	for _, p := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "umoci", "unshare", "nsenter", "mkfs.btrfs", "mkfs.xfs", "ip", "nft", "dpkg", "go"} {
 		if _, err := exec.LookPath(p); err != nil {
 			missing = append(missing, p)
 		}
@@ -233,22 +232,11 @@ func (c *Cluster) preflight() error {
 		missing = append(missing, "/bin/busybox")
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing commands (apt-get install containerd runc containernetworking-plugins umoci busybox-static btrfs-progs xfsprogs iproute2 util-linux): %s", strings.Join(missing, ", "))
+		return fmt.Errorf("missing commands (apt-get install containerd runc containernetworking-plugins umoci busybox-static btrfs-progs xfsprogs iproute2 util-linux nftables; go): %s", strings.Join(missing, ", "))
 	}
 	for _, p := range []string{"/var/lib", "/var/log", "/run", "/var/run"} {
 		if c.Work == p || strings.HasPrefix(c.Work, p+"/") {
 			return fmt.Errorf("the work folder %s must not be under %s (the node namespace hides it)", c.Work, p)
-		}
-	}
-	// A socket path must fit in sockaddr_un.
-	if len(c.ControllerSocket()) > 100 {
-		return fmt.Errorf("work folder path too long for a unix socket: %s", c.ControllerSocket())
-	}
-	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, snapshotCtlPort, controllerMetrics} {
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
-			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
-		} else {
-			l.Close()
 		}
 	}
 	return nil
@@ -262,7 +250,7 @@ func (c *Cluster) wipe() error {
 	if err := os.RemoveAll(c.Work); err != nil {
 		return err
 	}
-	for _, d := range []string{"logs", "pids", "tmp", "etcd", "controller", "images"} {
+	for _, d := range []string{"logs", "pids", "tmp", "etcd", "images", "install"} {
 		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
 			return err
 		}
@@ -340,7 +328,9 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.path("pki")
 	if _, err := c.start("kube-apiserver", nil, nil, c.tool("kube-apiserver"),
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", EtcdPort),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", APIServerPort),
+		// Every address: the pods reach it through the kubernetes
+		// Service's address, redirected to their bridge's (apiServiceTable).
+		"--bind-address=0.0.0.0", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", APIServerPort),
 		"--tls-cert-file="+filepath.Join(p, "apiserver.crt"), "--tls-private-key-file="+filepath.Join(p, "apiserver.key"),
 		"--client-ca-file="+filepath.Join(p, "ca.crt"),
 		"--kubelet-client-certificate="+filepath.Join(p, "apiserver-kubelet-client.crt"),
@@ -386,51 +376,62 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	return err
 }
 
-// install applies the snapshot CRDs (the cluster add-on) and localdir from
-// deploy/kubernetes as docs/install.md says, minus the workloads.
+// install installs localdir as docs/install.md says: its CRDs first
+// (waiting until they are served), then `kubectl apply --server-side -k`
+// of deploy/kubernetes through installOverlay, Deployment and DaemonSet
+// included.
 func (c *Cluster) install(ctx context.Context) error {
-	crds := filepath.Join(c.Root, "_output", "tools", "snapshot-crds")
-	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", crds); err != nil {
-		return err
-	}
-	// 1. localdir CRDs, and wait until they are served.
 	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", filepath.Join(c.Root, "deploy", "kubernetes", "crds")); err != nil {
 		return err
 	}
 	if _, err := c.Kubectl(ctx, "", "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
 		return err
 	}
-	// 2. Everything else from the kustomization, but the Deployment and
-	// the DaemonSet (no images here: their processes run directly).
-	out, err := c.Kubectl(ctx, "", "kustomize", filepath.Join(c.Root, "deploy", "kubernetes"))
+	dir, err := c.installOverlay()
 	if err != nil {
 		return err
 	}
-	var keep []string
-	for _, doc := range strings.Split(out, "\n---\n") {
-		if regexp.MustCompile(`(?m)^kind: (Deployment|DaemonSet)$`).MatchString(doc) {
-			continue
+	_, err = c.Kubectl(ctx, "", "apply", "--server-side", "-k", dir)
+	return err
+}
+
+// installOverlay writes the kustomization the cluster installs: deploy/kubernetes
+// as it is, with only the tests' timings added, and returns its folder.
+// The node plugins heartbeat every HeartbeatInterval and the controller
+// counts a node gone after NodeStaleAfter (a test of a node going away
+// waits half a minute, not three); csi-provisioner polls capacity every
+// 3 s, not every minute (tests of capacity see a change at once); with
+// Options.NodeCapacity, the node plugins' --capacity.
+func (c *Cluster) installOverlay() (string, error) {
+	dir := c.path("install")
+	base, err := filepath.Rel(dir, filepath.Join(c.Root, "deploy", "kubernetes"))
+	if err != nil {
+		return "", err
+	}
+	nodeArgs := []string{"--heartbeat-interval=" + HeartbeatInterval}
+	if c.NodeCapacity != "" {
+		nodeArgs = append(nodeArgs, "--capacity="+c.NodeCapacity)
+	}
+	add := func(container int, args ...string) string {
+		var b strings.Builder
+		for _, a := range args {
+			fmt.Fprintf(&b, "      - {op: add, path: /spec/template/spec/containers/%d/args/-, value: %q}\n", container, a)
 		}
-		keep = append(keep, doc)
+		return b.String()
 	}
-	if err := os.WriteFile(c.path("localdir-install.yaml"), []byte(strings.Join(keep, "\n---\n")), 0o644); err != nil {
-		return err
-	}
-	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", c.path("localdir-install.yaml")); err != nil {
-		return err
-	}
-	// Token kubeconfigs for the two ServiceAccounts (TokenRequest API).
-	for _, sa := range []string{"localdir-controller", "localdir-node"} {
-		tok, err := c.Kubectl(ctx, "", "create", "token", sa, "-n", "localdir", "--duration=720h")
-		if err != nil {
-			return err
-		}
-		kc := kubeconfig(c.Server(), c.path("pki", "ca.crt"), "", "", strings.TrimSpace(tok))
-		if err := os.WriteFile(c.path("kubeconfig-"+sa), []byte(kc), 0o600); err != nil {
-			return err
-		}
-	}
-	return nil
+	k := fmt.Sprintf(`# Written by the end-to-end harness (installOverlay): deploy/kubernetes
+# with the tests' shorter timings.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+patches:
+  - target: {kind: DaemonSet, name: localdir-node}
+    patch: |-
+%s  - target: {kind: Deployment, name: localdir-controller}
+    patch: |-
+%s%s`, base, add(0, nodeArgs...), add(0, "--node-stale-after="+NodeStaleAfter), add(1, "--capacity-poll-interval=3s"))
+	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 
 // startNodes starts every node (nodesBridge first), one after another.
@@ -446,29 +447,40 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	return nil
 }
 
-// startNodePlugins starts the node plugin and registrar of every node.
-func (c *Cluster) startNodePlugins(ctx context.Context) error {
-	for _, n := range c.Nodes {
-		if err := n.startPlugin(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // HeartbeatInterval and NodeStaleAfter are the node plugins'
-// --heartbeat-interval and the controller's --node-stale-after here:
-// shorter than deploy/'s (30s, 3m), so that a test sees a node plugin that
-// went away counted as gone within half a minute.
+// --heartbeat-interval and the controller's --node-stale-after here
+// (installOverlay): shorter than deploy/'s (30s, 3m), so that a test sees a
+// node plugin that went away counted as gone within half a minute.
 const (
 	HeartbeatInterval = "5s"
 	NodeStaleAfter    = "30s"
 )
 
-// Where the controller serves Prometheus metrics (the manifests use :9810
-// in their pods; here it is on the host network). Node.MetricsAddress is
-// each node plugin's.
-const ControllerMetricsAddress = "127.0.0.1:19810"
+// ControllerMetricsAddress is where the localdir controller pod serves
+// Prometheus metrics (its pod IP, port 9810 of deploy/).
+func (c *Cluster) ControllerMetricsAddress(ctx context.Context) (string, error) {
+	ip, err := c.podIP(ctx, "controller", "")
+	return ip + ":9810", err
+}
+
+// podIP is the IP of the running localdir pod of component ("controller"
+// or "node"), on node when it is not "".
+func (c *Cluster) podIP(ctx context.Context, component, node string) (string, error) {
+	sel := "app.kubernetes.io/name=localdir,app.kubernetes.io/component=" + component
+	args := []string{"get", "pods", "-n", "localdir", "-l", sel, "--field-selector=status.phase=Running", "-o", "jsonpath={.items[*].status.podIP}"}
+	if node != "" {
+		args[len(args)-3] += ",spec.nodeName=" + node
+	}
+	out, err := c.Kubectl(ctx, "", args...)
+	if err != nil {
+		return "", err
+	}
+	ips := strings.Fields(out)
+	if len(ips) != 1 {
+		return "", fmt.Errorf("want one running localdir %s pod (node %q), have IPs %q", component, node, out)
+	}
+	return ips[0], nil
+}
 
 // waitSocket waits until the daemon name (what, in errors) accepts
 // connections on its socket sock (a socket file left by a killed process
@@ -504,39 +516,13 @@ func (c *Cluster) nodeIPs() []net.IP {
 	return out
 }
 
-// startDriverController runs what the localdir-controller Deployment runs,
-// with its arguments, and the snapshot-controller add-on.
-func (c *Cluster) startDriverController(ctx context.Context) error {
-	sock := c.ControllerSocket()
-	kc := "--kubeconfig=" + c.path("kubeconfig-localdir-controller")
-	if _, err := c.start("localdir-controller", nil, nil, c.Driver, "--mode=controller", "--endpoint=unix://"+sock,
-		"--driver-name="+DriverName, kc, "--metrics-address="+ControllerMetricsAddress, "--node-stale-after="+NodeStaleAfter, "-v=2"); err != nil {
+// startSnapshotController applies the snapshot CRDs and runs the
+// snapshot-controller: a cluster add-on, not part of localdir, run as a
+// process on the host (as the control plane is).
+func (c *Cluster) startSnapshotController(ctx context.Context) error {
+	crds := filepath.Join(c.Root, "_output", "tools", "snapshot-crds")
+	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", crds); err != nil {
 		return err
-	}
-	if err := c.waitSocket(ctx, "localdir-controller", "the controller", sock); err != nil {
-		return err
-	}
-	csiAddr := "--csi-address=" + sock
-	// The Deployment's arguments, but leader election (one replica) and
-	// the capacity owner (no Deployment object here); higher client rate
-	// limits, as the notes measured; a short capacity poll for the tests.
-	sidecars := []struct {
-		name string
-		env  []string
-		args []string
-	}{
-		{"csi-provisioner", []string{"NAMESPACE=localdir", "POD_NAME=localdir-e2e"}, []string{"--timeout=60s", "--extra-create-metadata",
-			"--immediate-topology=false", "--strict-topology", "--enable-capacity", "--capacity-ownerref-level=-1", "--capacity-poll-interval=3s",
-			"--kube-api-qps=200", "--kube-api-burst=300", "--worker-threads=100"}},
-		{"csi-attacher", nil, []string{"--kube-api-qps=200", "--kube-api-burst=300"}},
-		{"csi-resizer", nil, []string{"--timeout=60s", "--handle-volume-inuse-error=false", "--kube-api-qps=200", "--kube-api-burst=300"}},
-		{"csi-snapshotter", nil, []string{"--timeout=60s", "--kube-api-qps=200", "--kube-api-burst=300"}},
-	}
-	for _, s := range sidecars {
-		args := append([]string{c.tool(s.name), csiAddr, kc, "--v=2", "--leader-election=false"}, s.args...)
-		if _, err := c.start(s.name, nil, s.env, args...); err != nil {
-			return err
-		}
 	}
 	_, err := c.start("snapshot-controller", nil, nil, c.tool("snapshot-controller"), "--kubeconfig="+c.Kubeconfig,
 		"--leader-election=false", "--v=2", fmt.Sprintf("--http-endpoint=127.0.0.1:%d", snapshotCtlPort),
@@ -544,8 +530,18 @@ func (c *Cluster) startDriverController(ctx context.Context) error {
 	return err
 }
 
-// waitReady waits for what a first PVC and pod need.
+// waitReady waits for what a first PVC and pod need: the localdir pods
+// Ready (the controller, one node pod on every node), the driver
+// registered with every kubelet and its LocalNode published.
 func (c *Cluster) waitReady(ctx context.Context) error {
+	if err := c.waitPods(ctx); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if err := n.waitPlugin(ctx); err != nil {
+			return err
+		}
+	}
 	checks := []struct {
 		what string
 		f    func() (bool, error)
@@ -575,7 +571,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	for _, ch := range checks {
 		f := ch.f
 		if err := c.waitFor(ctx, ch.what, 90*time.Second, func() (bool, error) {
-			for _, n := range []string{"localdir-controller", "csi-provisioner", "csi-resizer", "csi-snapshotter", "csi-attacher", "snapshot-controller", "kube-controller-manager", "kube-scheduler"} {
+			for _, n := range []string{"snapshot-controller", "kube-controller-manager", "kube-scheduler"} {
 				if !c.Running(n) {
 					return false, fmt.Errorf("%s exited (see logs/%s.log)", n, n)
 				}
@@ -584,6 +580,46 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		}); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// waitPods waits until `kubectl -n localdir get pods` shows the controller
+// pod and one node pod per node, every container Ready.
+func (c *Cluster) waitPods(ctx context.Context) error {
+	want := map[string]bool{"controller": true}
+	for _, n := range c.Nodes {
+		want["node/"+n.Name] = true
+	}
+	last := ""
+	err := c.waitFor(ctx, "the localdir pods Ready", 3*time.Minute, func() (bool, error) {
+		out, err := c.Kubectl(ctx, "", "get", "pods", "-n", "localdir", "-o",
+			`jsonpath={range .items[*]}{.metadata.labels.app\.kubernetes\.io/component}/{.spec.nodeName} {.status.phase} {.status.containerStatuses[*].ready}{"\n"}{end}`)
+		if err != nil {
+			return false, nil
+		}
+		last = out
+		ready := map[string]bool{}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 3 || f[1] != "Running" || strings.Contains(line, "false") {
+				continue
+			}
+			key := f[0]
+			if strings.HasPrefix(key, "controller/") {
+				key = "controller"
+			}
+			ready[key] = true
+		}
+		for k := range want {
+			if !ready[k] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w; localdir pods (component/node phase ready):\n%s", err, last)
 	}
 	return nil
 }

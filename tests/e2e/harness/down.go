@@ -22,8 +22,7 @@ var hostPaths = []string{"/var/lib/kubelet", "/var/lib/containerd", "/run/contai
 	"/var/log/pods", "/var/log/containers", DataRoot, "/run/netns", "/var/run/netns", "/etc/kubernetes", "/opt/cni"}
 
 // controlPlane is stopped in this order (the node side first).
-var controlPlane = []string{"floor-provisioner", "floor", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "localdir-controller",
-	"snapshot-controller", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"}
+var controlPlane = []string{"floor-provisioner", "floor", "snapshot-controller", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"}
 
 // Down stops the cluster of the work folder: it deletes the pods, volume
 // snapshots and PVCs (so localdir unmounts and deletes volumes the normal
@@ -43,6 +42,13 @@ func (c *Cluster) Down(ctx context.Context, check bool) error {
 		if c.Running("kube-apiserver") && c.allKubeletsRun() {
 			if err := c.deleteWorkloads(ctx); err != nil {
 				c.Logf("· deleting workloads: %v (stopping anyway)", err)
+			} else if err := c.waitFor(ctx, "the volumes' loop devices to be detached", 30*time.Second, func() (bool, error) {
+				return len(volumeLoops(c.Work)) == 0, nil
+			}); err != nil {
+				// Every volume was deleted the normal way (its pods gone,
+				// unstaged): a loop device of one still attached is
+				// localdir's leak.
+				errs = append(errs, fmt.Errorf("%w: %s", err, strings.Join(volumeLoops(c.Work), ", ")))
 			}
 		}
 		errs = append(errs, c.stopAll())
@@ -73,7 +79,9 @@ func (c *Cluster) allKubeletsRun() bool {
 func (c *Cluster) deleteWorkloads(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if _, err := c.Kubectl(ctx, "", "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=true", "--timeout=90s"); err != nil {
+	// Not localdir's own pods: they delete the volumes next.
+	if _, err := c.Kubectl(ctx, "", "delete", "pods", "--all-namespaces", "--field-selector=metadata.namespace!=localdir",
+		"--grace-period=1", "--wait=true", "--timeout=90s"); err != nil {
 		return err
 	}
 	_, _ = c.Kubectl(ctx, "", "delete", "volumesnapshots", "--all", "--all-namespaces", "--wait=true", "--timeout=60s")
@@ -114,7 +122,13 @@ func (c *Cluster) stopAll() error {
 	})
 	errs = append(errs, rmCgroupRoot())
 	for _, l := range links() {
-		errs = append(errs, run(context.Background(), "ip", "link", "delete", l))
+		// A bridge may go by itself once its last port went.
+		if err := run(context.Background(), "ip", "link", "delete", l); err != nil && contains(links(), l) {
+			errs = append(errs, err)
+		}
+	}
+	if hasAPIServiceRule() {
+		errs = append(errs, run(context.Background(), "nft", "delete", "table", "ip", apiServiceTable))
 	}
 	return errors.Join(errs...)
 }
@@ -172,6 +186,9 @@ func (c *Cluster) Leaks() []string {
 	}
 	for _, l := range links() {
 		out = append(out, "network link "+l)
+	}
+	if hasAPIServiceRule() {
+		out = append(out, "nftables table ip "+apiServiceTable)
 	}
 	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/" + CgroupRoot); len(cg) > 0 {
 		out = append(out, "cgroups "+strings.Join(cg, " "))
@@ -236,6 +253,40 @@ func (c *Cluster) ourLoops(base state) []string {
 		// Paths of the node namespace: the data root's image files, and
 		// the kubelet's own loop device per mapped block volume.
 		if strings.HasPrefix(f[1], c.Work+"/") || strings.HasPrefix(f[1], DataRoot+"/") || strings.HasPrefix(f[1], "/var/lib/kubelet/") {
+			out = append(out, l)
+		}
+	}
+	return append(out, volumeLoops(c.Work)...)
+}
+
+// volumeLoops are the loop devices whose backing file lives on the
+// filesystem of a data root image of work (the node plugins' raw block and
+// image volumes): found by the backing file's device (LOOP_GET_STATUS64),
+// because once the mount namespace that attached one is gone the kernel
+// names the file only by its path below the data root ("/block/…").
+func volumeLoops(work string) []string {
+	roots := map[uint64]bool{}
+	all := loopDevices()
+	for _, l := range all {
+		f := strings.SplitN(l, " ", 2)
+		if len(f) == 2 && strings.HasPrefix(f[1], work+"/") {
+			b, err := os.ReadFile("/sys/block/" + f[0] + "/dev")
+			var major, minor uint32
+			if _, scanErr := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err == nil && scanErr == nil {
+				roots[unix.Mkdev(major, minor)] = true
+			}
+		}
+	}
+	var out []string
+	for _, l := range all {
+		name := strings.SplitN(l, " ", 2)[0]
+		fd, err := unix.Open("/dev/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(fd)
+		unix.Close(fd)
+		if err == nil && roots[info.Device] {
 			out = append(out, l)
 		}
 	}

@@ -2,11 +2,15 @@ package harness
 
 import (
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 )
 
 // The images the Kubernetes e2e suite's storage tests run, under the names
@@ -54,6 +58,11 @@ func (c *Cluster) buildImages(ctx context.Context) error {
 		{PauseImage, [][2]string{{c.tool("pause"), "/pause"}}, []string{"--config.entrypoint=/pause"}},
 		{BusyboxImage, [][2]string{{rootfs, "/"}}, []string{"--config.cmd=sh", "--config.env=PATH=/bin"}},
 	}
+	deploy, err := c.deployImages(ctx, dir)
+	if err != nil {
+		return err
+	}
+	images = append(images, deploy...)
 	if c.SuiteImages {
 		glibc := filepath.Join(dir, "glibc-rootfs")
 		if err := glibcRoot(ctx, glibc); err != nil {
@@ -159,7 +168,6 @@ func glibcRoot(ctx context.Context, rootfs string) error {
 	if err := busyboxRoot(ctx, rootfs); err != nil {
 		return err
 	}
-	libs := map[string]bool{}
 	for bin, dst := range map[string]string{"/bin/dd": "bin/dd", "/bin/dash": "bin/sh"} {
 		if err := os.Remove(filepath.Join(rootfs, dst)); err != nil {
 			return err
@@ -167,11 +175,22 @@ func glibcRoot(ctx context.Context, rootfs string) error {
 		if err := run(ctx, "install", "-m", "0755", bin, filepath.Join(rootfs, dst)); err != nil {
 			return err
 		}
-		out, err := execOutput(ctx, "ldd", bin)
+	}
+	return addLibs(ctx, rootfs, "/bin/dd", "/bin/dash")
+}
+
+// addLibs copies into rootfs, at the same paths, the shared libraries (and
+// the ELF interpreter) the host's binaries bins link, as ldd lists them.
+// A static binary has none.
+func addLibs(ctx context.Context, rootfs string, bins ...string) error {
+	libs := map[string]bool{}
+	for _, bin := range bins {
+		out, err := exec.CommandContext(ctx, "ldd", bin).Output()
 		if err != nil {
-			return err
+			// ldd exits 1 on a static binary ("not a dynamic executable").
+			continue
 		}
-		for _, f := range strings.Fields(out) {
+		for _, f := range strings.Fields(string(out)) {
 			if strings.HasPrefix(f, "/") {
 				libs[f] = true
 			}
@@ -184,4 +203,221 @@ func glibcRoot(ctx context.Context, rootfs string) error {
 		}
 	}
 	return nil
+}
+
+// StandInLabel marks the images of test stand-ins (node-driver-registrar,
+// livenessprobe): they carry the real images' names so that deploy/ runs
+// unchanged, and this label says what they are.
+const StandInLabel = "dev.localdir.e2e/stand-in"
+
+// deployImages are the images deploy/kubernetes/kustomization.yaml names
+// (`images:`, with their tags), built here so the Deployment and the
+// DaemonSet run as they are: localdir's own (driverImage), the CSI sidecars
+// from the binaries `make e2e-tools` built out of their modules (entrypoint
+// /<name>, as in the real images), and the stand-ins for
+// csi-node-driver-registrar and livenessprobe (tests/e2e/standins),
+// labelled StandInLabel. An image there the harness does not know is an
+// error, so a new one cannot go untested.
+func (c *Cluster) deployImages(ctx context.Context, dir string) ([]image, error) {
+	b, err := os.ReadFile(filepath.Join(c.Root, "deploy", "kubernetes", "kustomization.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var k struct {
+		Images []struct {
+			Name   string `json:"name"`
+			NewTag string `json:"newTag"`
+		} `json:"images"`
+	}
+	if err := yaml.Unmarshal(b, &k); err != nil {
+		return nil, fmt.Errorf("kustomization.yaml: %w", err)
+	}
+	const sigStorage = "registry.k8s.io/sig-storage/"
+	var out []image
+	for _, im := range k.Images {
+		ref := normalizeRef(im.Name) + ":" + im.NewTag
+		name := strings.TrimPrefix(im.Name, sigStorage)
+		tool, standIn := name, false
+		switch {
+		case im.Name == "localdir/localdir-csi":
+			img, err := c.driverImage(ctx, filepath.Join(dir, "localdir-rootfs"), ref, im.NewTag)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, img)
+			continue
+		case name == "csi-node-driver-registrar":
+			tool, standIn = "registrar", true
+		case name == "livenessprobe":
+			standIn = true
+		case name == "csi-provisioner" || name == "csi-attacher" || name == "csi-resizer" || name == "csi-snapshotter":
+		default:
+			return nil, fmt.Errorf("deploy/kubernetes/kustomization.yaml names image %s, which the end-to-end cluster cannot build (images.go)", im.Name)
+		}
+		rootfs := filepath.Join(dir, name+"-rootfs")
+		if err := os.MkdirAll(rootfs, 0o755); err != nil {
+			return nil, err
+		}
+		if err := run(ctx, "install", "-m", "0755", c.tool(tool), filepath.Join(rootfs, name)); err != nil {
+			return nil, err
+		}
+		if err := addLibs(ctx, rootfs, c.tool(tool)); err != nil {
+			return nil, err
+		}
+		config := []string{"--config.entrypoint=/" + name}
+		if standIn {
+			config = append(config, "--config.label="+StandInLabel+"=test stand-in for "+im.Name+", built from tests/e2e/standins/"+tool)
+		}
+		out = append(out, image{ref, [][2]string{{rootfs, "/"}}, config})
+	}
+	return out, nil
+}
+
+// normalizeRef is the full name the container runtime gives an image
+// name: one without a registry host is docker.io's (library/ when it has
+// no path).
+func normalizeRef(name string) string {
+	first, _, found := strings.Cut(name, "/")
+	if found && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		return name
+	}
+	if !found {
+		name = "library/" + name
+	}
+	return "docker.io/" + name
+}
+
+// basePackages are the packages of the Dockerfile's base image
+// (debian:bookworm-slim) that localdir runs: mount and umount (package
+// mount), through k8s.io/mount-utils.
+var basePackages = []string{"mount"}
+
+// driverImage builds localdir's image as the Dockerfile does, without a
+// registry: the binary with the Dockerfile's own build command (its
+// ${VERSION} the tag deploy/ names), the files of the Debian packages it
+// installs (and of basePackages) copied from this machine, which runs the
+// same Debian release (bookworm), with the shared libraries their
+// programs link; /etc/passwd with the nonroot user (65532), the
+// Dockerfile's USER, LABELs and ENTRYPOINT, and Debian's PATH.
+func (c *Cluster) driverImage(ctx context.Context, rootfs, ref, version string) (image, error) {
+	d, err := readDockerfile(filepath.Join(c.Root, "Dockerfile"))
+	if err != nil {
+		return image{}, err
+	}
+	for _, dir := range []string{"etc", "tmp", "out"} {
+		if err := os.MkdirAll(filepath.Join(rootfs, dir), 0o755); err != nil {
+			return image{}, err
+		}
+	}
+	// Debian's merged /usr, as on this machine: /bin, /sbin, /lib, /lib64
+	// link to their /usr folders.
+	for _, dir := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
+		if target, err := os.Readlink(dir); err == nil {
+			if err := os.MkdirAll(filepath.Join(rootfs, filepath.Dir(dir), target), 0o755); err != nil {
+				return image{}, err
+			}
+			if err := os.Symlink(target, filepath.Join(rootfs, dir)); err != nil {
+				return image{}, err
+			}
+		}
+	}
+	// The build command, run in the repository with /out/ (its output
+	// folder) under the image's root.
+	bin := filepath.Join(rootfs, d.Output)
+	cmd := exec.CommandContext(ctx, "sh", "-c", strings.Replace(d.BuildCmd, " -o "+d.Output+" ", " -o "+bin+" ", 1))
+	cmd.Dir, cmd.Env = c.Root, append(os.Environ(), "VERSION="+version)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return image{}, fmt.Errorf("the Dockerfile's build command: %v: %s", err, out)
+	}
+	if err := os.Rename(bin, filepath.Join(rootfs, d.Copy)); err != nil {
+		return image{}, err
+	}
+	if err := os.RemoveAll(filepath.Join(rootfs, "out")); err != nil {
+		return image{}, err
+	}
+	var elfs []string
+	for _, pkg := range append(append([]string{}, basePackages...), d.Packages...) {
+		files, err := execOutput(ctx, "dpkg", "-L", pkg)
+		if err != nil {
+			return image{}, fmt.Errorf("package %s (the Dockerfile installs it; apt-get install %s): %w", pkg, pkg, err)
+		}
+		for _, f := range strings.Fields(files) {
+			if regexp.MustCompile(`^/usr/share/(doc|man|info|locale|lintian|bug)/`).MatchString(f) {
+				continue
+			}
+			isELF, err := copyPackageFile(f, rootfs)
+			if err != nil {
+				return image{}, fmt.Errorf("package %s: %w", pkg, err)
+			}
+			if isELF {
+				elfs = append(elfs, f)
+			}
+		}
+	}
+	if err := addLibs(ctx, rootfs, elfs...); err != nil {
+		return image{}, err
+	}
+	for name, content := range map[string]string{
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532::/nonexistent:/usr/sbin/nologin\n",
+		"etc/group":  "root:x:0:\nnonroot:x:65532:\n",
+	} {
+		if err := os.WriteFile(filepath.Join(rootfs, name), []byte(content), 0o644); err != nil {
+			return image{}, err
+		}
+	}
+	if err := os.Chmod(filepath.Join(rootfs, "tmp"), 0o1777); err != nil {
+		return image{}, err
+	}
+	config := []string{"--config.user=" + d.User, "--config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	for _, e := range d.Entrypoint {
+		config = append(config, "--config.entrypoint="+e)
+	}
+	for k, v := range d.Labels {
+		if k == "org.opencontainers.image.version" {
+			v = version
+		}
+		config = append(config, "--config.label="+k+"="+v)
+	}
+	return image{ref, [][2]string{{rootfs, "/"}}, config}, nil
+}
+
+// copyPackageFile copies a file a package installed (path as dpkg lists
+// it) to the same path under rootfs: regular files with their mode,
+// symlinks as symlinks, directories skipped. It tells whether the file is
+// an ELF program or library (whose libraries addLibs then adds).
+func copyPackageFile(path, rootfs string) (bool, error) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.IsDir() {
+		return false, nil // a diverted or removed file, or a directory
+	}
+	dst := filepath.Join(rootfs, path)
+	if _, err := os.Lstat(dst); err == nil {
+		return false, nil // a merged-/usr link made already
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return false, err
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		target, err := os.Readlink(path)
+		if err != nil {
+			return false, err
+		}
+		return false, os.Symlink(target, dst)
+	}
+	if !fi.Mode().IsRegular() {
+		return false, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	if err := os.WriteFile(dst, b, fi.Mode().Perm()); err != nil {
+		return false, err
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return false, nil
+	}
+	f.Close()
+	return true, nil
 }

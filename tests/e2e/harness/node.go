@@ -22,8 +22,9 @@ const NodesBridge = "ldir-e2e-nodes"
 // is the pause binary, which reaps orphans; when it goes the kernel kills
 // everything left in the namespace), containerd, kubelet, CNI bridge and
 // pod subnet, kubelet root (/var/lib of the namespace is a folder of the
-// work folder), cgroupRoot, data root on its own loop-mounted filesystem,
-// node plugin and registrar. All nodes share the host's network namespace.
+// work folder), cgroupRoot, data root on its own loop-mounted filesystem;
+// the localdir-node DaemonSet runs its pod there. All nodes share the
+// host's network namespace.
 type Node struct {
 	c *Cluster
 	// Index counts from 0; Name is the Node object's name and localdir's
@@ -34,6 +35,8 @@ type Node struct {
 	// enforce sizes), xfs with reflink on the others (so engines mix);
 	// "" when Options.DataRootSize is "0" (a plain folder).
 	FS string
+
+	restarts int // the node plugin's restart count before KillPlugin
 }
 
 func newNode(c *Cluster, i int) *Node {
@@ -51,8 +54,11 @@ func newNode(c *Cluster, i int) *Node {
 func (n *Node) IP() string { return fmt.Sprintf("10.254.0.%d", n.Index+1) }
 
 // MetricsAddress is where the node's localdir node plugin serves
-// Prometheus metrics.
-func (n *Node) MetricsAddress() string { return n.IP() + ":19811" }
+// Prometheus metrics (its pod's IP, port 9810 of deploy/).
+func (n *Node) MetricsAddress(ctx context.Context) (string, error) {
+	ip, err := n.c.podIP(ctx, "node", n.Name)
+	return ip + ":9810", err
+}
 
 func (n *Node) dir(p ...string) string {
 	return n.c.path(append([]string{"nodes", n.Name}, p...)...)
@@ -190,8 +196,8 @@ kubeAPIBurst: 200
   "cniVersion": "0.4.0",
   "name": "localdir-e2e",
   "plugins": [
-    {"type": "bridge", "bridge": %q, "isGateway": false, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.%d.0/24"}]]}}
+    {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.%d.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}
   ]
 }
 `, n.bridge(), n.Index)); err != nil {
@@ -245,6 +251,9 @@ mount -t tmpfs -o mode=0755 tmpfs /run
 mount --bind "$D/var-lib" /var/lib
 mount --bind "$D/var-log" /var/log
 if [ -n "$IMG" ]; then mount -o loop "$IMG" ` + DataRoot + `; fi
+# Shared within the node (still a slave of the host's): the node plugin's
+# Bidirectional mounts under /var/lib/kubelet reach the kubelet.
+mount --make-rshared /var/lib
 readlink /proc/self/ns/mnt > "$D/mntns"
 exec "$INIT"`
 	// unshare forks the namespace's PID 1 (--kill-child: it dies with
@@ -296,45 +305,11 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	})
 }
 
-// PluginArgs are the node plugin's arguments: the DaemonSet's, with the
-// socket where its hostPath puts it, a kubeconfig for the localdir-node
-// ServiceAccount and a shorter heartbeat (HeartbeatInterval).
-func (n *Node) PluginArgs() []string {
+// waitPlugin waits until the node's localdir pod registered the driver
+// with the kubelet (CSINode lists it) and published its LocalNode.
+func (n *Node) waitPlugin(ctx context.Context) error {
 	c := n.c
-	args := []string{c.Driver, "--mode=node", "--endpoint=unix://" + NodeSocket, "--driver-name=" + DriverName,
-		"--node-id=" + n.Name, "--data-root=" + DataRoot, "--engine=auto",
-		"--kubeconfig=" + c.path("kubeconfig-localdir-node"), "--metrics-address=" + n.MetricsAddress(),
-		"--heartbeat-interval=" + HeartbeatInterval, "-v=2"}
-	if c.NodeCapacity != "" {
-		args = append(args, "--capacity="+c.NodeCapacity)
-	}
-	return args
-}
-
-// StartPlugin starts localdir in node mode on the node and waits until
-// its socket answers (used again after KillPlugin).
-func (n *Node) StartPlugin(ctx context.Context) error {
-	if _, err := n.c.start(n.proc("localdir-node"), n, nil, n.PluginArgs()...); err != nil {
-		return err
-	}
-	return n.c.waitSocket(ctx, n.proc("localdir-node"), "the node plugin on "+n.Name, n.Path(NodeSocket))
-}
-
-// KillPlugin kills the node plugin with SIGKILL, as a crash would.
-func (n *Node) KillPlugin() error { return n.c.stop(n.proc("localdir-node"), 0) }
-
-// startPlugin starts the node plugin and the registrar and waits until the
-// kubelet registered the driver and the plugin published its LocalNode.
-func (n *Node) startPlugin(ctx context.Context) error {
-	c := n.c
-	if err := n.StartPlugin(ctx); err != nil {
-		return err
-	}
-	if _, err := c.start(n.proc("registrar"), n, nil, c.tool("registrar"),
-		"--csi-address="+NodeSocket, "--kubelet-registration-path="+NodeSocket); err != nil {
-		return err
-	}
-	return c.waitFor(ctx, "CSINode "+n.Name+" lists "+DriverName+" and LocalNode "+n.Name, 60*time.Second, func() (bool, error) {
+	return c.waitFor(ctx, "CSINode "+n.Name+" lists "+DriverName+" and LocalNode "+n.Name, 2*time.Minute, func() (bool, error) {
 		out, err := c.Kubectl(ctx, "", "get", "csinode", n.Name, "-o", "jsonpath={.spec.drivers[*].name}")
 		if err != nil || !strings.Contains(out, DriverName) {
 			return false, nil
@@ -344,31 +319,102 @@ func (n *Node) startPlugin(ctx context.Context) error {
 	})
 }
 
-// StopKubelet stops the node's kubelet and node plugin (and registrar), as
-// when a node goes away; its containers keep running. StartKubelet brings
-// them back.
-func (n *Node) StopKubelet() error {
-	var errs []error
-	for _, p := range []string{"registrar", "localdir-node", "kubelet"} {
-		errs = append(errs, n.c.stop(n.proc(p), 10*time.Second))
+// nodePod is the name and UID of the node's localdir node pod and the
+// restart count of its localdir container.
+func (n *Node) nodePod(ctx context.Context) (name, uid string, restarts int, err error) {
+	out, err := n.c.Kubectl(ctx, "", "get", "pods", "-n", "localdir", "-l", "app.kubernetes.io/component=node",
+		"--field-selector=spec.nodeName="+n.Name, "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.status.containerStatuses[?(@.name=="localdir")].restartCount}{"\n"}{end}`)
+	if err != nil {
+		return "", "", 0, err
 	}
-	return errors.Join(errs...)
+	f := strings.Fields(out)
+	if len(f) != 3 {
+		return "", "", 0, fmt.Errorf("want one localdir node pod on %s, have %q", n.Name, out)
+	}
+	restarts, err = strconv.Atoi(f[2])
+	return f[0], f[1], restarts, err
 }
 
-// StartKubelet starts what StopKubelet stopped and waits until the node is
-// Ready and localdir registered on it.
+// podProcs are the processes of the pod with uid on the node (all its
+// containers, the sandbox's pause included).
+func (n *Node) podProcs(uid string) []int {
+	// cgroupfs: <cgroupRoot>/kubepods[/<class>]/pod<uid>/<container>.
+	return filterCgroup(procsIn("", "/"+n.cgroupRoot()+"/kubepods/"), "/pod"+uid+"/")
+}
+
+// KillPlugin kills the node plugin (the localdir container of the node's
+// pod) with SIGKILL, as a crash would; the kubelet restarts the container.
+// WaitPluginRestarted waits for that.
+func (n *Node) KillPlugin(ctx context.Context) error {
+	_, uid, restarts, err := n.nodePod(ctx)
+	if err != nil {
+		return err
+	}
+	var pids []int
+	for _, pid := range n.podProcs(uid) {
+		if strings.Contains(cmdline(pid), "--mode=node") {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		return fmt.Errorf("node %s: want one node plugin process in pod %s, found %v", n.Name, uid, pids)
+	}
+	n.restarts = restarts
+	return killAll(pids)
+}
+
+// WaitPluginRestarted waits until the kubelet restarted the node plugin
+// KillPlugin killed, the container is Ready and the driver registered.
+func (n *Node) WaitPluginRestarted(ctx context.Context) error {
+	if err := n.c.waitFor(ctx, "the node plugin on "+n.Name+" restarted and Ready", 2*time.Minute, func() (bool, error) {
+		name, _, restarts, err := n.nodePod(ctx)
+		if err != nil || restarts <= n.restarts {
+			return false, nil
+		}
+		out, err := n.c.Kubectl(ctx, "", "get", "pod", "-n", "localdir", name, "-o",
+			`jsonpath={.status.containerStatuses[?(@.name=="localdir")].ready}`)
+		return err == nil && out == "true", nil
+	}); err != nil {
+		return err
+	}
+	return n.waitPlugin(ctx)
+}
+
+// StopKubelet stops the node's kubelet, then kills the processes of its
+// localdir node pod (node plugin, registrar, livenessprobe) with SIGKILL,
+// as when a node goes away; the node's other containers keep running.
+// StartKubelet brings them back: the kubelet restarts the pod.
+func (n *Node) StopKubelet(ctx context.Context) error {
+	c := n.c
+	if err := c.stop(n.proc("kubelet"), 10*time.Second); err != nil {
+		return err
+	}
+	_, uid, _, err := n.nodePod(ctx)
+	if err != nil {
+		return err
+	}
+	pids := n.podProcs(uid)
+	if len(pids) == 0 {
+		return fmt.Errorf("node %s: no process of its localdir pod %s found", n.Name, uid)
+	}
+	return killAll(pids)
+}
+
+// StartKubelet starts the kubelet StopKubelet stopped and waits until the
+// node is Ready and its localdir pod registered the driver again.
 func (n *Node) StartKubelet(ctx context.Context) error {
 	if err := n.startKubelet(ctx); err != nil {
 		return err
 	}
-	return n.startPlugin(ctx)
+	return n.waitPlugin(ctx)
 }
 
 // stopProcesses stops the node's daemons, then every process left in its
 // mount namespace or its pods' cgroups, but its PID 1.
 func (n *Node) stopProcesses() error {
 	c := n.c
-	errs := []error{n.StopKubelet()}
+	errs := []error{c.stop(n.proc("kubelet"), 10*time.Second)}
 	errs = append(errs, c.stop(n.proc("containerd"), 5*time.Second))
 	// unshare (in the namespace's mount namespace too) and PID 1 stay: when
 	// either goes, the namespaces go, and the loop devices are detached
@@ -443,7 +489,38 @@ func (c *Cluster) startNodesBridge(ctx context.Context) error {
 			return err
 		}
 	}
-	return run(ctx, "ip", "link", "set", NodesBridge, "up")
+	if err := run(ctx, "ip", "link", "set", NodesBridge, "up"); err != nil {
+		return err
+	}
+	return c.addAPIServiceRule(ctx)
+}
+
+// apiServiceTable is the nftables table (family ip) of the one rule that
+// lets pods reach the API server: there is no kube-proxy, so a connection
+// from a pod bridge to the kubernetes Service (10.0.0.1:443, which
+// in-cluster clients dial) is redirected to the API server's port on that
+// bridge's address. Down deletes the table.
+const apiServiceTable = "localdir_e2e"
+
+func (c *Cluster) addAPIServiceRule(ctx context.Context) error {
+	rules := fmt.Sprintf(`table ip %s {
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname "ldir-e2e*" ip daddr 10.0.0.1 tcp dport 443 redirect to :%d
+	}
+}
+`, apiServiceTable, APIServerPort)
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft -f: %v: %s", err, out)
+	}
+	return nil
+}
+
+// hasAPIServiceRule tells whether apiServiceTable exists.
+func hasAPIServiceRule() bool {
+	return exec.Command("nft", "list", "table", "ip", apiServiceTable).Run() == nil
 }
 
 // links are the network links the cluster makes: the nodes' bridge and

@@ -191,3 +191,14 @@ func cmdline(pid int) string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }
+
+// filterCgroup keeps the processes whose cgroup path has mark.
+func filterCgroup(pids []int, mark string) []int {
+	var out []int
+	for _, pid := range pids {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err == nil && strings.Contains(string(b), mark) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

@@ -1,4 +1,4 @@
-module github.com/localdir-csi/localdir/tests/e2e/registrar
+module github.com/localdir-csi/localdir/tests/e2e/standins
 
 go 1.26.0
 

@@ -8,7 +8,12 @@
 // The kubelet's plugin watcher finds the socket, calls GetInfo, connects to
 // the driver's socket and records the driver in the node's CSINode object.
 //
-// It is a test tool only: deploy/ uses the real registrar image.
+// It is a test tool only. The end-to-end cluster packs it into an image
+// under the real registrar's name and tag (the localdir-node DaemonSet of
+// deploy/ runs it as it would the real one), labelled as a stand-in; it
+// takes the real registrar's flags the DaemonSet passes (--csi-address,
+// --kubelet-registration-path, --http-endpoint, --v) and serves /healthz on
+// --http-endpoint: 200 once the kubelet accepted the registration.
 package main
 
 import (
@@ -17,9 +22,11 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +40,7 @@ type server struct {
 	registerapi.UnimplementedRegistrationServer
 	name, endpoint string
 	failed         chan string
+	registered     atomic.Bool
 }
 
 func (s *server) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
@@ -54,6 +62,7 @@ func (s *server) NotifyRegistrationStatus(_ context.Context, st *registerapi.Reg
 		}
 	} else {
 		log.Printf("registered with the kubelet")
+		s.registered.Store(true)
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
@@ -84,7 +93,11 @@ func driverName(ctx context.Context, addr string) (string, error) {
 func main() {
 	csiAddr := flag.String("csi-address", "", "the driver's socket, as this process sees it")
 	regPath := flag.String("kubelet-registration-path", "", "the driver's socket, as the kubelet sees it")
-	regDir := flag.String("plugin-registration-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
+	// The real registrar's container mounts the kubelet's plugins_registry
+	// at /registration.
+	regDir := flag.String("plugin-registration-dir", "/registration", "the kubelet's plugin registration directory, as this process sees it")
+	httpEndpoint := flag.String("http-endpoint", "", "where to serve /healthz (200 once registered); empty: not served")
+	flag.Int("v", 0, "log verbosity (accepted for the real registrar's flag; ignored)")
 	flag.Parse()
 	if *csiAddr == "" || *regPath == "" {
 		log.Fatal("--csi-address and --kubelet-registration-path are required")
@@ -114,6 +127,17 @@ func main() {
 		}
 	}()
 	log.Printf("serving the registration of %s on %s", name, sock)
+	if *httpEndpoint != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+			if !s.registered.Load() {
+				http.Error(w, "not registered with the kubelet yet", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		go func() { log.Print(http.ListenAndServe(*httpEndpoint, mux)) }()
+	}
 	select {
 	case <-ctx.Done():
 		g.Stop()
