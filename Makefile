@@ -31,7 +31,7 @@ test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests 
 # mknod): they fail, never skip, without it, so make unit leaves them out and
 # make test (as root) runs them. Naming a package that no longer exists makes
 # make unit fail rather than quietly run more or less than it says.
-ROOT_ONLY_PKGS := ./pkg/volume/engine
+ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/volume/block
 
 unit: ## unit tests: pkg/ minus ROOT_ONLY_PKGS; need neither root nor network
 	@pkgs=$$($(GO) list ./pkg/...) && skip=$$($(GO) list $(ROOT_ONLY_PKGS)) && \

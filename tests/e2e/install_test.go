@@ -79,15 +79,18 @@ func localdirPods(t *testing.T, selector string) []corev1.Pod {
 
 // The cluster's localdir is deploy/kubernetes's Deployment and DaemonSet
 // as pods: the controller and one node pod per node Running, no container
-// restarted since the install, the node plugin on each node serving its
-// metrics on its pod's IP, and no localdir process started by hand.
+// ever ended but by a test's SIGKILL, the node plugin privileged as root
+// and serving its metrics on its pod's IP on each node, and no localdir
+// process outside the pods.
 func TestDeployRunsAsPods(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	for _, p := range localdirPods(t, "app.kubernetes.io/name=localdir") {
 		for _, cs := range p.Status.ContainerStatuses {
-			if cs.RestartCount != 0 {
-				t.Errorf("container %s of pod %s restarted %d times since the install", cs.Name, p.Name, cs.RestartCount)
+			// SIGKILLed on purpose by other scenarios (exit 137), never
+			// ended by a crash, an exit or a failed liveness probe.
+			if term := cs.LastTerminationState.Terminated; term != nil && term.ExitCode != 137 {
+				t.Errorf("container %s of pod %s last ended %s (exit %d): %s", cs.Name, p.Name, term.Reason, term.ExitCode, term.Message)
 			}
 		}
 		if p.Labels["app.kubernetes.io/component"] == "node" {
@@ -105,8 +108,8 @@ func TestDeployRunsAsPods(t *testing.T) {
 			t.Errorf("node plugin of %s (%s) reports no allocatable bytes", n.Name, addr)
 		}
 	}
-	if out, _ := harnessProcs(); out != "" {
-		t.Fatalf("localdir processes outside pods: %s", out)
+	if out := driverOutsidePods(); out != "" {
+		t.Fatalf("localdir processes outside the pods' containers: %s", out)
 	}
 	t.Logf("kubectl apply -k deploy/kubernetes: controller and %d node pods Running from the images deploy/ names", len(cl.Nodes))
 }
@@ -123,25 +126,27 @@ func podHasPrivilegedRoot(p corev1.Pod, name string) bool {
 	return false
 }
 
-// harnessProcs lists localdir driver processes the harness would have
-// started by hand: any with a kubeconfig of the work folder.
-func harnessProcs() (string, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return "", err
-	}
+// driverOutsidePods lists the localdir-csi processes on this machine that
+// do not run in a pod's container (their cgroup is not under a kubelet's
+// kubepods of the cluster's cgroup root).
+func driverOutsidePods() string {
+	ents, _ := os.ReadDir("/proc")
 	var out []string
 	for _, e := range ents {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil {
 			continue
 		}
-		cmd := strings.ReplaceAll(string(b), "\x00", " ")
-		if strings.Contains(cmd, "localdir-csi") && strings.Contains(cmd, "--kubeconfig") {
-			out = append(out, cmd)
+		argv := strings.Split(string(b), "\x00")
+		if filepath.Base(argv[0]) != "localdir-csi" {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if !strings.Contains(string(cg), "/"+harness.CgroupRoot+"/") || !strings.Contains(string(cg), "/kubepods/") {
+			out = append(out, e.Name()+": "+strings.Join(argv, " "))
 		}
 	}
-	return strings.Join(out, "; "), nil
+	return strings.Join(out, "; ")
 }
 
 // `helm install` of deploy/helm/localdir in place of the kustomize
@@ -169,10 +174,12 @@ func TestHelmInstall(t *testing.T) {
 		}
 	}()
 	t0 := time.Now()
+	// Uninstalled below even when the install fails half-way: kustomize
+	// cannot apply over the chart's objects.
+	helm = true
 	if err := cl.HelmInstall(ctx); err != nil {
 		t.Fatal(err)
 	}
-	helm = true
 	t.Logf("helm install: pods Running and the driver registered on every node in %.1fs", time.Since(t0).Seconds())
 	localdirPods(t, "app.kubernetes.io/managed-by=Helm,app.kubernetes.io/instance="+harness.HelmRelease)
 

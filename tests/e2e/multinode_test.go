@@ -401,14 +401,14 @@ func TestMultiNodeNodeGoesAway(t *testing.T) {
 	onDiskBefore := strings.Join(onNodeDisk(t, gone, ""), " ")
 
 	back := false
-	if err := gone.StopKubelet(ctx); err != nil {
-		t.Fatal(err)
-	}
 	defer func() {
 		if !back {
 			_ = gone.StartKubelet(context.Background())
 		}
 	}()
+	if err := gone.StopKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "node "+gone.Name+" NotReady", 2*time.Minute, func() (bool, error) {
 		n, err := kc.CoreV1().Nodes().Get(ctx, gone.Name, metav1.GetOptions{})
 		if err != nil {

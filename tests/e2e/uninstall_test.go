@@ -224,15 +224,15 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 	// The node plugin goes down with its node's kubelet (the kubelet
 	// would restart a node plugin that merely crashed).
 	on := pvNode(t, ns, "a")
-	if err := on.StopKubelet(ctx); err != nil {
-		t.Fatal(err)
-	}
 	restarted := false
 	defer func() {
 		if !restarted {
 			_ = on.StartKubelet(ctx)
 		}
 	}()
+	if err := on.StopKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -354,11 +354,18 @@ func ioctlPtr(fd int, req uint, p *uint64) error {
 }
 
 // CountUnder returns how many loop devices are backed by files directly in
-// dir (matched as Devices matches an image, so devices attached from a
-// mount namespace that is gone count too).
+// dir: matched as Devices matches an image (so devices attached from a
+// mount namespace that is gone count too), and also those whose file was
+// deleted while they stayed attached (same filesystem as dir, by the
+// device number LOOP_GET_STATUS64 reports): those hold disk space and
+// must show.
 func CountUnder(dir string) int {
 	ents, err := os.ReadDir(sysBlock)
 	if err != nil {
+		return 0
+	}
+	var dst unix.Stat_t
+	if err := unix.Stat(dir, &dst); err != nil {
 		return 0
 	}
 	n := 0
@@ -370,13 +377,20 @@ func CountUnder(dir string) int {
 		if err != nil {
 			continue
 		}
-		name := strings.TrimSuffix(string(b), "\n")
+		name, deleted := strings.CutSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)")
 		image := filepath.Join(dir, filepath.Base(name))
-		var st unix.Stat_t
-		if !sameFile(image, name) || unix.Stat(image, &st) != nil {
+		if !sameFile(image, name) {
 			continue
 		}
-		if info, err := status("/dev/" + e.Name()); err == nil && info.Device == st.Dev && info.Inode == st.Ino {
+		info, err := status("/dev/" + e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		switch {
+		case deleted && info.Device == dst.Dev:
+			n++
+		case !deleted && unix.Stat(image, &st) == nil && info.Device == st.Dev && info.Inode == st.Ino:
 			n++
 		}
 	}

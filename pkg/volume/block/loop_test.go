@@ -3,6 +3,7 @@ package block
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -10,45 +11,37 @@ import (
 
 // A loop device attached through a mount that is gone since (the node
 // plugin container that attached it restarted, and its mount namespace
-// went) is still found by its image's path, and detached: the kernel then
-// names its backing file only by the path below that mount. Without this a
-// restarted node plugin left such devices attached for good, holding the
-// deleted image and the data root's filesystem.
+// went) is still found by its image's path, counted and detached: the
+// kernel then names its backing file only by the path below that mount.
+// Without this a restarted node plugin left such devices attached for
+// good, holding the deleted image and the data root's filesystem. A
+// device whose image was deleted under it is counted, never found.
 func TestDevicesFoundAfterTheAttachingMountWent(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (loop devices, bind mounts)")
 	}
 	dataRoot := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dataRoot, "block"), 0o755); err != nil {
+	blockDir := filepath.Join(dataRoot, "block")
+	if err := os.Mkdir(blockDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	image := filepath.Join(dataRoot, "block", "vol-x.img")
-	if err := os.WriteFile(image, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(image, 4<<20); err != nil {
-		t.Fatal(err)
-	}
-	// The attaching plugin's view: the data root bind-mounted elsewhere.
-	view := t.TempDir()
-	if err := unix.Mount(dataRoot, view, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	mounted := true
-	t.Cleanup(func() {
-		if mounted {
-			_ = unix.Unmount(view, unix.MNT_DETACH)
+	image := filepath.Join(blockDir, "vol-x.img")
+	other := filepath.Join(blockDir, "vol-y.img")
+	for _, f := range []string{image, other} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
 		}
+		if err := os.Truncate(f, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		// Only what is still backed by these files: a device number freed
+		// here may be someone else's a moment later.
+		_ = Detach(image)
+		_ = Detach(other)
 	})
-	dev, err := Attach(filepath.Join(view, "block", "vol-x.img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = clearDev(dev, image) })
-	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
-		t.Fatal(err)
-	}
-	mounted = false
+	dev, otherDev := attachThroughGoneMount(t, dataRoot, "block/vol-x.img"), attachThroughGoneMount(t, dataRoot, "block/vol-y.img")
 	b, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(dev), "loop", "backing_file"))
 	if err != nil {
 		t.Fatal(err)
@@ -59,8 +52,24 @@ func TestDevicesFoundAfterTheAttachingMountWent(t *testing.T) {
 	if got, err := Find(image); err != nil || got != dev {
 		t.Fatalf("Find(%s) = %q, %v; want %s", image, got, err, dev)
 	}
-	if n := CountUnder(filepath.Join(dataRoot, "block")); n != 1 {
-		t.Fatalf("CountUnder = %d, want 1", n)
+	if n := CountUnder(blockDir); n != 2 {
+		t.Fatalf("CountUnder = %d, want 2", n)
+	}
+	// vol-y.img deleted under its device, and a new file of that name.
+	if err := os.Remove(other); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Find(other); err != nil || got != "" {
+		t.Fatalf("Find of a new file named like a deleted one = %q, %v; want none", got, err)
+	}
+	if n := CountUnder(blockDir); n != 2 {
+		t.Fatalf("CountUnder with one image deleted under its device = %d, want 2 (the deleted one still holds space)", n)
+	}
+	if err := clearIfBacking(otherDev, "/block/vol-y.img (deleted)"); err != nil {
+		t.Fatal(err)
 	}
 	if err := Detach(image); err != nil {
 		t.Fatal(err)
@@ -68,11 +77,59 @@ func TestDevicesFoundAfterTheAttachingMountWent(t *testing.T) {
 	if _, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(dev), "loop", "backing_file")); err == nil {
 		t.Fatalf("%s still attached after Detach", dev)
 	}
-	// A deleted file's device is never taken for a new file of that name.
-	if err := os.WriteFile(image, nil, 0o600); err != nil {
-		t.Fatal(err)
+	if n := CountUnder(blockDir); n != 0 {
+		t.Fatalf("CountUnder after the detaches = %d, want 0", n)
 	}
-	if sameFile(image, "/block/vol-x.img (deleted)") {
-		t.Fatal("a deleted backing file matched")
+}
+
+// attachThroughGoneMount attaches a loop device to dataRoot/rel through a
+// bind mount of dataRoot made in a private mount namespace of a thread of
+// its own, which ends (and the mount with it) when the thread does, as a
+// node plugin container's namespace does. It returns the device.
+func attachThroughGoneMount(t *testing.T, dataRoot, rel string) string {
+	t.Helper()
+	type result struct {
+		dev string
+		err error
 	}
+	done := make(chan result)
+	go func() {
+		// Never unlocked: the thread, with its namespace, exits with this
+		// goroutine.
+		runtime.LockOSThread()
+		r := result{}
+		defer func() { done <- r }()
+		if r.err = unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); r.err != nil {
+			return
+		}
+		if r.err = unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); r.err != nil {
+			return
+		}
+		view, err := os.MkdirTemp("", "attach-view-")
+		if r.err = err; err != nil {
+			return
+		}
+		defer os.Remove(view)
+		if r.err = unix.Mount(dataRoot, view, "", unix.MS_BIND, ""); r.err != nil {
+			return
+		}
+		r.dev, r.err = Attach(filepath.Join(view, rel))
+		if err := unix.Unmount(view, unix.MNT_DETACH); err != nil && r.err == nil {
+			r.err = err
+		}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.dev
+}
+
+// clearIfBacking detaches dev if its backing file is still named want.
+func clearIfBacking(dev, want string) error {
+	b, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(dev), "loop", "backing_file"))
+	if err != nil || string(b) != want+"\n" {
+		return nil
+	}
+	return clearDev(dev, want)
 }

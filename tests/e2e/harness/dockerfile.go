@@ -43,7 +43,9 @@ func readDockerfile(path string) (*dockerfile, error) {
 	cur := ""
 	for _, line := range strings.Split(string(b), "\n") {
 		t := strings.TrimSpace(line)
-		if cur == "" && (t == "" || strings.HasPrefix(t, "#")) {
+		// Comment lines, also inside a continuation, are dropped (as
+		// Docker does); so are empty ones.
+		if t == "" || strings.HasPrefix(t, "#") {
 			continue
 		}
 		if strings.HasSuffix(t, "\\") {
@@ -55,9 +57,26 @@ func readDockerfile(path string) (*dockerfile, error) {
 	}
 	d := &dockerfile{Labels: map[string]string{}}
 	stages := 0
+	// What each stage may hold: anything else is a change driverImage does
+	// not make, and an error here.
+	allowed := []map[string]bool{
+		{"ARG": true, "FROM": true},
+		{"WORKDIR": true, "COPY": true, "RUN": true, "ARG": true, "FROM": true},
+		{"RUN": true, "ARG": true, "LABEL": true, "COPY": true, "USER": true, "ENTRYPOINT": true},
+	}
+	runs := 0
 	for _, in := range instrs {
 		op, arg, _ := strings.Cut(in, " ")
-		switch strings.ToUpper(op) {
+		op = strings.ToUpper(op)
+		if stages > 2 || !allowed[stages][op] {
+			return nil, fmt.Errorf("%s: %s in stage %d: the end-to-end image builder (tests/e2e/harness) does not know it; teach driverImage", path, op, stages)
+		}
+		if stages == 2 && op == "RUN" {
+			if runs++; runs > 1 {
+				return nil, fmt.Errorf("%s: more than one RUN in the final stage: the end-to-end image builder knows one apt-get install", path)
+			}
+		}
+		switch op {
 		case "FROM":
 			stages++
 			d.Base = strings.Fields(arg)[0]
@@ -69,9 +88,11 @@ func readDockerfile(path string) (*dockerfile, error) {
 				}
 			}
 			if stages == 2 {
-				if m := regexp.MustCompile(`apt-get install ((?:-\S+ )*)([^&]+)`).FindStringSubmatch(arg); m != nil {
-					d.Packages = strings.Fields(m[2])
+				m := regexp.MustCompile(`apt-get install ((?:-\S+ )*)([^&]+)`).FindAllStringSubmatch(arg, -1)
+				if len(m) != 1 {
+					return nil, fmt.Errorf("%s: the final stage's RUN must hold one apt-get install, has %d", path, len(m))
 				}
+				d.Packages = strings.Fields(m[0][2])
 			}
 		case "USER":
 			d.User = arg
@@ -84,7 +105,11 @@ func readDockerfile(path string) (*dockerfile, error) {
 				d.Labels[m[1]] = m[2]
 			}
 		case "COPY":
-			if f := strings.Fields(arg); len(f) == 3 && f[0] == "--from=build" && f[1] == d.Output {
+			if stages == 2 {
+				f := strings.Fields(arg)
+				if len(f) != 3 || f[0] != "--from=build" || f[1] != d.Output {
+					return nil, fmt.Errorf("%s: final stage COPY %s: the end-to-end image builder knows only the built binary's", path, arg)
+				}
 				d.Copy = f[2]
 			}
 		}

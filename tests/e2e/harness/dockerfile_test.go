@@ -2,6 +2,7 @@ package harness
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -43,5 +44,38 @@ func TestDockerfile(t *testing.T) {
 	static := strings.NewReplacer("$(GO)", "go", "$(IMAGE_TAG)", "${VERSION}", "$(OUT)/static/", "/out/").Replace(string(m[1]))
 	if static != d.BuildCmd {
 		t.Errorf("make static runs\n  %s\nthe Dockerfile\n  %s", static, d.BuildCmd)
+	}
+}
+
+// TestDockerfileUnknownShape: what driverImage would not reproduce is an
+// error, not silently skipped; comment lines inside a continued RUN are
+// dropped as Docker drops them.
+func TestDockerfileUnknownShape(t *testing.T) {
+	good := "FROM golang:1 AS build\nRUN CGO_ENABLED=0 go build \\\n# a comment\n -o /out/x ./cmd/x\n" +
+		"FROM debian:bookworm-slim\nRUN apt-get install -y e2fsprogs\nCOPY --from=build /out/x /x\nUSER 1:1\nENTRYPOINT [\"/x\"]\n"
+	for name, text := range map[string]string{
+		"ENV in the final stage": strings.Replace(good, "USER 1:1\n", "USER 1:1\nENV A=b\n", 1),
+		"a second RUN":           strings.Replace(good, "USER 1:1\n", "USER 1:1\nRUN true\n", 1),
+		"another COPY":           strings.Replace(good, "USER 1:1\n", "USER 1:1\nCOPY etc /etc\n", 1),
+		"a third stage":          good + "FROM scratch\n",
+	} {
+		path := filepath.Join(t.TempDir(), "Dockerfile")
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readDockerfile(path); err == nil {
+			t.Errorf("%s: read without an error", name)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "Dockerfile")
+	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := readDockerfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.BuildCmd != "CGO_ENABLED=0 go build -o /out/x ./cmd/x" {
+		t.Errorf("build command %q: the comment line was not dropped", d.BuildCmd)
 	}
 }

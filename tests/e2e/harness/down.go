@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -260,12 +261,22 @@ func (c *Cluster) ourLoops(base state) []string {
 }
 
 // volumeLoops are the loop devices whose backing file lives on the
-// filesystem of a data root image of work (the node plugins' raw block and
+// filesystem of a data root of work (the node plugins' raw block and
 // image volumes): found by the backing file's device (LOOP_GET_STATUS64),
 // because once the mount namespace that attached one is gone the kernel
-// names the file only by its path below the data root ("/block/…").
+// names the file only by its path below the data root ("/block/…"). The
+// devices are the data root images' loop devices (XFS) and the device
+// numbers each node recorded for its data root at start (btrfs gives a
+// subvolume a device number of its own).
 func volumeLoops(work string) []string {
 	roots := map[uint64]bool{}
+	files, _ := filepath.Glob(filepath.Join(work, "nodes", "*", "dataroot-dev"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if d, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			roots[d] = true
+		}
+	}
 	all := loopDevices()
 	for _, l := range all {
 		f := strings.SplitN(l, " ", 2)

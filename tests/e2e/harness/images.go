@@ -289,8 +289,9 @@ func normalizeRef(name string) string {
 
 // basePackages are the packages of the Dockerfile's base image
 // (debian:bookworm-slim) that localdir runs: mount and umount (package
-// mount), through k8s.io/mount-utils.
-var basePackages = []string{"mount"}
+// mount), through k8s.io/mount-utils, and /bin/sh (dash), which the
+// packages' shell-script programs (fsck.xfs, xfs_info…) run under.
+var basePackages = []string{"mount", "dash"}
 
 // driverImage builds localdir's image as the Dockerfile does, without a
 // registry: the binary with the Dockerfile's own build command (its
@@ -303,6 +304,16 @@ func (c *Cluster) driverImage(ctx context.Context, rootfs, ref, version string) 
 	d, err := readDockerfile(filepath.Join(c.Root, "Dockerfile"))
 	if err != nil {
 		return image{}, err
+	}
+	// The packages are copied from this machine: its Debian release must
+	// be the base image's.
+	osr, err := os.ReadFile("/etc/os-release")
+	if err != nil {
+		return image{}, err
+	}
+	if codename := regexp.MustCompile(`(?m)^VERSION_CODENAME=(\S+)$`).FindSubmatch(osr); codename == nil ||
+		d.Base != "debian:"+string(codename[1])+"-slim" {
+		return image{}, fmt.Errorf("the Dockerfile's base is %s but this machine is not that Debian release (/etc/os-release): its packages cannot stand in for the base's", d.Base)
 	}
 	for _, dir := range []string{"etc", "tmp", "out"} {
 		if err := os.MkdirAll(filepath.Join(rootfs, dir), 0o755); err != nil {
@@ -324,7 +335,7 @@ func (c *Cluster) driverImage(ctx context.Context, rootfs, ref, version string) 
 	// The build command, run in the repository with /out/ (its output
 	// folder) under the image's root.
 	bin := filepath.Join(rootfs, d.Output)
-	cmd := exec.CommandContext(ctx, "sh", "-c", strings.Replace(d.BuildCmd, " -o "+d.Output+" ", " -o "+bin+" ", 1))
+	cmd := exec.CommandContext(ctx, "sh", "-c", strings.Replace(d.BuildCmd, " -o "+d.Output+" ", " -o '"+bin+"' ", 1))
 	cmd.Dir, cmd.Env = c.Root, append(os.Environ(), "VERSION="+version)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return image{}, fmt.Errorf("the Dockerfile's build command: %v: %s", err, out)

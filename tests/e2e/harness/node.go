@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -36,7 +38,8 @@ type Node struct {
 	// "" when Options.DataRootSize is "0" (a plain folder).
 	FS string
 
-	restarts int // the node plugin's restart count before KillPlugin
+	restarts int       // the node plugin's restart count before KillPlugin
+	stopped  time.Time // when KillPlugin or StopKubelet stopped it
 }
 
 func newNode(c *Cluster, i int) *Node {
@@ -270,6 +273,14 @@ exec "$INIT"`
 	}); err != nil {
 		return err
 	}
+	// The data root's device number, as its files report it (volumeLoops).
+	var st syscall.Stat_t
+	if err := syscall.Stat(n.Path(DataRoot), &st); err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.dir("dataroot-dev"), []byte(strconv.FormatUint(st.Dev, 10)+"\n"), 0o644); err != nil {
+		return err
+	}
 	if _, err := c.start(n.proc("containerd"), n, nil, "containerd", "--config", n.dir("containerd.toml"), "--log-level", "warn"); err != nil {
 		return err
 	}
@@ -308,14 +319,40 @@ func (n *Node) startKubelet(ctx context.Context) error {
 // waitPlugin waits until the node's localdir pod registered the driver
 // with the kubelet (CSINode lists it) and published its LocalNode.
 func (n *Node) waitPlugin(ctx context.Context) error {
+	return n.waitPluginSince(ctx, time.Time{})
+}
+
+// waitPluginSince is waitPlugin for a node plugin started after since:
+// its LocalNode heartbeat is later than since (a second's precision; an
+// older one is the previous plugin's) and its socket accepts connections.
+func (n *Node) waitPluginSince(ctx context.Context, since time.Time) error {
 	c := n.c
-	return c.waitFor(ctx, "CSINode "+n.Name+" lists "+DriverName+" and LocalNode "+n.Name, 2*time.Minute, func() (bool, error) {
+	what := "CSINode " + n.Name + " lists " + DriverName + " and LocalNode " + n.Name
+	if !since.IsZero() {
+		what += " with a heartbeat after " + since.Format(time.RFC3339) + ", the plugin's socket answering"
+	}
+	return c.waitFor(ctx, what, 2*time.Minute, func() (bool, error) {
 		out, err := c.Kubectl(ctx, "", "get", "csinode", n.Name, "-o", "jsonpath={.spec.drivers[*].name}")
 		if err != nil || !strings.Contains(out, DriverName) {
 			return false, nil
 		}
-		_, err = c.Kubectl(ctx, "", "get", "localnode", n.Name)
-		return err == nil, nil
+		hb, err := c.Kubectl(ctx, "", "get", "localnode", n.Name, "-o", "jsonpath={.status.heartbeat}")
+		if err != nil {
+			return false, nil
+		}
+		if since.IsZero() {
+			return true, nil
+		}
+		t, err := time.Parse(time.RFC3339, hb)
+		if err != nil || !t.After(since) {
+			return false, nil
+		}
+		conn, err := net.DialTimeout("unix", n.Path(NodeSocket), time.Second)
+		if err != nil {
+			return false, nil
+		}
+		conn.Close()
+		return true, nil
 	})
 }
 
@@ -360,7 +397,7 @@ func (n *Node) KillPlugin(ctx context.Context) error {
 	if len(pids) != 1 {
 		return fmt.Errorf("node %s: want one node plugin process in pod %s, found %v", n.Name, uid, pids)
 	}
-	n.restarts = restarts
+	n.restarts, n.stopped = restarts, time.Now()
 	return killAll(pids)
 }
 
@@ -378,7 +415,7 @@ func (n *Node) WaitPluginRestarted(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	return n.waitPlugin(ctx)
+	return n.waitPluginSince(ctx, n.stopped)
 }
 
 // StopKubelet stops the node's kubelet, then kills the processes of its
@@ -387,6 +424,7 @@ func (n *Node) WaitPluginRestarted(ctx context.Context) error {
 // StartKubelet brings them back: the kubelet restarts the pod.
 func (n *Node) StopKubelet(ctx context.Context) error {
 	c := n.c
+	n.stopped = time.Now()
 	if err := c.stop(n.proc("kubelet"), 10*time.Second); err != nil {
 		return err
 	}
@@ -402,12 +440,13 @@ func (n *Node) StopKubelet(ctx context.Context) error {
 }
 
 // StartKubelet starts the kubelet StopKubelet stopped and waits until the
-// node is Ready and its localdir pod registered the driver again.
+// node is Ready and its localdir pod, restarted by the kubelet, registered
+// the driver and wrote a heartbeat again.
 func (n *Node) StartKubelet(ctx context.Context) error {
 	if err := n.startKubelet(ctx); err != nil {
 		return err
 	}
-	return n.waitPlugin(ctx)
+	return n.waitPluginSince(ctx, n.stopped)
 }
 
 // stopProcesses stops the node's daemons, then every process left in its
@@ -495,18 +534,24 @@ func (c *Cluster) startNodesBridge(ctx context.Context) error {
 	return c.addAPIServiceRule(ctx)
 }
 
-// apiServiceTable is the nftables table (family ip) of the one rule that
-// lets pods reach the API server: there is no kube-proxy, so a connection
-// from a pod bridge to the kubernetes Service (10.0.0.1:443, which
-// in-cluster clients dial) is redirected to the API server's port on that
-// bridge's address. Down deletes the table.
+// apiServiceTable is the nftables table (family ip) of the rules that let
+// pods reach the API server: there is no kube-proxy, so a connection from
+// a pod bridge to the kubernetes Service (10.0.0.1:443, which in-cluster
+// clients dial) is redirected to the API server's port on that bridge's
+// address; the API server listens on every address for that, and the
+// second rule keeps its port closed to all but loopback and the pod
+// bridges. Down deletes the table.
 const apiServiceTable = "localdir_e2e"
 
 func (c *Cluster) addAPIServiceRule(ctx context.Context) error {
-	rules := fmt.Sprintf(`table ip %s {
+	rules := fmt.Sprintf(`table ip %[1]s {
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
-		iifname "ldir-e2e*" ip daddr 10.0.0.1 tcp dport 443 redirect to :%d
+		iifname "ldir-e2e*" ip daddr 10.0.0.1 tcp dport 443 redirect to :%[2]d
+	}
+	chain input {
+		type filter hook input priority filter; policy accept;
+		tcp dport %[2]d iifname != "lo" iifname != "ldir-e2e*" drop
 	}
 }
 `, apiServiceTable, APIServerPort)

@@ -79,7 +79,7 @@ func (c *Cluster) HelmInstall(ctx context.Context) error {
 // (the chart's CRDs stay, as Helm keeps them) and stops the snapshot
 // controller; the localdir namespace goes too.
 func (c *Cluster) HelmUninstall(ctx context.Context) error {
-	out, err := c.Helm(ctx, "uninstall", HelmRelease, "--namespace", "localdir", "--wait", "--timeout=3m")
+	out, err := c.Helm(ctx, "uninstall", HelmRelease, "--namespace", "localdir", "--wait", "--timeout=3m", "--ignore-not-found")
 	if err != nil {
 		return err
 	}
