@@ -38,16 +38,47 @@ export E2E_NODES=${E2E_NODES:-2}
 DIR_SKIP='default fs.*provisioning should provision correct filesystem size when restoring snapshot to larger size pvc'
 # Specs whose restoring or cloning pod the scheduler may put on any node:
 # a restore or clone is made on its source's node, which the scheduler
-# does not know (docs/e2e.md). On several nodes they run in a pass with
-# every test pod on one node (the suite's ClientNodeName).
+# does not know (docs/e2e.md). On several nodes they run in a pass whose
+# StorageClass keeps every volume on one node (allowedTopologies, as a
+# user pins a class; the scheduler then puts every pod of those volumes
+# there, also the pods a spec starts without the suite's node selection),
+# with every test pod on that node too (the suite's ClientNodeName).
 SOURCE_SPECS='provisioning should provision storage with (snapshot|pvc) data source|check restore correctly works|restoring snapshot to larger size pvc'
-# pinned <test driver file> <out file>: the driver definition with every
-# test pod on node localhost.
+PIN_NODE=localhost
+# pinned <test driver file> <out file> <class>: the driver definition with
+# its StorageClass replaced by <class> (made by pin_class) and every test
+# pod on PIN_NODE.
 pinned() {
-	{
-		cat "$1"
-		printf '\n# Added by tests/e2e/k8s-suite.sh: every test pod on one node.\nClientNodeName: localhost\n'
-	} >"$2"
+	python3 - "$1" "$2" "$3" "$PIN_NODE" <<'PY'
+import re, sys
+src, out, cls, node = sys.argv[1:]
+text = open(src).read()
+text, n = re.subn(r"(?m)^(StorageClass:\n  FromExistingClassName: )\S+$", r"\g<1>" + cls, text)
+if n != 1:
+    sys.exit(f"{src}: no StorageClass.FromExistingClassName to replace")
+text += f"\n# Added by tests/e2e/k8s-suite.sh: volumes of class {cls} (on node {node} only), every test pod on {node}.\nClientNodeName: {node}\n"
+open(out, "w").write(text)
+PY
+}
+# pin_class <name> [<fstype>]: a class as deploy/kubernetes's localdir
+# (WaitForFirstConsumer, expansion, Delete), optionally of image volumes of
+# <fstype>, whose volumes are made on PIN_NODE only.
+pin_class() {
+	kubectl --kubeconfig="$KUBECONFIG" apply -f - >/dev/null <<CLASS
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: $1
+provisioner: localdir.csi.dev
+parameters: {${2:+csi.storage.k8s.io/fstype: $2}}
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+reclaimPolicy: Delete
+allowedTopologies:
+  - matchLabelExpressions:
+      - key: topology.localdir.csi.dev/node
+        values: [$PIN_NODE]
+CLASS
 }
 
 if [ "$(id -u)" != 0 ]; then
@@ -123,7 +154,8 @@ EOF
 t1=$(date +%s)
 if [ -z "${E2E_K8S_FOCUS:-}" ] && [ "$E2E_NODES" -gt 1 ]; then
 	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$SOURCE_SPECS"
-	pinned "$ROOT/deploy/kubernetes/test-driver.yaml" "$REPORT/test-driver-pinned.yaml"
+	pin_class localdir-e2e-pinned
+	pinned "$ROOT/deploy/kubernetes/test-driver.yaml" "$REPORT/test-driver-pinned.yaml" localdir-e2e-pinned
 	suite "$REPORT/pinned" "$REPORT/test-driver-pinned.yaml" "External.Storage.*localdir.csi.dev.*($SOURCE_SPECS)" "$DIR_SKIP"
 elif [ -z "${E2E_K8S_FOCUS:-}" ]; then
 	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$DIR_SKIP"
@@ -136,19 +168,8 @@ fi
 # the data root's. Run those specs again with an ext4 image-volume class as
 # the default (test-driver-ext4.yaml).
 if [ -z "${E2E_K8S_FOCUS:-}" ]; then
-	kubectl --kubeconfig="$KUBECONFIG" apply -f - >/dev/null <<'EOF'
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: localdir-e2e-ext4
-provisioner: localdir.csi.dev
-parameters:
-  csi.storage.k8s.io/fstype: ext4
-volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: true
-reclaimPolicy: Delete
-EOF
-	pinned "$ROOT/deploy/kubernetes/test-driver-ext4.yaml" "$REPORT/test-driver-ext4-pinned.yaml"
+	pin_class localdir-e2e-ext4 ext4
+	pinned "$ROOT/deploy/kubernetes/test-driver-ext4.yaml" "$REPORT/test-driver-ext4-pinned.yaml" localdir-e2e-ext4
 	suite "$REPORT/ext4" "$REPORT/test-driver-ext4-pinned.yaml" 'External.Storage.*localdir.csi.dev.*default fs.*provisioning'
 fi
 t2=$(date +%s)
