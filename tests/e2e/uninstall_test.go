@@ -9,6 +9,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
 
 var (
@@ -147,6 +149,12 @@ func TestUninstallAndReinstallKeepData(t *testing.T) {
 	if got := md5In(t, ns, "reader", "/restored/blob"); got != sum {
 		t.Fatalf("restored from the snapshot after reinstalling: md5 %s, want %s", got, sum)
 	}
+	// While no CSIDriver object existed the attach/detach controller took
+	// the PVs the running pod uses for attachable and may have made
+	// VolumeAttachments for them, which csi-provisioner then waits on before
+	// deleting (minutes, until that controller detaches): docs/uninstall.md
+	// tells users to delete them, as here.
+	removeStaleAttachments(t, "fs", "raw")
 	// A real delete still removes data: the PVCs and the snapshot go.
 	if err := dyn.Resource(gvrSnapshot).Namespace(ns).Delete(ctx, "snap", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -162,6 +170,42 @@ func TestUninstallAndReinstallKeepData(t *testing.T) {
 		return len(onDisk(t, fsID))+len(onDisk(t, rawID)) == 0, nil
 	})
 	t.Logf("uninstalled with 2 PVs in use and a snapshot, installed again: objects re-adopted, PVs mounted with their data, snapshot restored; deletes afterwards removed the data")
+}
+
+// removeStaleAttachments deletes the VolumeAttachments of the given PVCs'
+// volumes (docs/uninstall.md, reinstalling while pods use volumes) and
+// waits until they are gone.
+func removeStaleAttachments(t *testing.T, pvcs ...string) {
+	t.Helper()
+	ctx := context.Background()
+	pvs := map[string]bool{}
+	vas, err := kc.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, va := range vas.Items {
+		pv := va.Spec.Source.PersistentVolumeName
+		if pv == nil || va.Spec.Attacher != harness.DriverName {
+			continue
+		}
+		p, err := kc.CoreV1().PersistentVolumes().Get(ctx, *pv, metav1.GetOptions{})
+		if err != nil || p.Spec.ClaimRef == nil || !slices.Contains(pvcs, p.Spec.ClaimRef.Name) {
+			continue
+		}
+		t.Logf("VolumeAttachment %s of PV %s (claim %s), made while no CSIDriver object existed: deleted, as docs/uninstall.md says", va.Name, *pv, p.Spec.ClaimRef.Name)
+		if err := kc.StorageV1().VolumeAttachments().Delete(ctx, va.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		pvs[va.Name] = true
+	}
+	waitFor(t, "the stale VolumeAttachments to be gone", 2*time.Minute, func() (bool, error) {
+		for name := range pvs {
+			if _, err := kc.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 // A LocalVolume deleted by hand: the data stays, the node plugin
