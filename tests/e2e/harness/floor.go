@@ -11,8 +11,9 @@ const FloorDriverName = "floor.localdir.test"
 
 // StartFloor starts the stand-in driver of `make bench-cluster`, whose
 // CreateVolume and DeleteVolume answer at once, behind a csi-provisioner
-// with the arguments localdir's gets here (but capacity tracking, which the
-// stand-in does not offer), as the admin user. Binding PVCs of its
+// with the arguments deploy/ gives localdir's (API client rate, timeout,
+// metadata; not capacity tracking, which the stand-in does not offer, nor
+// leader election), as the admin user. Binding PVCs of its
 // StorageClasses measures what the control plane alone costs. Down stops
 // both with everything else.
 func (c *Cluster) StartFloor(ctx context.Context) error {
@@ -31,6 +32,6 @@ func (c *Cluster) StartFloor(ctx context.Context) error {
 	}
 	_, err := c.start("floor-provisioner", nil, []string{"NAMESPACE=default", "POD_NAME=floor-e2e"}, c.tool("csi-provisioner"),
 		"--csi-address="+sock, "--kubeconfig="+c.Kubeconfig, "--v=1", "--leader-election=false",
-		"--timeout=60s", "--extra-create-metadata", "--kube-api-qps=200", "--kube-api-burst=300", "--worker-threads=100")
+		"--timeout=60s", "--extra-create-metadata", "--kube-api-qps=100", "--kube-api-burst=200")
 	return err
 }
