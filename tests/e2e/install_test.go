@@ -19,7 +19,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
@@ -30,19 +29,13 @@ import (
 // and carrying the labels of the install that made them (selector).
 func localdirPods(t *testing.T, selector string) []corev1.Pod {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(cl.Root, "deploy", "kubernetes", "kustomization.yaml"))
+	images, err := harness.DeployImages(cl.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var k struct {
-		Images []struct{ Name, NewTag string } `json:"images"`
-	}
-	if err := yaml.Unmarshal(b, &k); err != nil {
-		t.Fatal(err)
-	}
 	want := map[string]bool{}
-	for _, im := range k.Images {
-		want[im.Name+":"+im.NewTag] = true
+	for _, im := range images {
+		want[im.Ref()] = true
 	}
 	pods, err := kc.CoreV1().Pods("localdir").List(context.Background(), metav1.ListOptions{LabelSelector: selector})
 	if err != nil {

@@ -257,7 +257,12 @@ func (c *Cluster) ourLoops(base state) []string {
 			out = append(out, l)
 		}
 	}
-	return append(out, volumeLoops(c.Work)...)
+	for _, l := range volumeLoops(c.Work) {
+		if !contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // volumeLoops are the loop devices whose backing file lives on the

@@ -205,6 +205,32 @@ func addLibs(ctx context.Context, rootfs string, bins ...string) error {
 	return nil
 }
 
+// DeployImage is one entry of deploy/kubernetes/kustomization.yaml's
+// `images:`: the image name the manifests use and the tag deploy/ pins.
+type DeployImage struct {
+	Name   string `json:"name"`
+	NewTag string `json:"newTag"`
+}
+
+// Ref is the reference a container of deploy/ runs: name:tag.
+func (i DeployImage) Ref() string { return i.Name + ":" + i.NewTag }
+
+// DeployImages reads the `images:` of deploy/kubernetes/kustomization.yaml
+// in the repository at root: the images deploy/ runs, in file order.
+func DeployImages(root string) ([]DeployImage, error) {
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "kustomization.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var k struct {
+		Images []DeployImage `json:"images"`
+	}
+	if err := yaml.Unmarshal(b, &k); err != nil {
+		return nil, fmt.Errorf("kustomization.yaml: %w", err)
+	}
+	return k.Images, nil
+}
+
 // StandInLabel marks the images of test stand-ins (node-driver-registrar,
 // livenessprobe): they carry the real images' names so that deploy/ runs
 // unchanged, and this label says what they are.
@@ -219,22 +245,13 @@ const StandInLabel = "dev.localdir.e2e/stand-in"
 // labelled StandInLabel. An image there the harness does not know is an
 // error, so a new one cannot go untested.
 func (c *Cluster) deployImages(ctx context.Context, dir string) ([]image, error) {
-	b, err := os.ReadFile(filepath.Join(c.Root, "deploy", "kubernetes", "kustomization.yaml"))
+	k, err := DeployImages(c.Root)
 	if err != nil {
 		return nil, err
 	}
-	var k struct {
-		Images []struct {
-			Name   string `json:"name"`
-			NewTag string `json:"newTag"`
-		} `json:"images"`
-	}
-	if err := yaml.Unmarshal(b, &k); err != nil {
-		return nil, fmt.Errorf("kustomization.yaml: %w", err)
-	}
 	const sigStorage = "registry.k8s.io/sig-storage/"
 	var out []image
-	for _, im := range k.Images {
+	for _, im := range k {
 		ref := normalizeRef(im.Name) + ":" + im.NewTag
 		name := strings.TrimPrefix(im.Name, sigStorage)
 		tool, standIn := name, false
