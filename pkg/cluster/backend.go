@@ -44,6 +44,8 @@ type ControllerBackend struct {
 	mu      sync.Mutex
 	nodes   map[string]*sync.Mutex           // placement is serialized per node
 	pending map[string]map[string]unseenSize // by node, volume id: sizes written, not yet cached
+	counted map[string]countedSize           // by volume id: what used counts for each cached LocalVolume
+	used    map[string]int64                 // by node: Σ counted sizes of its LocalVolumes, in bytes
 }
 
 // NewControllerBackend connects to the API server with cfg (its QPS and
@@ -62,15 +64,18 @@ func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes 
 // newControllerBackend is a backend on any client (a fake one in unit tests).
 func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeBytes int64) (*ControllerBackend, error) {
 	b := &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, StaleAfter: StaleAfter, cache: newObjectCache(c),
-		nodes: map[string]*sync.Mutex{}, pending: map[string]map[string]unseenSize{}}
-	if _, err := b.cache.volumes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		nodes: map[string]*sync.Mutex{}, pending: map[string]map[string]unseenSize{},
+		counted: map[string]countedSize{}, used: map[string]int64{}}
+	reg, err := b.cache.volumes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { b.seen(o, false) },
 		UpdateFunc: func(_, o any) { b.seen(o, false) },
 		DeleteFunc: func(o any) { b.seen(o, true) },
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
-	if err := b.cache.start(ctx); err != nil {
+	// Placement counts what this handler has seen: wait for it too.
+	if err := b.cache.start(ctx, reg.HasSynced); err != nil {
 		return nil, err
 	}
 	return b, nil

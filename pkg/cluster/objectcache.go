@@ -32,9 +32,6 @@ type objectCache struct {
 	subs map[string]map[chan struct{}]struct{} // by kind/name: waiters to wake
 }
 
-// byNode indexes LocalVolumes by spec.node.
-const byNode = "node"
-
 // cacheSyncTimeout bounds the first LIST of each kind at start: a missing
 // permission fails the start instead of hanging it.
 const cacheSyncTimeout = time.Minute
@@ -42,8 +39,7 @@ const cacheSyncTimeout = time.Minute
 func newObjectCache(c client.WithWatch) *objectCache {
 	oc := &objectCache{subs: map[string]map[chan struct{}]struct{}{}}
 	oc.nodes = informer(c, &v1.LocalNode{}, func() client.ObjectList { return &v1.LocalNodeList{} }, nil)
-	oc.volumes = informer(c, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} },
-		cache.Indexers{byNode: func(o any) ([]string, error) { return []string{o.(*v1.LocalVolume).Spec.Node}, nil }})
+	oc.volumes = informer(c, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} }, nil)
 	oc.snapshots = informer(c, &v1.LocalSnapshot{}, func() client.ObjectList { return &v1.LocalSnapshotList{} }, nil)
 	return oc
 }
@@ -72,8 +68,9 @@ type listThenWatch struct{ *cache.ListWatch }
 func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 // start runs the informers until ctx is done and waits for their first
-// LIST (cacheSyncTimeout at most).
-func (oc *objectCache) start(ctx context.Context) error {
+// LIST, and for handlers (their registrations' HasSynced) to have seen it
+// (cacheSyncTimeout at most).
+func (oc *objectCache) start(ctx context.Context, handlers ...cache.InformerSynced) error {
 	for kind, inf := range oc.kinds() {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { oc.changed(kind, o) },
@@ -90,6 +87,9 @@ func (oc *objectCache) start(ctx context.Context) error {
 		if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
 			return fmt.Errorf("cannot list and watch %s objects within %s (is the CRD installed, and may the controller's ServiceAccount list and watch them?)", kind, cacheSyncTimeout)
 		}
+	}
+	if !cache.WaitForCacheSync(sctx.Done(), handlers...) {
+		return fmt.Errorf("the controller's event handlers did not see the listed objects within %s", cacheSyncTimeout)
 	}
 	return nil
 }
@@ -172,16 +172,6 @@ func all[T client.Object](inf cache.SharedIndexInformer) []T {
 	out := make([]T, 0, len(objs))
 	for _, o := range objs {
 		out = append(out, o.(T))
-	}
-	return out
-}
-
-// volumesOn returns the cached LocalVolumes of node (shared: read only).
-func (oc *objectCache) volumesOn(node string) []*v1.LocalVolume {
-	objs, _ := oc.volumes.GetIndexer().ByIndex(byNode, node)
-	out := make([]*v1.LocalVolume, 0, len(objs))
-	for _, o := range objs {
-		out = append(out, o.(*v1.LocalVolume))
 	}
 	return out
 }

@@ -21,7 +21,9 @@ import (
 
 // Placement: which node a volume goes to, how much room a node has, and the
 // capacity the controller reports. A node's room is computed from the
-// object cache plus the sizes this process wrote that the cache has not
+// sizes of its LocalVolumes as the object cache's events showed them (a
+// running sum per node, kept by seen: O(1) per create, whatever the number
+// of volumes) plus the sizes this process wrote that the cache has not
 // seen yet (pending), under a per-node lock, so concurrent creates and
 // expansions never oversubscribe a node.
 
@@ -56,12 +58,28 @@ type unseenSize struct {
 // the controller recorded its size is never seen to go.
 const unseenFor = time.Minute
 
+// countedSize is what a node's used bytes count for one cached
+// LocalVolume: max(spec.size, status.capacityBytes), nothing while Failed.
+type countedSize struct {
+	node   string
+	spec   int64 // spec.size in bytes
+	size   int64 // what used counts: max(spec.size, status.capacityBytes)
+	failed bool  // status.phase Failed: counted as 0
+}
+
+func (c countedSize) bytes() int64 {
+	if c.failed {
+		return 0
+	}
+	return c.size
+}
+
 // wrote records that volume id on node was written with size bytes, unless
 // the cache shows that size already.
 func (b *ControllerBackend) wrote(node, id string, size int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if lv, ok := get[*v1.LocalVolume](b.cache.volumes, id); ok && lv.Spec.Size.Value() >= size {
+	if c, ok := b.counted[id]; ok && c.spec >= size {
 		return
 	}
 	if b.pending[node] == nil {
@@ -70,8 +88,9 @@ func (b *ControllerBackend) wrote(node, id string, size int64) {
 	b.pending[node][id] = unseenSize{size, time.Now()}
 }
 
-// seen is the cache's event handler for LocalVolumes: a pending size is
-// forgotten once the cache shows it, or shows the volume deleted.
+// seen is the cache's event handler for LocalVolumes: it keeps each node's
+// used bytes, and forgets a pending size once the cache shows it, or shows
+// the volume deleted.
 func (b *ControllerBackend) seen(o any, deleted bool) {
 	lv, ok := o.(*v1.LocalVolume)
 	if !ok { // a deletion the watch missed: the object's last known state
@@ -85,30 +104,47 @@ func (b *ControllerBackend) seen(o any, deleted bool) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if prev, ok := b.counted[lv.Name]; ok {
+		b.used[prev.node] -= prev.bytes()
+	}
+	if deleted {
+		delete(b.counted, lv.Name)
+	} else {
+		c := countedSize{node: lv.Spec.Node, spec: lv.Spec.Size.Value(), failed: lv.Status.Phase == v1.PhaseFailed}
+		c.size = max(c.spec, lv.Status.CapacityBytes.Value())
+		b.counted[lv.Name] = c
+		b.used[c.node] += c.bytes()
+	}
 	if p, ok := b.pending[lv.Spec.Node][lv.Name]; ok && (deleted || lv.Spec.Size.Value() >= p.size) {
 		delete(b.pending[lv.Spec.Node], lv.Name)
 	}
 }
 
-// unseen returns the sizes written on node that the cache does not show
-// yet, by volume id (and forgets those older than unseenFor).
-func (b *ControllerBackend) unseen(node string) map[string]int64 {
+// usedOn is the bytes the LocalVolumes of node take: the cached ones'
+// counted sizes, grown to the sizes written on node that the cache does
+// not show yet, plus those of volumes it does not show at all (pending
+// sizes older than unseenFor are forgotten).
+func (b *ControllerBackend) usedOn(node string) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	out := map[string]int64{}
+	used := b.used[node]
 	for id, p := range b.pending[node] {
 		if time.Since(p.written) > unseenFor {
 			delete(b.pending[node], id)
 			continue
 		}
-		out[id] = p.size
+		switch c, ok := b.counted[id]; {
+		case !ok || c.node != node:
+			used += p.size
+		case !c.failed:
+			used += max(p.size-c.size, 0)
+		}
 	}
-	return out
+	return used
 }
 
 // room computes a node's free capacity from its LocalNode and the
-// LocalVolumes placed on it, as cached, and the sizes placed or grown that
-// the cache does not show yet.
+// LocalVolumes placed on it (usedOn).
 func (b *ControllerBackend) room(_ context.Context, node string) (nodeRoom, error) {
 	r := nodeRoom{node: node}
 	ln, ok := get[*v1.LocalNode](b.cache.nodes, node)
@@ -120,18 +156,7 @@ func (b *ControllerBackend) room(_ context.Context, node string) (nodeRoom, erro
 		r.reason = fmt.Sprintf("the node plugin's last heartbeat was %s ago", time.Since(ln.Status.Heartbeat.Time).Round(time.Second))
 		return r, nil
 	}
-	unseen := b.unseen(node)
-	var used int64
-	for _, lv := range b.cache.volumesOn(node) {
-		size := max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value(), unseen[lv.Name])
-		delete(unseen, lv.Name)
-		if lv.Status.Phase != v1.PhaseFailed {
-			used += size
-		}
-	}
-	for _, size := range unseen {
-		used += size
-	}
+	used := b.usedOn(node)
 	// The node's figures are as of its last heartbeat: free space less what
 	// the volumes it held then may still write, less the volumes placed
 	// since (or grown: the sizes here beyond what it counted).

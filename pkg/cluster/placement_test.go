@@ -77,7 +77,31 @@ func cached(t *testing.T, b *ControllerBackend, name string, cond func(*v1.Local
 	t.Helper()
 	eventually(t, "LocalVolume "+name+" in the controller's cache in the state awaited", func() bool {
 		lv, ok := get[*v1.LocalVolume](b.cache.volumes, name)
-		return ok && cond(lv)
+		return ok && cond(lv) && counts(b, lv)
+	})
+}
+
+// counts tells whether b's placement counts lv as the cache holds it
+// (its event handler runs after the cache's store changed), or, for nil,
+// counts no volume of that name.
+func counts(b *ControllerBackend, lv *v1.LocalVolume) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c, ok := b.counted[lv.Name]
+	if lv.ResourceVersion == "" {
+		return !ok
+	}
+	return ok && c.node == lv.Spec.Node && c.spec == lv.Spec.Size.Value() &&
+		c.size == max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()) && c.failed == (lv.Status.Phase == v1.PhaseFailed)
+}
+
+// uncached waits until b's cache and placement no longer hold LocalVolume
+// name.
+func uncached(t *testing.T, b *ControllerBackend, name string) {
+	t.Helper()
+	eventually(t, "LocalVolume "+name+" gone from the controller's cache", func() bool {
+		_, ok := get[*v1.LocalVolume](b.cache.volumes, name)
+		return !ok && counts(b, &v1.LocalVolume{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	})
 }
 
@@ -313,11 +337,59 @@ func TestPlacedThenDeletedGivesRoomBack(t *testing.T) {
 	if err := b.c.Delete(ctx, placedLV); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the cache shows the volume deleted", func() bool {
-		_, ok := get[*v1.LocalVolume](b.cache.volumes, lv.Name)
-		return !ok
-	})
+	uncached(t, b, lv.Name)
 	if r, err := b.room(ctx, "a"); err != nil || r.available != 100*mi {
 		t.Errorf("room after the volume went: %d bytes (%v), want all 100Mi back", r.available, err)
+	}
+}
+
+// A node's used bytes follow its volumes' changes as the cache's events
+// bring them (the running sum that keeps CreateVolume O(1) in the number
+// of volumes): a volume that fails gives its room back, one the node grew
+// takes its new size, one moved to another node counts there, a deleted
+// one counts nowhere.
+func TestRoomFollowsVolumeChanges(t *testing.T) {
+	ctx := context.Background()
+	b := fakeBackend(t, 0, node("a", 100*mi, 100*mi, 0), node("b", 100*mi, 100*mi, 0),
+		placed("v1", "a", 10*mi, v1.PhaseReady), placed("v2", "a", 20*mi, v1.PhasePending))
+	avail := func(node string, want int64, when string) {
+		t.Helper()
+		if r, err := b.room(ctx, node); err != nil || r.available != want {
+			t.Errorf("%s: room(%s) = %d bytes (%v), want %d", when, node, r.available, err, want)
+		}
+	}
+	avail("a", 70*mi, "at start")
+	update := func(name string, change func(*v1.LocalVolume)) {
+		t.Helper()
+		lv := &v1.LocalVolume{}
+		if err := b.c.Get(ctx, client.ObjectKey{Name: VolumeIDFor(name)}, lv); err != nil {
+			t.Fatal(err)
+		}
+		change(lv)
+		if err := b.c.Update(ctx, lv); err != nil {
+			t.Fatal(err)
+		}
+		cached(t, b, lv.Name, func(c *v1.LocalVolume) bool { return c.ResourceVersion == lv.ResourceVersion })
+	}
+	update("v2", func(lv *v1.LocalVolume) { lv.Status.Phase = v1.PhaseFailed })
+	avail("a", 90*mi, "v2 Failed")
+	update("v1", func(lv *v1.LocalVolume) { lv.Status.CapacityBytes = quantity(25 * mi) })
+	avail("a", 75*mi, "v1 grown to 25Mi by its node")
+	update("v1", func(lv *v1.LocalVolume) { lv.Spec.Node = "b" })
+	avail("a", 100*mi, "v1 moved to b")
+	avail("b", 75*mi, "v1 moved to b")
+	lv := &v1.LocalVolume{}
+	if err := b.c.Get(ctx, client.ObjectKey{Name: VolumeIDFor("v1")}, lv); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.c.Delete(ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	uncached(t, b, lv.Name)
+	avail("b", 100*mi, "v1 deleted")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.counted) != 1 || b.used["a"] != 0 || b.used["b"] != 0 {
+		t.Errorf("after the changes: counted %v, used %v; want v2 alone (Failed), nothing used", b.counted, b.used)
 	}
 }
