@@ -270,34 +270,63 @@ func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume,
 }
 
 // place creates lv on node if the node has room. Decisions for one node
-// are serialized, and room() counts what was placed a moment ago, so
-// concurrent creates never oversubscribe a node.
+// are serialized and reserve the size they grant before the object is
+// written (pending, counted by room until the cache shows the object), so
+// concurrent creates never oversubscribe a node, and their API writes run
+// in parallel instead of one after another under the node's lock.
 func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node string) (bool, string, error) {
+	release, why, err := b.reserve(ctx, lv, node)
+	if why != "" || err != nil {
+		return false, why, err
+	}
+	obj := lv.DeepCopy()
+	obj.Spec.Node = node
+	obj.Labels = map[string]string{v1.NodeLabel: node}
+	if err := b.c.Create(ctx, obj); err != nil {
+		// An object of an earlier attempt counts once the cache shows
+		// it (that attempt reserved its own size).
+		release()
+		if !apierrors.IsAlreadyExists(err) {
+			return false, "", err
+		}
+	}
+	return true, "", nil
+}
+
+// reserve records lv's size as placed on node (wrote) if the node has
+// room for it, under the node's lock, and returns the function that takes
+// the reservation back (for a write that failed: what was pending for lv
+// before, an earlier attempt's size, is pending again); otherwise it says
+// why not.
+func (b *ControllerBackend) reserve(ctx context.Context, lv *v1.LocalVolume, node string) (release func(), why string, err error) {
 	l := b.nodeLock(node)
 	l.Lock()
 	defer l.Unlock()
 	r, err := b.room(ctx, node)
 	if err != nil {
-		return false, "", err
+		return nil, "", err
 	}
 	switch {
 	case r.reason != "":
-		return false, r.reason, nil
+		return nil, r.reason, nil
 	case r.maxVolume > 0 && lv.Spec.Size.Value() > r.maxVolume:
-		return false, fmt.Sprintf("volumes are limited to %d bytes", r.maxVolume), nil
+		return nil, fmt.Sprintf("volumes are limited to %d bytes", r.maxVolume), nil
 	case lv.Spec.Size.Value() > r.available:
-		return false, fmt.Sprintf("%d bytes available", r.available), nil
+		return nil, fmt.Sprintf("%d bytes available", r.available), nil
 	}
-	obj := lv.DeepCopy()
-	obj.Spec.Node = node
-	obj.Labels = map[string]string{v1.NodeLabel: node}
-	switch err := b.c.Create(ctx, obj); {
-	case err == nil:
-		b.wrote(node, obj.Name, obj.Spec.Size.Value())
-	case !apierrors.IsAlreadyExists(err): // an earlier attempt's: the wait reads it
-		return false, "", err
-	}
-	return true, "", nil
+	b.mu.Lock()
+	prev, hadPrev := b.pending[node][lv.Name]
+	b.mu.Unlock()
+	b.wrote(node, lv.Name, lv.Spec.Size.Value())
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if hadPrev {
+			b.pending[node][lv.Name] = prev
+		} else {
+			delete(b.pending[node], lv.Name)
+		}
+	}, "", nil
 }
 
 // grow raises lv's spec.size to size if its node has room for the growth

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
@@ -281,6 +282,40 @@ func TestPlaceNeverOversubscribes(t *testing.T) {
 	}
 	if ok != 10 || full != 14 {
 		t.Errorf("%d placed, %d refused; want exactly 10 x 10Mi on a 100Mi node", ok, full)
+	}
+}
+
+// A placement whose API write fails gives its reservation back at once;
+// one whose object an earlier attempt wrote counts that object only.
+func TestPlaceWriteFailsReleases(t *testing.T) {
+	ctx := context.Background()
+	fail := errors.New("etcdserver: request timed out")
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(node("a", 100*mi, 100*mi, 0)).
+		WithInterceptorFuncs(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if strings.HasPrefix(obj.(*v1.LocalVolume).Spec.CSIName, "fails") {
+				return fail
+			}
+			return c.Create(ctx, obj, opts...)
+		}}).Build()
+	b, err := newControllerBackend(t.Context(), c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.placeVolume(ctx, newVolume("fails", 60*mi), "", nil); !errors.Is(err, fail) {
+		t.Fatalf("placing with a failing write: %v, want the write's error", err)
+	}
+	if r, err := b.room(ctx, "a"); err != nil || r.available != 100*mi {
+		t.Errorf("room after the failed write: %d bytes (%v), want all 100Mi", r.available, err)
+	}
+	lv := newVolume("twice", 30*mi)
+	if err := b.placeVolume(ctx, lv.DeepCopy(), "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.placeVolume(ctx, lv.DeepCopy(), "", nil); err != nil {
+		t.Fatalf("placing again what an earlier attempt wrote: %v", err)
+	}
+	if r, err := b.room(ctx, "a"); err != nil || r.available != 70*mi {
+		t.Errorf("room with one 30Mi volume placed twice: %d bytes (%v), want 70Mi", r.available, err)
 	}
 }
 

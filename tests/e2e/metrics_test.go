@@ -14,7 +14,7 @@ import (
 )
 
 // scrapeMetrics reads a /metrics page into "name{labels}" → value.
-func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
+func scrapeMetrics(t testing.TB, addr string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +33,70 @@ type scaleRun struct {
 	allBound, p50, p99, max time.Duration // from the first create
 	deleted                 time.Duration // from the delete of the PVCs until their PVs are gone
 	create, remove          apiRequests   // API requests during the bind and the delete
+	// The localdir controller's CreateVolume and DeleteVolume latencies
+	// during the run (its localdir_rpc_duration_seconds): the driver's
+	// share of the time; no calls for the floor.
+	createRPC, deleteRPC rpcLatency
+}
+
+// rpcLatency summarizes the calls of one CSI method between two scrapes of
+// localdir_rpc_duration_seconds: how many, their mean, and the upper
+// bounds of the histogram buckets holding the median and the 99th
+// percentile.
+type rpcLatency struct {
+	calls          float64
+	mean, p50, p99 time.Duration
+}
+
+func (l rpcLatency) String() string {
+	if l.calls == 0 {
+		return "no calls"
+	}
+	return fmt.Sprintf("%.0f calls, mean %s, p50 ≤ %s, p99 ≤ %s", l.calls, l.mean.Round(100*time.Microsecond), l.p50, l.p99)
+}
+
+// rpcLatencyOf is method's rpcLatency from the scrapes before and after.
+func rpcLatencyOf(before, after map[string]float64, method string) rpcLatency {
+	sel := `{method="` + method + `"}`
+	var l rpcLatency
+	l.calls = after["localdir_rpc_duration_seconds_count"+sel] - before["localdir_rpc_duration_seconds_count"+sel]
+	if l.calls <= 0 {
+		return rpcLatency{}
+	}
+	l.mean = time.Duration((after["localdir_rpc_duration_seconds_sum"+sel] - before["localdir_rpc_duration_seconds_sum"+sel]) / l.calls * float64(time.Second))
+	type bucket struct{ le, n float64 }
+	var buckets []bucket
+	prefix := `localdir_rpc_duration_seconds_bucket{method="` + method + `",le="`
+	for k, v := range after {
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
+		le, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimPrefix(k, prefix), `"}`), 64)
+		if err == nil {
+			buckets = append(buckets, bucket{le, v - before[k]})
+		}
+	}
+	sort.Slice(buckets, func(i, j int) bool { return buckets[i].le < buckets[j].le })
+	at := func(q float64) time.Duration {
+		for _, b := range buckets {
+			if b.n >= q*l.calls {
+				return time.Duration(b.le * float64(time.Second))
+			}
+		}
+		return 0
+	}
+	l.p50, l.p99 = at(0.5), at(0.99)
+	return l
+}
+
+// controllerMetrics scrapes the localdir controller pod's /metrics.
+func controllerMetrics(tb testing.TB) map[string]float64 {
+	tb.Helper()
+	addr, err := cl.ControllerMetricsAddress(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return scrapeMetrics(tb, addr)
 }
 
 // apiRequests are kube-apiserver's apiserver_request_total counters by
@@ -142,6 +207,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		tb.Fatal("the PVC informer never synced")
 	}
 	before := readAPIRequests(tb)
+	rpcBefore := controllerMetrics(tb)
 	created := make([]time.Time, n)
 	t0 := time.Now()
 	csitest.Each(tb, n, 50, func(i int) error {
@@ -166,6 +232,8 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		tb.Fatalf("%d of %d PVCs Bound after 10 minutes", len(boundAt), n)
 	}
 	r.create = readAPIRequests(tb).since(before)
+	rpcAfter := controllerMetrics(tb)
+	r.createRPC = rpcLatencyOf(rpcBefore, rpcAfter, "CreateVolume")
 	mu.Lock()
 	var lat []time.Duration
 	for name, at := range boundAt {
@@ -199,6 +267,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		})
 	}
 	before = readAPIRequests(tb)
+	rpcBefore = controllerMetrics(tb)
 	t1 := time.Now()
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		tb.Fatal(err)
@@ -217,6 +286,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	})
 	r.deleted = time.Since(t1)
 	r.remove = readAPIRequests(tb).since(before)
+	r.deleteRPC = rpcLatencyOf(rpcBefore, controllerMetrics(tb), "DeleteVolume")
 	return r
 }
 
@@ -243,6 +313,7 @@ func (r scaleRun) report(tb testing.TB, what string) {
 	tb.Logf("SCALE %s: API requests per volume: bind %.1f (localdir objects %.2f: %s), delete %.1f (localdir objects %.2f: %s)",
 		what, r.create.total("")/float64(r.n), r.create.total(localdirGroup)/float64(r.n), r.create.perVolume(localdirGroup, r.n),
 		r.remove.total("")/float64(r.n), r.remove.total(localdirGroup)/float64(r.n), r.remove.perVolume(localdirGroup, r.n))
+	tb.Logf("SCALE %s: localdir controller: CreateVolume %s; DeleteVolume %s", what, r.createRPC, r.deleteRPC)
 }
 
 // 10. Scale: TestScale100PVCs binds 100 PVCs of an Immediate class at once: every one
