@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -173,11 +175,12 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 	lv = &v1.LocalVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: id},
 		Spec: v1.LocalVolumeSpec{
-			Size:       quantity(spec.SizeBytes),
-			VolumeMode: volumeMode(spec.AccessType),
-			FsType:     spec.FsType,
-			Parameters: spec.Parameters,
-			CSIName:    spec.Name,
+			Size:              quantity(spec.SizeBytes),
+			VolumeMode:        volumeMode(spec.AccessType),
+			FsType:            spec.FsType,
+			Parameters:        spec.Parameters,
+			MutableParameters: spec.MutableParameters,
+			CSIName:           spec.Name,
 		},
 	}
 	sourceNode, err := b.contentSource(ctx, lv, spec)
@@ -293,6 +296,42 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 		}
 	}
 	return b.waitExpanded(ctx, id, size, lv.Generation)
+}
+
+// ModifyVolume implements driver.Backend: it merges params into the
+// LocalVolume's spec.mutableParameters and waits until the node plugin
+// reports them in effect (a retry whose spec has them already only waits).
+// A modify the node refuses as INVALID_ARGUMENT (compression on a node
+// whose data root is not btrfs) is taken back from the spec, so the
+// volume's later modifies are not blocked by it.
+func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params map[string]string) error {
+	lv, err := b.getVolume(ctx, id)
+	if err != nil {
+		return err
+	}
+	before := maps.Clone(lv.Spec.MutableParameters)
+	want := maps.Clone(before)
+	if want == nil {
+		want = map[string]string{}
+	}
+	maps.Copy(want, params)
+	if !maps.Equal(want, before) {
+		patch := client.MergeFrom(lv.DeepCopy())
+		lv.Spec.MutableParameters = want
+		if err := b.c.Patch(ctx, lv, patch); err != nil {
+			return err
+		}
+	}
+	got, err := b.waitModified(ctx, id, want, lv.Generation)
+	if contract.Code(err) == codes.InvalidArgument && !maps.Equal(want, before) {
+		patch := client.MergeFrom(got.DeepCopy())
+		undo := got.DeepCopy()
+		undo.Spec.MutableParameters = before
+		if perr := b.c.Patch(ctx, undo, patch); perr != nil {
+			klog.ErrorS(perr, "Cannot take a refused modify back from the LocalVolume spec", "volumeID", id)
+		}
+	}
+	return err
 }
 
 // VolumeHealth implements driver.Backend from the object's status and its

@@ -30,15 +30,16 @@ func volumeMode(accessType string) string {
 
 func toVolume(lv *v1.LocalVolume) *contract.Volume {
 	v := &contract.Volume{
-		ID:            lv.Name,
-		Name:          lv.Spec.CSIName,
-		CapacityBytes: max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()),
-		AccessType:    accessType(lv.Spec.VolumeMode),
-		FsType:        lv.Spec.FsType,
-		Parameters:    lv.Spec.Parameters,
-		Engine:        lv.Spec.Engine,
-		CreatedAt:     lv.CreationTimestamp.UTC(),
-		Node:          lv.Spec.Node,
+		ID:                lv.Name,
+		Name:              lv.Spec.CSIName,
+		CapacityBytes:     max(lv.Spec.Size.Value(), lv.Status.CapacityBytes.Value()),
+		AccessType:        accessType(lv.Spec.VolumeMode),
+		FsType:            lv.Spec.FsType,
+		Parameters:        lv.Spec.Parameters,
+		MutableParameters: lv.Status.MutableParameters,
+		Engine:            lv.Spec.Engine,
+		CreatedAt:         lv.CreationTimestamp.UTC(),
+		Node:              lv.Spec.Node,
 	}
 	if cs := lv.Spec.ContentSource; cs != nil {
 		v.SourceSnapshotID, v.SourceVolumeID = cs.Snapshot, cs.Volume

@@ -133,11 +133,42 @@ func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume
 			lv.Status.ErrorCode = ""
 		}
 	}
+	if busy := r.modify(lv, local); busy {
+		return true
+	}
 	lv.Status.Phase = v1.PhaseReady
 	lv.Status.CapacityBytes = quantity(local.CapacityBytes)
 	lv.Status.Path = r.VM.DataPath(local)
 	if lv.Status.ErrorCode == "" {
 		setReady(&lv.Status.Conditions, lv.Generation, true, "Created", "the volume's data exists on node "+r.NodeID)
+	}
+	return false
+}
+
+// modify applies lv's spec.mutableParameters that the node's record of the
+// volume (local) does not have in effect, and records the outcome in
+// lv.Status: the parameters in effect, and the Modified condition (with
+// status.modifyErrorCode when the apply failed). busy: a conflicting
+// operation holds the volume.
+func (r *LocalVolumeReconciler) modify(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
+	lv.Status.ModifyErrorCode = ""
+	if !inEffect(lv.Spec.MutableParameters, local.MutableParameters) {
+		v, err := r.VM.Modify(lv.Name, lv.Spec.MutableParameters)
+		switch {
+		case errors.Is(err, contract.ErrBusy):
+			return true
+		case err != nil:
+			lv.Status.ModifyErrorCode = codeName(err)
+			setCondition(&lv.Status.Conditions, v1.ConditionModified, lv.Generation, false, "ModifyFailed", err.Error())
+			klog.ErrorS(err, "Cannot apply mutable parameters", "volumeID", lv.Name, "mutableParameters", lv.Spec.MutableParameters)
+		default:
+			local.MutableParameters = v.MutableParameters
+			klog.InfoS("Mutable parameters applied", "volumeID", lv.Name, "mutableParameters", lv.Spec.MutableParameters)
+		}
+	}
+	lv.Status.MutableParameters = local.MutableParameters
+	if lv.Status.ModifyErrorCode == "" && len(lv.Spec.MutableParameters) > 0 {
+		setCondition(&lv.Status.Conditions, v1.ConditionModified, lv.Generation, true, "InEffect", "the mutable parameters of the spec are in effect on node "+r.NodeID)
 	}
 	return false
 }
@@ -152,13 +183,14 @@ func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (volume.CreateSpe
 		return volume.CreateSpec{}, err
 	}
 	spec := volume.CreateSpec{
-		ID:         lv.Name,
-		Name:       lv.Spec.CSIName,
-		SizeBytes:  lv.Spec.Size.Value(),
-		AccessType: accessType(lv.Spec.VolumeMode),
-		FsType:     lv.Spec.FsType,
-		Parameters: lv.Spec.Parameters,
-		DirMode:    params.DirMode,
+		ID:                lv.Name,
+		Name:              lv.Spec.CSIName,
+		SizeBytes:         lv.Spec.Size.Value(),
+		AccessType:        accessType(lv.Spec.VolumeMode),
+		FsType:            lv.Spec.FsType,
+		Parameters:        lv.Spec.Parameters,
+		MutableParameters: lv.Spec.MutableParameters,
+		DirMode:           params.DirMode,
 	}
 	if cs := lv.Spec.ContentSource; cs != nil {
 		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume

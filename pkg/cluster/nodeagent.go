@@ -124,11 +124,15 @@ func codeName(err error) v1.ErrorCode {
 var dataLoss = v1.ErrorCode(codes.DataLoss.String())
 
 func setReady(conds *[]metav1.Condition, gen int64, ok bool, reason, msg string) {
+	setCondition(conds, v1.ConditionReady, gen, ok, reason, msg)
+}
+
+func setCondition(conds *[]metav1.Condition, typ string, gen int64, ok bool, reason, msg string) {
 	st := metav1.ConditionFalse
 	if ok {
 		st = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(conds, metav1.Condition{Type: v1.ConditionReady, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen})
+	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
 
 // dropLegacyFinalizer removes v1alpha1.Finalizer from a live object that

@@ -70,7 +70,7 @@ func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.O
 				ObjectMeta: metav1.ObjectMeta{Name: v.ID, Labels: labels},
 				Spec: v1.LocalVolumeSpec{
 					Node: d.node, Size: quantity(v.CapacityBytes), VolumeMode: volumeMode(v.AccessType),
-					FsType: v.FsType, Engine: v.Engine, Parameters: v.Parameters, CSIName: v.Name,
+					FsType: v.FsType, Engine: v.Engine, Parameters: v.Parameters, MutableParameters: v.MutableParameters, CSIName: v.Name,
 				},
 			}
 			if v.SourceSnapshotID != "" || v.SourceVolumeID != "" {

@@ -3,8 +3,13 @@ package cluster
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -166,5 +171,73 @@ func TestLocalVolumeReconcilerMakesImageVolumes(t *testing.T) {
 	}
 	if got := toVolume(lv); got.FsType != "ext4" {
 		t.Fatalf("toVolume dropped the fsType: %+v", got)
+	}
+}
+
+// The node applies spec.mutableParameters and reports them in status:
+// at create, after a change of the spec, and a parameter its data root
+// cannot take (compression, not on btrfs) as status.modifyErrorCode with
+// the Modified condition saying why, the volume staying Ready. The
+// controller's ModifyVolume waits for that status, returns the node's
+// error and takes the refused parameter back from the spec.
+func TestMutableParameters(t *testing.T) {
+	ctx := context.Background()
+	lv := placed("pvc-m", "n", 8*mi, "")
+	lv.Spec.MutableParameters = map[string]string{"dirMode": "0700"}
+	c, vm := nodeFixture(t, lv, node("n", 100*mi, 100*mi, 0))
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}
+	get := func() *v1.LocalVolume {
+		t.Helper()
+		got := &v1.LocalVolume{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(lv), got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	reconcileOnce(t, r, lv.Name)
+	got := get()
+	if got.Status.Phase != v1.PhaseReady || got.Status.MutableParameters["dirMode"] != "0700" || got.Status.ModifyErrorCode != "" {
+		t.Fatalf("after the create: %+v, want Ready with dirMode 0700 in effect", got.Status)
+	}
+	if fi, err := os.Stat(got.Status.Path); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("mode of the volume's root: %v (%v), want 0700", fi.Mode().Perm(), err)
+	}
+
+	b, err := newControllerBackend(t.Context(), c.(client.WithWatch), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Wait = 10 * time.Second
+	// The node plugin: reconcile all the time (the fake API server keeps no
+	// generations, so none can tell a spec change).
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			_, _ = r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Name: lv.Name}})
+		}
+	}()
+	if err := b.ModifyVolume(ctx, lv.Name, map[string]string{"dirMode": "0750"}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(got.Status.Path); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("after ModifyVolume dirMode=0750: mode %v (%v)", fi.Mode().Perm(), err)
+	}
+	err = b.ModifyVolume(ctx, lv.Name, map[string]string{"compression": "zstd"})
+	if contract.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "btrfs") {
+		t.Errorf("ModifyVolume compression=zstd on a dir engine data root: %v, want INVALID_ARGUMENT saying it needs btrfs", err)
+	}
+	eventually(t, "the refused compression taken back from the spec, and the status clear of the error", func() bool {
+		got = get()
+		_, has := got.Spec.MutableParameters["compression"]
+		return !has && got.Status.ObservedGeneration == got.Generation && got.Status.ModifyErrorCode == ""
+	})
+	if got.Status.Phase != v1.PhaseReady || got.Status.MutableParameters["dirMode"] != "0750" {
+		t.Errorf("after the refused modify: %+v, want Ready, dirMode 0750 in effect", got.Status)
 	}
 }

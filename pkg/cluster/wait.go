@@ -97,9 +97,14 @@ var reportedCodes = map[v1.ErrorCode]codes.Code{
 // failure turns a Failed object's status into the error the node reported,
 // with its gRPC code (an unknown code name is INTERNAL).
 func failure(errorCode v1.ErrorCode, conds []metav1.Condition, what string) error {
+	return failureOf(v1.ConditionReady, errorCode, conds, what)
+}
+
+// failureOf is failure with the message of condition condType.
+func failureOf(condType string, errorCode v1.ErrorCode, conds []metav1.Condition, what string) error {
 	msg := what + " failed on its node"
 	for _, c := range conds {
-		if c.Type == v1.ConditionReady && c.Message != "" {
+		if c.Type == condType && c.Message != "" {
 			msg = what + ": " + c.Message
 		}
 	}
@@ -181,4 +186,33 @@ func (b *ControllerBackend) waitSnapshot(ctx context.Context, id string, known b
 		return nil, err
 	}
 	return toSnapshot(ls), nil
+}
+
+// waitModified waits until volume id's node reports the mutable
+// parameters want in effect, or an error for generation gen (the one whose
+// spec asked for them) or later.
+func (b *ControllerBackend) waitModified(ctx context.Context, id string, want map[string]string, gen int64) (*v1.LocalVolume, error) {
+	lv := &v1.LocalVolume{}
+	err := b.waitFor(ctx, "LocalVolume", b.cache.volumes, &v1.LocalVolume{}, id, true,
+		func(o client.Object) (bool, error) {
+			lv = o.(*v1.LocalVolume)
+			if lv.Generation < gen || lv.Status.ObservedGeneration < lv.Generation {
+				return false, nil
+			}
+			if lv.Status.ModifyErrorCode != "" {
+				return true, failureOf(v1.ConditionModified, lv.Status.ModifyErrorCode, lv.Status.Conditions, "modify of volume "+id)
+			}
+			return inEffect(want, lv.Status.MutableParameters), nil
+		})
+	return lv, err
+}
+
+// inEffect tells whether every parameter of want has its value in have.
+func inEffect(want, have map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
 }

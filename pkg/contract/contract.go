@@ -9,6 +9,7 @@ package contract
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -102,16 +103,84 @@ func ParseParams(p map[string]string) (Params, error) {
 		v := p[k]
 		switch k {
 		case ParamDirMode:
-			m, err := strconv.ParseUint(v, 8, 32)
-			if err != nil || m > 0o7777 {
-				return vp, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want an octal permission such as \"0770\"", k, v)
+			m, err := parseDirMode(k, v)
+			if err != nil {
+				return vp, err
 			}
-			vp.DirMode = uint32(m)
+			vp.DirMode = m
 		default:
 			return vp, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, and the %s* ones the provisioner adds); remove it from the StorageClass", k, strings.Join(KnownParameters, ", "), ReservedPrefix)
 		}
 	}
 	return vp, nil
+}
+
+// Mutable parameters: what a VolumeAttributesClass may set, in CreateVolume
+// (mutable_parameters) and ControllerModifyVolume (CSI spec
+// "ControllerModifyVolume"). Only the keys given are changed.
+const (
+	// ParamCompression is the btrfs compression of a directory volume on
+	// btrfs: one of Compressions. Data written after the change is
+	// compressed with it (btrfs property "compression"; "none" turns
+	// compression off, whatever the mount options say).
+	ParamCompression = "compression"
+)
+
+// Compressions are the values of ParamCompression.
+var Compressions = []string{"none", "zstd", "lzo", "zlib"}
+
+// KnownMutableParameters lists every mutable parameter, for docs and
+// tests. ParamDirMode is one too: the permission of a directory volume's
+// root, changed in place.
+var KnownMutableParameters = []string{ParamCompression, ParamDirMode}
+
+// Mutable is a parsed, validated set of mutable parameters; nil fields
+// were not given and stay as they are.
+type Mutable struct {
+	// Compression is a value of Compressions.
+	Compression *string
+	// DirMode is chmod(2) permission bits for the volume's root.
+	DirMode *uint32
+}
+
+// ParseMutable validates mutable parameters (a CreateVolume or
+// ControllerModifyVolume request's mutable_parameters, or those stored
+// with a volume). Errors: INVALID_ARGUMENT naming the unknown parameter
+// or the bad value.
+func ParseMutable(p map[string]string) (Mutable, error) {
+	var m Mutable
+	keys := make([]string, 0, len(p))
+	for k := range p {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := p[k]
+		switch k {
+		case ParamCompression:
+			if !slices.Contains(Compressions, v) {
+				return m, status.Errorf(codes.InvalidArgument, "mutable parameter %s=%q: want one of %s", k, v, strings.Join(Compressions, ", "))
+			}
+			m.Compression = &v
+		case ParamDirMode:
+			mode, err := parseDirMode(k, v)
+			if err != nil {
+				return m, err
+			}
+			m.DirMode = &mode
+		default:
+			return m, status.Errorf(codes.InvalidArgument, "unknown mutable parameter %q (known: %s); remove it from the VolumeAttributesClass", k, strings.Join(KnownMutableParameters, ", "))
+		}
+	}
+	return m, nil
+}
+
+func parseDirMode(k, v string) (uint32, error) {
+	m, err := strconv.ParseUint(v, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want an octal permission such as \"0770\"", k, v)
+	}
+	return uint32(m), nil
 }
 
 // ToStatus is the one boundary where storage errors become gRPC codes (CSI

@@ -39,6 +39,9 @@ type Volume struct {
 	// Parameters are the StorageClass parameters the volume was created with
 	// (the csi.storage.k8s.io/ ones excluded).
 	Parameters map[string]string
+	// MutableParameters are the mutable parameters in effect (ParseMutable:
+	// those of the create, then of each modify, merged), nil for none.
+	MutableParameters map[string]string
 	// SourceSnapshotID / SourceVolumeID name the content source, if any.
 	SourceSnapshotID string
 	SourceVolumeID   string

@@ -31,6 +31,9 @@ type Backend interface {
 	DeleteVolume(ctx context.Context, id string) error
 	// ExpandVolume grows a volume to size bytes; returns the new capacity.
 	ExpandVolume(ctx context.Context, id string, size int64) (int64, error)
+	// ModifyVolume applies mutable parameters to a volume (only the keys
+	// given); ErrInvalid for one the volume cannot take.
+	ModifyVolume(ctx context.Context, id string, params map[string]string) error
 	// Capacity returns the bytes available for new volumes in a topology
 	// segment (nil: the whole backend), and the largest single volume.
 	Capacity(ctx context.Context, segment *csi.Topology) (available, largest int64, err error)
@@ -108,6 +111,12 @@ func (b *LocalBackend) DeleteVolume(_ context.Context, id string) error { return
 // ExpandVolume implements Backend.
 func (b *LocalBackend) ExpandVolume(_ context.Context, id string, size int64) (int64, error) {
 	return b.VM.Expand(id, size)
+}
+
+// ModifyVolume implements Backend.
+func (b *LocalBackend) ModifyVolume(_ context.Context, id string, params map[string]string) error {
+	_, err := b.VM.Modify(id, params)
+	return err
 }
 
 // Capacity implements Backend.

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -88,6 +89,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
+	if err := volume.CheckMutableKind(accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
+		return nil, toStatus(err)
+	}
 	srcSnap, srcVol, srcSize, err := s.source(ctx, req.GetVolumeContentSource())
 	if err != nil {
 		return nil, err
@@ -109,14 +113,15 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		defer release()
 	}
 	v, err := s.d.backend.CreateVolume(ctx, volume.CreateSpec{
-		Name:             req.GetName(),
-		SizeBytes:        size,
-		AccessType:       accessTypeOf(req.GetVolumeCapabilities()),
-		FsType:           fsType,
-		Parameters:       userParams(req.GetParameters()),
-		DirMode:          params.DirMode,
-		SourceSnapshotID: srcSnap,
-		SourceVolumeID:   srcVol,
+		Name:              req.GetName(),
+		SizeBytes:         size,
+		AccessType:        accessTypeOf(req.GetVolumeCapabilities()),
+		FsType:            fsType,
+		Parameters:        userParams(req.GetParameters()),
+		DirMode:           params.DirMode,
+		MutableParameters: maps.Clone(req.GetMutableParameters()),
+		SourceSnapshotID:  srcSnap,
+		SourceVolumeID:    srcVol,
 	}, req.GetAccessibilityRequirements())
 	if err != nil {
 		return nil, toStatus(err)
@@ -293,6 +298,7 @@ func (s *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 	} {
 		caps = append(caps, rpcCap(t))
 	}

@@ -6,6 +6,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // Volume expansion of the Controller service (EXPAND_VOLUME: spec
@@ -67,4 +69,36 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		CapacityBytes:         capacity,
 		NodeExpansionRequired: v.Image(),
 	}, nil
+}
+
+// ControllerModifyVolume applies a VolumeAttributesClass's mutable
+// parameters to a volume (MODIFY_VOLUME: spec §ControllerModifyVolume):
+// only the keys given change (contract.KnownMutableParameters: compression
+// for directory volumes on btrfs, dirMode for directory volumes). In
+// cluster mode the node plugin holding the volume applies them and the call
+// waits for it. Codes: INVALID_ARGUMENT (no volume_id, an unknown
+// parameter, a bad value, or one this volume cannot take: the CO then
+// marks the modify infeasible), NOT_FOUND, ABORTED (another operation on
+// the volume), UNAVAILABLE or DEADLINE_EXCEEDED (its node plugin did not
+// answer: the CO retries).
+func (s *controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	release, err := s.d.ids.Acquire("volume", req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer release()
+	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := volume.CheckMutableKind(v.AccessType, v.FsType, req.GetMutableParameters()); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.d.backend.ModifyVolume(ctx, v.ID, req.GetMutableParameters()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
 }

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -218,6 +219,20 @@ func (b *memBackend) ExpandVolume(_ context.Context, id string, size int64) (int
 	}
 	v.CapacityBytes = max(v.CapacityBytes, size)
 	return v.CapacityBytes, nil
+}
+
+func (b *memBackend) ModifyVolume(_ context.Context, id string, params map[string]string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.vols[id]
+	if !ok {
+		return fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
+	}
+	if v.MutableParameters == nil {
+		v.MutableParameters = map[string]string{}
+	}
+	maps.Copy(v.MutableParameters, params)
+	return nil
 }
 
 func (b *memBackend) Capacity(context.Context, *csi.Topology) (int64, int64, error) {

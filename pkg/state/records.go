@@ -14,19 +14,21 @@ import (
 // conversion between the two ignores the tags), named in JSON. Changing a
 // tag changes the file format.
 type volumeJSON struct {
-	ID               string            `json:"id"`
-	Name             string            `json:"name,omitempty"`
-	CapacityBytes    int64             `json:"capacityBytes"`
-	AccessType       string            `json:"accessType"`
-	FsType           string            `json:"fsType,omitempty"`
-	Parameters       map[string]string `json:"parameters,omitempty"`
-	SourceSnapshotID string            `json:"sourceSnapshotID,omitempty"`
-	SourceVolumeID   string            `json:"sourceVolumeID,omitempty"`
-	Ephemeral        bool              `json:"ephemeral,omitempty"`
-	EphemeralID      string            `json:"ephemeralID,omitempty"`
-	Engine           string            `json:"engine,omitempty"`
-	CreatedAt        time.Time         `json:"createdAt"`
-	Node             string            `json:"-"`
+	ID            string            `json:"id"`
+	Name          string            `json:"name,omitempty"`
+	CapacityBytes int64             `json:"capacityBytes"`
+	AccessType    string            `json:"accessType"`
+	FsType        string            `json:"fsType,omitempty"`
+	Parameters    map[string]string `json:"parameters,omitempty"`
+	// MutableParameters: added after format 2; older records lack it.
+	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
+	SourceSnapshotID  string            `json:"sourceSnapshotID,omitempty"`
+	SourceVolumeID    string            `json:"sourceVolumeID,omitempty"`
+	Ephemeral         bool              `json:"ephemeral,omitempty"`
+	EphemeralID       string            `json:"ephemeralID,omitempty"`
+	Engine            string            `json:"engine,omitempty"`
+	CreatedAt         time.Time         `json:"createdAt"`
+	Node              string            `json:"-"`
 }
 
 // snapshotJSON is how a contract.Snapshot is stored.

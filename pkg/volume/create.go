@@ -35,6 +35,9 @@ type CreateSpec struct {
 	FsType string
 	// Parameters are stored with the record.
 	Parameters map[string]string
+	// MutableParameters (contract.ParseMutable) are applied to the new
+	// volume's data before its record is committed, and stored with it.
+	MutableParameters map[string]string
 	// DirMode is the permission of a mount volume's root directory (chmod(2)
 	// bits, e.g. 0o2770).
 	DirMode uint32
@@ -109,6 +112,15 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 	err = m.writeData(v, tmp, srcPath, spec.DirMode)
 	if err != nil {
 		return fail(fmt.Errorf("create volume data: %w", err))
+	}
+	if len(spec.MutableParameters) > 0 {
+		mut, err := contract.ParseMutable(spec.MutableParameters)
+		if err != nil {
+			return fail(fmt.Errorf("%w: %s", contract.ErrInvalid, statusMessage(err)))
+		}
+		if err := m.applyMutable(v, tmp, mut); err != nil {
+			return fail(err)
+		}
 	}
 	if err := m.st.Update(func(tx *state.Tx) error {
 		if spec.Name != "" && tx.VolumeIDByName(spec.Name) != "" {
@@ -214,6 +226,9 @@ func (m *Manager) newRecord(spec CreateSpec) *contract.Volume {
 	}
 	if v.Image() {
 		v.Engine = "image"
+	}
+	if len(spec.MutableParameters) > 0 {
+		v.MutableParameters = maps.Clone(spec.MutableParameters)
 	}
 	return v
 }

@@ -53,6 +53,11 @@ type Config struct {
 	Block bool
 	// FsType makes every volume an image volume with this filesystem.
 	FsType string
+	// MutableParameters are what the ModifyVolume specs (and CreateVolume
+	// with mutable_parameters) pass: ones the configuration's volumes can
+	// take. None apply to image and raw block volumes (the specs then
+	// modify nothing, which succeeds).
+	MutableParameters map[string]string
 }
 
 // Run starts the driver for cfg and runs csi-sanity against it.
@@ -88,6 +93,7 @@ func Run(t *testing.T, cfg Config) {
 		sc.TestVolumeSize, sc.TestVolumeExpandSize = 300<<20, 320<<20
 	}
 	sc.IdempotentCount = 3
+	sc.TestVolumeMutableParameters = cfg.MutableParameters
 	if cfg.Block {
 		sc.TestVolumeAccessType = "block"
 	}

@@ -29,5 +29,6 @@ func TestSanitySplitMode(t *testing.T) {
 	sc.TestVolumeSize = 16 << 20
 	sc.TestVolumeExpandSize = 32 << 20
 	sc.IdempotentCount = 2
+	sc.TestVolumeMutableParameters = map[string]string{"dirMode": "0750"}
 	sanity.Test(t, sc)
 }

@@ -8,5 +8,5 @@ import (
 )
 
 func TestSanity(t *testing.T) {
-	sanity.Run(t, sanity.Config{FS: testfs.Btrfs, Engine: "btrfs"})
+	sanity.Run(t, sanity.Config{FS: testfs.Btrfs, Engine: "btrfs", MutableParameters: map[string]string{"compression": "zstd", "dirMode": "0750"}})
 }

@@ -7,5 +7,5 @@ import (
 )
 
 func TestSanity(t *testing.T) {
-	sanity.Run(t, sanity.Config{Engine: "dir"})
+	sanity.Run(t, sanity.Config{Engine: "dir", MutableParameters: map[string]string{"dirMode": "0750"}})
 }

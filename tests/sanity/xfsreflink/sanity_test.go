@@ -8,5 +8,5 @@ import (
 )
 
 func TestSanity(t *testing.T) {
-	sanity.Run(t, sanity.Config{FS: testfs.XFSReflink, Engine: "dir"})
+	sanity.Run(t, sanity.Config{FS: testfs.XFSReflink, Engine: "dir", MutableParameters: map[string]string{"dirMode": "0750"}})
 }

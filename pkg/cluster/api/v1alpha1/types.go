@@ -58,6 +58,10 @@ const (
 // ready.
 const ConditionReady = "Ready"
 
+// ConditionModified is the condition type of a LocalVolume saying whether
+// spec.mutableParameters are in effect, and why not.
+const ConditionModified = "Modified"
+
 // VolumeMode values, as in a PersistentVolume.
 const (
 	VolumeModeFilesystem = "Filesystem"
@@ -123,6 +127,12 @@ type LocalVolumeSpec struct {
 	// with (dirMode, …), without the csi.storage.k8s.io/ ones.
 	// +optional
 	Parameters map[string]string `json:"parameters,omitempty"`
+	// MutableParameters are the mutable parameters (a
+	// VolumeAttributesClass's: compression, dirMode) the volume should
+	// have; the controller sets them at create and at each
+	// ControllerModifyVolume, the node plugin applies them.
+	// +optional
+	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
 	// CSIName is the CreateVolumeRequest name (the PV name under
 	// Kubernetes) the volume was created for.
 	CSIName string `json:"csiName"`
@@ -162,6 +172,14 @@ type LocalVolumeStatus struct {
 	// create, which the controller returns to the CO.
 	// +optional
 	ErrorCode ErrorCode `json:"errorCode,omitempty"`
+	// MutableParameters are the mutable parameters in effect on the node.
+	// +optional
+	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
+	// ModifyErrorCode is the gRPC code name of the last failed apply of
+	// spec.mutableParameters ("" once they are in effect); the Modified
+	// condition says why.
+	// +optional
+	ModifyErrorCode ErrorCode `json:"modifyErrorCode,omitempty"`
 	// ObservedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`

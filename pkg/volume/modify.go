@@ -1,0 +1,128 @@
+package volume
+
+import (
+	"fmt"
+	"maps"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// Modify applies mutable parameters to volume id (CSI
+// ControllerModifyVolume; contract.ParseMutable names them) and records
+// them with the volume: only the keys given change. compression sets the
+// btrfs compression property on the volume's whole tree (engine.
+// SetCompression: later writes are compressed); dirMode chmods the
+// volume's root. Both apply to directory volumes (not image or raw block
+// volumes), compression only to those on btrfs. Applying is idempotent:
+// a modify a crash cut short between the data and the record is finished
+// by its retry. It returns the volume as recorded afterwards.
+// Errors: contract.ErrNotFound, contract.ErrInvalid (a parameter this
+// volume cannot take, named), contract.ErrBusy (a snapshot, clone or other
+// change of it is in progress).
+func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume, error) {
+	mut, err := contract.ParseMutable(params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", contract.ErrInvalid, statusMessage(err))
+	}
+	unlock, err := m.lock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	release, err := m.holds.change(id, "a modify")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.applyMutable(v, m.dataPath(v), mut); err != nil {
+		return nil, err
+	}
+	merged := maps.Clone(v.MutableParameters)
+	if merged == nil {
+		merged = map[string]string{}
+	}
+	maps.Copy(merged, params)
+	if maps.Equal(merged, v.MutableParameters) {
+		return v, nil
+	}
+	v.MutableParameters = merged
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
+		return nil, err
+	}
+	klog.V(2).InfoS("Volume modified", "volumeID", id, "mutableParameters", params)
+	return v, nil
+}
+
+// CheckMutableKind tells whether a volume of accessType and fsType can take
+// the mutable parameters params (CreateVolume's mutable_parameters, before
+// it is placed): contract.ErrInvalid naming the one it cannot take. That
+// compression needs a data root on btrfs is only known on the node.
+func CheckMutableKind(accessType, fsType string, params map[string]string) error {
+	mut, err := contract.ParseMutable(params)
+	if err != nil {
+		return fmt.Errorf("%w: %s", contract.ErrInvalid, statusMessage(err))
+	}
+	return checkMutable(&contract.Volume{ID: "(new)", AccessType: accessType, FsType: fsType}, true, mut)
+}
+
+// applyMutable checks that v can take mut and applies it to its data at
+// path.
+func (m *Manager) applyMutable(v *contract.Volume, path string, mut contract.Mutable) error {
+	if err := checkMutable(v, engine.OnBtrfs(path), mut); err != nil {
+		return err
+	}
+	if mut.DirMode != nil {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open volume %s: %w", v.ID, err)
+		}
+		err = unix.Fchmod(fd, *mut.DirMode)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("chmod volume %s: %w", v.ID, err)
+		}
+	}
+	if mut.Compression != nil {
+		if err := engine.SetCompression(path, *mut.Compression); err != nil {
+			return fmt.Errorf("set compression of volume %s: %w", v.ID, err)
+		}
+	}
+	return nil
+}
+
+// checkMutable refuses (contract.ErrInvalid) a mutable parameter the kind
+// of volume v cannot take; onBtrfs: its data is on btrfs.
+func checkMutable(v *contract.Volume, onBtrfs bool, mut contract.Mutable) error {
+	kind := "a directory volume"
+	switch {
+	case v.AccessType == contract.AccessBlock:
+		kind = "a raw block volume"
+	case v.FsType != "":
+		kind = "an image volume (" + v.FsType + ")"
+	}
+	if mut.DirMode != nil && v.Image() {
+		return fmt.Errorf("%w: mutable parameter %s applies to directory volumes; volume %s is %s", contract.ErrInvalid, contract.ParamDirMode, v.ID, kind)
+	}
+	if mut.Compression != nil && (v.Image() || !onBtrfs) {
+		where := ""
+		if !v.Image() {
+			where = " on a data root that is not btrfs (engine " + v.Engine + ")"
+		}
+		return fmt.Errorf("%w: mutable parameter %s applies to directory volumes on btrfs; volume %s is %s%s", contract.ErrInvalid, contract.ParamCompression, v.ID, kind, where)
+	}
+	return nil
+}
+
+// statusMessage is the message of a gRPC status error (of
+// contract.ParseMutable), for wrapping in a pkg/volume sentinel.
+func statusMessage(err error) string { return status.Convert(err).Message() }
