@@ -31,7 +31,9 @@ func createVAC(t *testing.T, name string, params map[string]string) {
 	if _, err := kc.StorageV1().VolumeAttributesClasses().Create(ctx, vac, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = kc.StorageV1().VolumeAttributesClasses().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = kc.StorageV1().VolumeAttributesClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 }
 
 // VolumeAttributesClass: a PVC created with a class whose dirMode is
