@@ -76,6 +76,9 @@ type Snapshot struct {
 	Engine string
 	// CreatedAt is when the snapshot was cut (UTC).
 	CreatedAt time.Time
+	// GroupSnapshotID is the group_snapshot_id of the volume group
+	// snapshot it was cut in, "" for a snapshot of its own.
+	GroupSnapshotID string
 	// Node is the node id holding the snapshot (controller side only).
 	Node string
 }

@@ -195,6 +195,9 @@ func (d *Driver) Register(s *grpc.Server) {
 	if d.opts.Mode != ModeNode {
 		csi.RegisterControllerServer(s, &controller{d: d})
 	}
+	if g, ok := d.groupBackend(); ok {
+		csi.RegisterGroupControllerServer(s, &groupController{d: d, b: g})
+	}
 	if d.opts.Mode != ModeController {
 		csi.RegisterNodeServer(s, &node{d: d})
 	}

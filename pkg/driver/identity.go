@@ -21,7 +21,8 @@ func (s *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 }
 
 // GetPluginCapabilities advertises CONTROLLER_SERVICE (in controller and
-// all mode), VOLUME_ACCESSIBILITY_CONSTRAINTS and
+// all mode), GROUP_CONTROLLER_SERVICE (all mode: volume group snapshots),
+// VOLUME_ACCESSIBILITY_CONSTRAINTS and
 // SNAPSHOT_ACCESSIBILITY_CONSTRAINTS (volumes and snapshots live on one node) and
 // ONLINE volume expansion.
 func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
@@ -34,6 +35,9 @@ func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	}
 	if s.d.opts.Mode != ModeNode {
 		caps = append(caps, svc(csi.PluginCapability_Service_CONTROLLER_SERVICE))
+	}
+	if _, ok := s.d.groupBackend(); ok {
+		caps = append(caps, svc(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE))
 	}
 	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
 		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})

@@ -22,11 +22,12 @@ import (
 // cache differs), so any value fails, and no CO consumes it yet.
 func (c *controller) csiSnapshot(s *contract.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
-		SnapshotId:     s.ID,
-		SourceVolumeId: s.SourceVolumeID,
-		SizeBytes:      s.SizeBytes,
-		CreationTime:   timestamppb.New(s.CreatedAt),
-		ReadyToUse:     true,
+		SnapshotId:      s.ID,
+		SourceVolumeId:  s.SourceVolumeID,
+		SizeBytes:       s.SizeBytes,
+		CreationTime:    timestamppb.New(s.CreatedAt),
+		ReadyToUse:      true,
+		GroupSnapshotId: s.GroupSnapshotID,
 	}
 }
 

@@ -41,7 +41,9 @@ type snapshotJSON struct {
 	FsType         string    `json:"fsType,omitempty"`
 	Engine         string    `json:"engine,omitempty"`
 	CreatedAt      time.Time `json:"createdAt"`
-	Node           string    `json:"-"`
+	// GroupSnapshotID: added after format 2; older records lack it.
+	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
+	Node            string `json:"-"`
 }
 
 // Tx is one transaction over the records.

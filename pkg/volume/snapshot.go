@@ -240,5 +240,11 @@ func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) 
 // data root's filesystem can (O(1)), else a sparse-aware copy, with its
 // filesystem frozen when it is staged (whileFrozen).
 func (m *Manager) snapshotImage(v *contract.Volume, tmp string) error {
-	return m.whileFrozen(v, func() error { return writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes) })
+	return m.whileFrozen(v, func() error { return m.copyImage(v, tmp) })
+}
+
+// copyImage copies image volume v's image to tmp as it is (the caller
+// froze it if it is staged).
+func (m *Manager) copyImage(v *contract.Volume, tmp string) error {
+	return writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
 }

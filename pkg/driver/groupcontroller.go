@@ -1,0 +1,167 @@
+package driver
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/localdir-csi/localdir/pkg/volume"
+)
+
+// GroupBackend is a Backend that also takes volume group snapshots (the
+// GroupController service is served only on one). Errors wrap the
+// pkg/volume sentinels.
+type GroupBackend interface {
+	// CreateGroupSnapshot cuts one snapshot of each source volume at one
+	// point in time for the CSI name (volume.Manager.CreateGroupSnapshot).
+	CreateGroupSnapshot(ctx context.Context, name string, sourceVolumeIDs []string) (*volume.GroupSnapshot, error)
+	// GroupSnapshot returns a group (ErrNotFound); snapshotIDs, when given,
+	// must be its members (ErrInvalid).
+	GroupSnapshot(ctx context.Context, id string, snapshotIDs []string) (*volume.GroupSnapshot, error)
+	// DeleteGroupSnapshot deletes a group's snapshots; unknown ids succeed.
+	DeleteGroupSnapshot(ctx context.Context, id string, snapshotIDs []string) error
+}
+
+// CreateGroupSnapshot implements GroupBackend.
+func (b *LocalBackend) CreateGroupSnapshot(_ context.Context, name string, ids []string) (*volume.GroupSnapshot, error) {
+	return b.g(b.VM.CreateGroupSnapshot(name, ids))
+}
+
+// GroupSnapshot implements GroupBackend.
+func (b *LocalBackend) GroupSnapshot(_ context.Context, id string, snapshotIDs []string) (*volume.GroupSnapshot, error) {
+	return b.g(b.VM.GetGroupSnapshot(id, snapshotIDs))
+}
+
+// DeleteGroupSnapshot implements GroupBackend.
+func (b *LocalBackend) DeleteGroupSnapshot(_ context.Context, id string, snapshotIDs []string) error {
+	return b.VM.DeleteGroupSnapshot(id, snapshotIDs)
+}
+
+func (b *LocalBackend) g(g *volume.GroupSnapshot, err error) (*volume.GroupSnapshot, error) {
+	if g != nil {
+		for _, s := range g.Snapshots {
+			s.Node = b.NodeID
+		}
+	}
+	return g, err
+}
+
+// groupController serves the CSI GroupController service (spec "Group
+// Controller Service RPC"): CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT.
+type groupController struct {
+	csi.UnimplementedGroupControllerServer
+	d *Driver
+	b GroupBackend
+}
+
+// groupBackend is the driver's backend when it takes group snapshots.
+func (d *Driver) groupBackend() (GroupBackend, bool) {
+	if d.opts.Mode == ModeNode {
+		return nil, false
+	}
+	g, ok := d.backend.(GroupBackend)
+	return g, ok
+}
+
+// GroupControllerGetCapabilities advertises
+// CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT.
+func (s *groupController) GroupControllerGetCapabilities(context.Context, *csi.GroupControllerGetCapabilitiesRequest) (*csi.GroupControllerGetCapabilitiesResponse, error) {
+	return &csi.GroupControllerGetCapabilitiesResponse{Capabilities: []*csi.GroupControllerServiceCapability{{
+		Type: &csi.GroupControllerServiceCapability_Rpc{Rpc: &csi.GroupControllerServiceCapability_RPC{
+			Type: csi.GroupControllerServiceCapability_RPC_CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT}},
+	}}}, nil
+}
+
+// groupNameKey keeps group snapshot names apart from volume and snapshot
+// names in the shared name lock set.
+func groupNameKey(name string) string { return "group/" + name }
+
+// CreateVolumeGroupSnapshot cuts a snapshot of each source volume at one
+// point in time (spec §CreateVolumeGroupSnapshot: write-order consistent,
+// or it fails): staged image volumes are frozen together for the cut,
+// volumes nobody uses have no writer. The group and its snapshots are
+// ready when the call returns; each snapshot restores like any other. A
+// repeated call with the same name and volumes returns the same group.
+// Codes: INVALID_ARGUMENT (no name, no source_volume_ids, one twice, a
+// parameter), NOT_FOUND (a source volume), ALREADY_EXISTS (the name holds
+// a group of other volumes), FAILED_PRECONDITION (a directory or raw block
+// volume in use: its writes cannot be stopped), RESOURCE_EXHAUSTED,
+// ABORTED (a call on the name or a change of a member in flight).
+func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
+	if err := checkName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if len(req.GetSourceVolumeIds()) == 0 {
+		return nil, invalid("source_volume_ids is required")
+	}
+	for k := range userParams(req.GetParameters()) {
+		return nil, invalid("unknown group snapshot parameter %q (the driver takes none besides the %s* ones); remove it from the VolumeGroupSnapshotClass", k, reservedPrefix)
+	}
+	for _, id := range req.GetSourceVolumeIds() {
+		if !volume.ValidVolumeID(id) {
+			return nil, status.Errorf(codes.NotFound, "source volume %q not found", id)
+		}
+	}
+	release, err := s.d.names.Acquire("group snapshot name", groupNameKey(req.GetName()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer release()
+	releaseSrc, err := s.d.ids.Acquire("volume", req.GetSourceVolumeIds()...)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer releaseSrc()
+	g, err := s.b.CreateGroupSnapshot(ctx, req.GetName(), req.GetSourceVolumeIds())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
+}
+
+// GetVolumeGroupSnapshot returns a group snapshot (spec
+// §GetVolumeGroupSnapshot). Codes: INVALID_ARGUMENT (no
+// group_snapshot_id, or snapshot_ids that are not its members), NOT_FOUND.
+func (s *groupController) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeGroupSnapshotRequest) (*csi.GetVolumeGroupSnapshotResponse, error) {
+	if req.GetGroupSnapshotId() == "" {
+		return nil, invalid("group_snapshot_id is required")
+	}
+	g, err := s.b.GroupSnapshot(ctx, req.GetGroupSnapshotId(), req.GetSnapshotIds())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
+}
+
+// DeleteVolumeGroupSnapshot deletes a group snapshot's snapshots (spec
+// §DeleteVolumeGroupSnapshot); unknown ids succeed. Codes:
+// INVALID_ARGUMENT (no group_snapshot_id, or snapshot_ids that are not its
+// members), ABORTED (a restore reads a member, or a call on the group is
+// in flight).
+func (s *groupController) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (*csi.DeleteVolumeGroupSnapshotResponse, error) {
+	id := req.GetGroupSnapshotId()
+	if id == "" {
+		return nil, invalid("group_snapshot_id is required")
+	}
+	release, err := s.d.ids.Acquire("group snapshot", id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer release()
+	if err := s.b.DeleteGroupSnapshot(ctx, id, req.GetSnapshotIds()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
+}
+
+func (s *groupController) csiGroup(g *volume.GroupSnapshot) *csi.VolumeGroupSnapshot {
+	c := &controller{d: s.d}
+	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: true}
+	for _, snap := range g.Snapshots {
+		out.Snapshots = append(out.Snapshots, c.csiSnapshot(snap))
+	}
+	return out
+}

@@ -1,0 +1,319 @@
+package volume
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// Volume group snapshots (CSI GroupController, CREATE_DELETE_GET_VOLUME_
+// GROUP_SNAPSHOT). A group is its member snapshots: ordinary snapshots
+// whose records carry the group's id (and a name of their own that no CSI
+// name can take), committed in one transaction. The spec asks for
+// write-order consistency across the members, or a failure: the members
+// are cut while nothing can write to any of them. A staged image volume
+// (ext4, xfs) is frozen (FIFREEZE) for the copy, all members together; a
+// volume nobody uses (not staged, not published, no loop device attached)
+// has no writer. A directory volume or raw block volume in use cannot be
+// stopped from writing (btrfs snapshots cannot be cut while their
+// filesystem is frozen, and each is its own transaction), so a group that
+// holds one is refused with FAILED_PRECONDITION.
+
+var groupSnapshotIDPattern = regexp.MustCompile(`^group-[0-9a-f]{32}$`)
+
+// ValidGroupSnapshotID tells whether id has the shape of a
+// group_snapshot_id.
+func ValidGroupSnapshotID(id string) bool { return groupSnapshotIDPattern.MatchString(id) }
+
+// GroupSnapshotIDFor is the group_snapshot_id of the group snapshot of a
+// CSI name: "group-" and 32 hex digits of its SHA-256, so that a retried
+// create finds its group by id.
+func GroupSnapshotIDFor(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "group-" + hex.EncodeToString(sum[:16])
+}
+
+// memberName is the record name of group gid's snapshot of volume volID:
+// it starts with a NUL byte, which no CSI name may contain.
+func memberName(gid, volID string) string { return "\x00group/" + gid + "/" + volID }
+
+// GroupSnapshot is a volume group snapshot: its id, its member snapshots
+// (by source volume id order) and when they were cut.
+type GroupSnapshot struct {
+	ID        string
+	Snapshots []*contract.Snapshot
+	CreatedAt time.Time
+}
+
+// CreateGroupSnapshot cuts one snapshot of each of the volumes
+// sourceIDs at one point in time for the CSI name, and commits their
+// records in one transaction. Members that are staged image volumes are
+// frozen together while their images are copied (milliseconds on a data
+// root with reflinks: btrfs, XFS reflink; a full copy elsewhere) and thawed
+// before anything else; the copies are synced after the thaw. A retry with
+// the same name and volumes returns the group. Errors: contract.ErrInvalid
+// (no volume, a volume twice), contract.ErrNotFound (a volume),
+// contract.ErrExists (the name holds a group of other volumes),
+// contract.ErrPrecondition (a directory or raw block volume in use),
+// contract.ErrBusy (a change of a member or of the group is running),
+// contract.ErrNoSpace. Nothing is left behind on failure.
+func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*GroupSnapshot, error) {
+	gid := GroupSnapshotIDFor(name)
+	ids := slices.Clone(sourceIDs)
+	slices.Sort(ids)
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: a group snapshot needs source volumes", contract.ErrInvalid)
+	}
+	if c := slices.Compact(slices.Clone(ids)); len(c) != len(ids) {
+		return nil, fmt.Errorf("%w: a source volume is named twice", contract.ErrInvalid)
+	}
+	unlock, err := m.lock(append([]string{gid}, ids...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if g, err := m.GetGroupSnapshot(gid, nil); err == nil {
+		var have []string
+		for _, s := range g.Snapshots {
+			have = append(have, s.SourceVolumeID)
+		}
+		if !slices.Equal(have, ids) {
+			return nil, fmt.Errorf("%w: group snapshot %q exists of volumes %s", contract.ErrExists, name, strings.Join(have, ", "))
+		}
+		return g, nil
+	} else if !errors.Is(err, contract.ErrNotFound) {
+		return nil, err
+	}
+	var vols []*contract.Volume
+	for _, id := range ids {
+		release, err := m.holds.read(id, "a group snapshot")
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		v, err := m.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		if why, err := m.unfreezableWriter(v); err != nil {
+			return nil, err
+		} else if why != "" {
+			return nil, fmt.Errorf("%w: volume %s %s: localdir cannot stop its writes for a consistent group snapshot (only image volumes, csi.storage.k8s.io/fstype ext4 or xfs, can be frozen); take it out of the group or stop its pod", contract.ErrPrecondition, id, why)
+		}
+		vols = append(vols, v)
+	}
+
+	now := time.Now().UTC()
+	g := &GroupSnapshot{ID: gid, CreatedAt: now}
+	var tmps []string
+	cleanup := func() {
+		for _, t := range tmps {
+			if err := engine.Remove(t); err != nil {
+				klog.ErrorS(err, "Could not remove data of a failed group snapshot; it is removed at restart", "path", t)
+			}
+		}
+	}
+	for _, v := range vols {
+		s := &contract.Snapshot{ID: NewSnapshotID(), Name: memberName(gid, v.ID), SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes,
+			AccessType: v.AccessType, FsType: v.FsType, Engine: v.Engine, CreatedAt: now, GroupSnapshotID: gid}
+		g.Snapshots = append(g.Snapshots, s)
+		tmps = append(tmps, inFlight(creatingPrefix, m.snapPath(s)))
+	}
+	if err := m.cutGroup(vols, tmps); err != nil {
+		cleanup()
+		return nil, mapNoSpace(err)
+	}
+	if err := m.st.Update(func(tx *state.Tx) error {
+		for _, s := range g.Snapshots {
+			if err := tx.PutSnapshot(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		cleanup()
+		return nil, err
+	}
+	for i, s := range g.Snapshots {
+		if err := m.land(tmps[i], m.snapPath(s)); err != nil {
+			// The records stay and so does the data: the next start
+			// finishes the landing (recover), as for one snapshot.
+			return nil, fmt.Errorf("%w: the group snapshot is finished at restart", err)
+		}
+	}
+	klog.V(2).InfoS("Group snapshot created", "groupSnapshotID", gid, "sourceVolumeIDs", ids)
+	return g, nil
+}
+
+// unfreezableWriter says why something may be writing to volume v that a
+// freeze cannot stop ("" when nothing can, or it is a staged image
+// volume, which is frozen).
+func (m *Manager) unfreezableWriter(v *contract.Volume) (string, error) {
+	switch {
+	case v.FsType != "":
+		return "", nil
+	case v.AccessType == contract.AccessBlock:
+		dev, err := block.FindMode(m.imagePath(v.ID), false)
+		if err != nil || dev == "" {
+			return "", err
+		}
+		return "is a raw block volume attached at " + dev, nil
+	}
+	suffix := "/volumes/" + v.ID
+	mounts, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
+		return !strings.HasSuffix(i.Root, suffix), false
+	})
+	if err != nil || len(mounts) == 0 {
+		return "", err
+	}
+	return "is a directory volume mounted at " + mounts[0].Mountpoint, nil
+}
+
+// cutGroup copies the data of vols to tmps with every staged image volume
+// among them frozen, all at once, and syncs the copies after the thaw.
+func (m *Manager) cutGroup(vols []*contract.Volume, tmps []string) error {
+	var thaws []func() error
+	thawAll := func() error {
+		var errs []error
+		for _, t := range thaws {
+			errs = append(errs, t())
+		}
+		thaws = nil
+		return errors.Join(errs...)
+	}
+	defer thawAll()
+	for _, v := range vols {
+		if v.FsType == "" {
+			continue
+		}
+		thaw, err := m.freezeStaged(v)
+		if err != nil {
+			return err
+		}
+		thaws = append(thaws, thaw)
+	}
+	for i, v := range vols {
+		if err := engine.Remove(tmps[i]); err != nil {
+			return err
+		}
+		var err error
+		if v.Image() {
+			err = m.copyImage(v, tmps[i])
+		} else {
+			err = m.eng.Snapshot(m.volDir(v.ID), tmps[i])
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot volume %s: %w", v.ID, err)
+		}
+	}
+	if err := thawAll(); err != nil {
+		return err
+	}
+	for _, t := range tmps {
+		if err := syncFS(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetGroupSnapshot returns group snapshot id. snapshotIDs, when given,
+// must be its members' ids (contract.ErrInvalid otherwise). Errors:
+// contract.ErrNotFound (no member left, or not an id of the driver's
+// shape).
+func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*GroupSnapshot, error) {
+	if !ValidGroupSnapshotID(id) {
+		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
+	}
+	all, _, err := m.ListSnapshots("", 0, "")
+	if err != nil {
+		return nil, err
+	}
+	g := &GroupSnapshot{ID: id}
+	for _, s := range all {
+		if s.GroupSnapshotID == id {
+			g.Snapshots = append(g.Snapshots, s)
+			g.CreatedAt = s.CreatedAt
+		}
+	}
+	if len(g.Snapshots) == 0 {
+		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
+	}
+	slices.SortFunc(g.Snapshots, func(a, b *contract.Snapshot) int { return strings.Compare(a.SourceVolumeID, b.SourceVolumeID) })
+	if len(snapshotIDs) > 0 {
+		if err := m.sameMembers(g, snapshotIDs); err != nil {
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// sameMembers checks the snapshot_ids a CO gave for group g: every member
+// is named, and every id named is a member or a snapshot that no longer
+// exists (one a delete cut short removed already).
+func (m *Manager) sameMembers(g *GroupSnapshot, snapshotIDs []string) error {
+	given := map[string]bool{}
+	for _, id := range snapshotIDs {
+		given[id] = true
+	}
+	members := map[string]bool{}
+	for _, s := range g.Snapshots {
+		members[s.ID] = true
+		if !given[s.ID] {
+			return fmt.Errorf("%w: snapshot_ids lack %s, a snapshot of group %s", contract.ErrInvalid, s.ID, g.ID)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(given)) {
+		if members[id] {
+			continue
+		}
+		if _, err := m.GetSnapshot(id); err == nil {
+			return fmt.Errorf("%w: snapshot %s is not part of group %s", contract.ErrInvalid, id, g.ID)
+		}
+	}
+	return nil
+}
+
+// DeleteGroupSnapshot deletes every member snapshot of group id (each as
+// DeleteSnapshot does: record, then data). An unknown id succeeds.
+// Errors: contract.ErrInvalid (snapshotIDs do not match the members),
+// contract.ErrBusy (a restore reads a member, or another call on the
+// group runs).
+func (m *Manager) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
+	if !ValidGroupSnapshotID(id) {
+		return nil
+	}
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	g, err := m.GetGroupSnapshot(id, snapshotIDs)
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, s := range g.Snapshots {
+		if err := m.DeleteSnapshot(s.ID); err != nil {
+			return err
+		}
+	}
+	klog.V(2).InfoS("Group snapshot deleted", "groupSnapshotID", id)
+	return nil
+}
