@@ -16,15 +16,18 @@
 // at least the filesystem's minimum (xfs: 300 MiB): the xfs run asks for
 // 300 MiB volumes expanded to 320 MiB.
 //
+// MODIFY_VOLUME runs with Config.MutableParameters, the group controller
+// specs in every configuration (all mode serves the GroupController).
+//
 // Every capability the driver implements is advertised, so csi-sanity skips
 // only specs for capabilities it deliberately does not advertise:
 //   - PUBLISH_UNPUBLISH_VOLUME (ControllerPublish/Unpublish): a local
 //     directory needs no attach step.
 //   - LIST_VOLUMES_PUBLISHED_NODES, PUBLISH_READONLY: no controller publish.
-//   - MODIFY_VOLUME (VolumeAttributesClass): no mutable parameters.
 //   - VOLUME_MOUNT_GROUP: kubelet applies fsGroup (CSIDriver fsGroupPolicy:
 //     File).
-//   - Group snapshots (GroupController service): not implemented.
+//   - Group snapshots (GroupController service) in split mode
+//     (tests/cluster/sanity): served in all mode only so far.
 //   - NodeGetInfo max_volumes_per_node attach-limit test
 //     (TestNodeVolumeAttachLimit): the limit is unlimited by default.
 package sanity
