@@ -56,6 +56,7 @@ func toSnapshot(ls *v1.LocalSnapshot) *contract.Snapshot {
 		CreatedAt:      ls.CreationTimestamp.UTC(),
 		Node:           ls.Spec.Node,
 	}
+	s.GroupSnapshotID = ls.Spec.GroupSnapshot
 	if ls.Status.CreationTime != nil {
 		s.CreatedAt = ls.Status.CreationTime.UTC()
 	}

@@ -52,6 +52,16 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if ls.Status.ReadyToUse || ls.Status.Phase == v1.PhaseFailed {
 		return reconcile.Result{}, nil
 	}
+	if ls.Spec.GroupSnapshot != "" {
+		// Cut with its group by the group's reconciler, never on its own
+		// (it would not be of the group's point in time).
+		if _, err := r.VM.GetSnapshot(ls.Name); errors.Is(err, contract.ErrNotFound) {
+			ls.Status.Phase, ls.Status.ErrorCode = v1.PhaseFailed, codeName(err)
+			setReady(&ls.Status.Conditions, ls.Generation, false, "GroupMemberMissing",
+				"this node holds no snapshot "+ls.Name+" of group "+ls.Spec.GroupSnapshot+"; a member of a group is only cut with its group")
+			return reconcile.Result{}, r.Client.Status().Update(ctx, ls)
+		}
+	}
 	snap, err := r.VM.CreateSnapshot(volume.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
 	if errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil // its source is being expanded or deleted

@@ -61,8 +61,9 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		Scheme:  Scheme(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&v1.LocalVolume{}:   {Label: sel},
-			&v1.LocalSnapshot{}: {Label: sel},
+			&v1.LocalVolume{}:        {Label: sel},
+			&v1.LocalSnapshot{}:      {Label: sel},
+			&v1.LocalGroupSnapshot{}: {Label: sel},
 		}},
 		HealthProbeBindAddress: "0",
 		Logger:                 klog.NewKlogr(),
@@ -81,6 +82,9 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, VM: a.VM}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&LocalGroupSnapshotReconciler{Client: c, NodeID: a.NodeID, VM: a.VM}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	hb := &LocalNodeHeartbeat{

@@ -26,7 +26,7 @@ import (
 // costs the API server its create and the node's status write, no GET, LIST
 // or WATCH of its own.
 type objectCache struct {
-	nodes, volumes, snapshots cache.SharedIndexInformer
+	nodes, volumes, snapshots, groups cache.SharedIndexInformer
 
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{} // by kind/name: waiters to wake
@@ -41,6 +41,7 @@ func newObjectCache(c client.WithWatch) *objectCache {
 	oc.nodes = informer(c, &v1.LocalNode{}, func() client.ObjectList { return &v1.LocalNodeList{} }, nil)
 	oc.volumes = informer(c, &v1.LocalVolume{}, func() client.ObjectList { return &v1.LocalVolumeList{} }, nil)
 	oc.snapshots = informer(c, &v1.LocalSnapshot{}, func() client.ObjectList { return &v1.LocalSnapshotList{} }, nil)
+	oc.groups = informer(c, &v1.LocalGroupSnapshot{}, func() client.ObjectList { return &v1.LocalGroupSnapshotList{} }, nil)
 	return oc
 }
 
@@ -95,7 +96,7 @@ func (oc *objectCache) start(ctx context.Context, handlers ...cache.InformerSync
 }
 
 func (oc *objectCache) kinds() map[string]cache.SharedIndexInformer {
-	return map[string]cache.SharedIndexInformer{"LocalNode": oc.nodes, "LocalVolume": oc.volumes, "LocalSnapshot": oc.snapshots}
+	return map[string]cache.SharedIndexInformer{"LocalNode": oc.nodes, "LocalVolume": oc.volumes, "LocalSnapshot": oc.snapshots, "LocalGroupSnapshot": oc.groups}
 }
 
 // changed wakes the waiters of the object o of kind.

@@ -82,10 +82,14 @@ func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.O
 			if err != nil {
 				continue
 			}
-			obj = &v1.LocalSnapshot{
+			ls := &v1.LocalSnapshot{
 				ObjectMeta: metav1.ObjectMeta{Name: s.ID, Labels: labels},
-				Spec:       v1.LocalSnapshotSpec{SourceVolume: s.SourceVolumeID, Node: d.node, CSIName: s.Name},
+				Spec:       v1.LocalSnapshotSpec{SourceVolume: s.SourceVolumeID, Node: d.node, CSIName: s.Name, GroupSnapshot: s.GroupSnapshotID},
 			}
+			if s.GroupSnapshotID != "" {
+				ls.Spec.CSIName = "" // a member's record name is not a CSI name
+			}
+			obj = ls
 		}
 		err := d.c.Create(ctx, obj)
 		if err != nil && !apierrors.IsAlreadyExists(err) {

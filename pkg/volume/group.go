@@ -72,12 +72,32 @@ type GroupSnapshot struct {
 // contract.ErrBusy (a change of a member or of the group is running),
 // contract.ErrNoSpace. Nothing is left behind on failure.
 func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*GroupSnapshot, error) {
+	return m.CreateGroupSnapshotWithIDs(name, sourceIDs, nil)
+}
+
+// CreateGroupSnapshotWithIDs is CreateGroupSnapshot with the member
+// snapshot ids chosen by the caller (the cluster controller):
+// snapshotIDs[i] is the snapshot of sourceIDs[i]; nil for fresh ones.
+// Errors as CreateGroupSnapshot, and contract.ErrInvalid for ids of the
+// wrong shape or number.
+func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*GroupSnapshot, error) {
 	gid := GroupSnapshotIDFor(name)
-	ids := slices.Clone(sourceIDs)
-	slices.Sort(ids)
-	if len(ids) == 0 {
+	if len(sourceIDs) == 0 {
 		return nil, fmt.Errorf("%w: a group snapshot needs source volumes", contract.ErrInvalid)
 	}
+	if snapshotIDs != nil && len(snapshotIDs) != len(sourceIDs) {
+		return nil, fmt.Errorf("%w: %d snapshot ids for %d volumes", contract.ErrInvalid, len(snapshotIDs), len(sourceIDs))
+	}
+	memberID := map[string]string{}
+	for i, id := range sourceIDs {
+		if snapshotIDs == nil {
+			memberID[id] = NewSnapshotID()
+		} else if memberID[id] = snapshotIDs[i]; !ValidSnapshotID(snapshotIDs[i]) {
+			return nil, fmt.Errorf("%w: snapshot id %q", contract.ErrInvalid, snapshotIDs[i])
+		}
+	}
+	ids := slices.Clone(sourceIDs)
+	slices.Sort(ids)
 	if c := slices.Compact(slices.Clone(ids)); len(c) != len(ids) {
 		return nil, fmt.Errorf("%w: a source volume is named twice", contract.ErrInvalid)
 	}
@@ -128,7 +148,7 @@ func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*GroupSn
 		}
 	}
 	for _, v := range vols {
-		s := &contract.Snapshot{ID: NewSnapshotID(), Name: memberName(gid, v.ID), SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes,
+		s := &contract.Snapshot{ID: memberID[v.ID], Name: memberName(gid, v.ID), SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes,
 			AccessType: v.AccessType, FsType: v.FsType, Engine: v.Engine, CreatedAt: now, GroupSnapshotID: gid}
 		g.Snapshots = append(g.Snapshots, s)
 		tmps = append(tmps, inFlight(creatingPrefix, m.snapPath(s)))

@@ -17,7 +17,7 @@
 // 300 MiB volumes expanded to 320 MiB.
 //
 // MODIFY_VOLUME runs with Config.MutableParameters, the group controller
-// specs in every configuration (all mode serves the GroupController).
+// specs in every configuration and in split mode.
 //
 // Every capability the driver implements is advertised, so csi-sanity skips
 // only specs for capabilities it deliberately does not advertise:
@@ -26,8 +26,6 @@
 //   - LIST_VOLUMES_PUBLISHED_NODES, PUBLISH_READONLY: no controller publish.
 //   - VOLUME_MOUNT_GROUP: kubelet applies fsGroup (CSIDriver fsGroupPolicy:
 //     File).
-//   - Group snapshots (GroupController service) in split mode
-//     (tests/cluster/sanity): served in all mode only so far.
 //   - NodeGetInfo max_volumes_per_node attach-limit test
 //     (TestNodeVolumeAttachLimit): the limit is unlimited by default.
 package sanity

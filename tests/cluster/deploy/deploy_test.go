@@ -322,7 +322,7 @@ func (d *rendered) helmUninstallKeepsCRDs(t *testing.T) {
 	if out, err := tl.kubectl(t, nil, "get", "csidriver/localdir.csi.dev"); err == nil || !strings.Contains(string(out), "NotFound") {
 		t.Errorf("CSIDriver still there after helm uninstall (err %v):\n%s", err, out)
 	}
-	tl.kubectlOK(t, nil, "get", "crd/localvolumes.localdir.csi.dev", "crd/localsnapshots.localdir.csi.dev", "crd/localnodes.localdir.csi.dev")
+	tl.kubectlOK(t, nil, "get", "crd/localvolumes.localdir.csi.dev", "crd/localsnapshots.localdir.csi.dev", "crd/localnodes.localdir.csi.dev", "crd/localgroupsnapshots.localdir.csi.dev")
 	var after v1.LocalVolumeList
 	if err := d.env.Client.List(context.Background(), &after); err != nil || len(after.Items) != len(lvs.Items) {
 		t.Errorf("after helm uninstall: %d LocalVolumes, want %d (err %v)", len(after.Items), len(lvs.Items), err)

@@ -21,6 +21,7 @@ func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&LocalVolume{}, &LocalVolumeList{},
 		&LocalSnapshot{}, &LocalSnapshotList{},
+		&LocalGroupSnapshot{}, &LocalGroupSnapshotList{},
 		&LocalNode{}, &LocalNodeList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
@@ -224,8 +225,15 @@ type LocalSnapshotSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
 	Node string `json:"node"`
-	// CSIName is the CreateSnapshotRequest name.
+	// CSIName is the CreateSnapshotRequest name ("" for a member of a
+	// group snapshot).
 	CSIName string `json:"csiName"`
+	// GroupSnapshot is the LocalGroupSnapshot (group_snapshot_id) this
+	// snapshot was cut in; its node plugin made this object. Such a
+	// snapshot is never taken on its own.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="groupSnapshot is immutable"
+	GroupSnapshot string `json:"groupSnapshot,omitempty"`
 	// DeleteData is set, with the finalizer, by the controller's
 	// DeleteSnapshot just before it deletes this object; see
 	// LocalVolumeSpec.DeleteData.
@@ -284,6 +292,75 @@ type LocalSnapshotList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []LocalSnapshot `json:"items"`
+}
+
+// LocalGroupSnapshotSpec is the volume group snapshot the controller asks
+// a node to cut: one snapshot of each of its volumes at one point in time.
+type LocalGroupSnapshotSpec struct {
+	// Node is the node id holding every volume of the group.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
+	Node string `json:"node"`
+	// CSIName is the CreateVolumeGroupSnapshotRequest name.
+	CSIName string `json:"csiName"`
+	// Volumes are the source volume_ids (LocalVolume names).
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="volumes are immutable"
+	Volumes []string `json:"volumes"`
+	// Snapshots are the snapshot_ids of the members, Snapshots[i] the one
+	// of Volumes[i]; the node plugin creates a LocalSnapshot of each once
+	// the group is cut.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="snapshots are immutable"
+	Snapshots []string `json:"snapshots"`
+}
+
+// LocalGroupSnapshotStatus is what the node plugin reports.
+type LocalGroupSnapshotStatus struct {
+	// ReadyToUse is true once every member is cut and its LocalSnapshot
+	// exists.
+	// +optional
+	ReadyToUse bool `json:"readyToUse,omitempty"`
+	// Phase is Pending, Ready or Failed.
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// CreationTime is when the members were cut.
+	// +optional
+	CreationTime *metav1.Time `json:"creationTime,omitempty"`
+	// Conditions: Ready, with a reason and a message.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// ErrorCode is the gRPC code name of a failed group snapshot.
+	// +optional
+	ErrorCode ErrorCode `json:"errorCode,omitempty"`
+}
+
+// LocalGroupSnapshot is one CSI volume group snapshot held on one node.
+// Its name is the group_snapshot_id; its members are LocalSnapshots whose
+// spec.groupSnapshot names it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=lgsnap,categories=localdir
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Ready",type=boolean,JSONPath=`.status.readyToUse`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type LocalGroupSnapshot struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   LocalGroupSnapshotSpec   `json:"spec"`
+	Status LocalGroupSnapshotStatus `json:"status,omitempty"`
+}
+
+// LocalGroupSnapshotList is a list of LocalGroupSnapshot.
+//
+// +kubebuilder:object:root=true
+type LocalGroupSnapshotList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LocalGroupSnapshot `json:"items"`
 }
 
 // OrphanedData is data on a node that no LocalVolume or LocalSnapshot
