@@ -45,7 +45,9 @@ func TestVolumeGroupSnapshot(t *testing.T) {
 	if _, err := dyn.Resource(gvrGroupSnapshotClass).Create(ctx, class, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = dyn.Resource(gvrGroupSnapshotClass).Delete(context.Background(), "e2e-localdir-group", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = dyn.Resource(gvrGroupSnapshotClass).Delete(context.Background(), "e2e-localdir-group", metav1.DeleteOptions{})
+	})
 	createPVC(t, ns, "first", scExt4, "64Mi", withLabel("group", "pair"))
 	createPVC(t, ns, "second", scExt4, "64Mi", withLabel("group", "pair"))
 	const loop = `echo first > /first/name; echo second > /second/name; sync; i=0; trap 'exit 0' TERM; ` +
