@@ -3,6 +3,7 @@ package volume
 import (
 	"fmt"
 	"maps"
+	"os"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
@@ -18,8 +19,9 @@ import (
 // them with the volume: only the keys given change. compression sets the
 // btrfs compression property on the volume's whole tree (engine.
 // SetCompression: later writes are compressed); dirMode chmods the
-// volume's root. Both apply to directory volumes (not image or raw block
-// volumes), compression only to those on btrfs. Applying is idempotent:
+// volume's root (an image volume's filesystem root where it is staged, and
+// at each later stage). dirMode applies to filesystem volumes, compression
+// to directory volumes on btrfs; raw block volumes take neither. Applying is idempotent:
 // a modify a crash cut short between the data and the record is finished
 // by its retry. It returns the volume as recorded afterwards.
 // Errors: contract.ErrNotFound, contract.ErrInvalid (a parameter this
@@ -82,14 +84,26 @@ func (m *Manager) applyMutable(v *contract.Volume, path string, mut contract.Mut
 		return err
 	}
 	if mut.DirMode != nil {
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open volume %s: %w", v.ID, err)
+		root := path
+		if v.FsType != "" {
+			// An image volume's root is its filesystem's: where it is
+			// staged now, and at each stage (stageImage). A new one
+			// (Create: its image is not at its final path yet) has none.
+			root = ""
+			if _, err := os.Stat(m.imagePath(v.ID)); err == nil {
+				mounts, err := m.imageMounts(v.ID)
+				if err != nil {
+					return err
+				}
+				if len(mounts) > 0 {
+					root = mounts[0]
+				}
+			}
 		}
-		err = unix.Fchmod(fd, *mut.DirMode)
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("chmod volume %s: %w", v.ID, err)
+		if root != "" {
+			if err := chmodRoot(root, *mut.DirMode); err != nil {
+				return fmt.Errorf("volume %s: %w", v.ID, err)
+			}
 		}
 	}
 	if mut.Compression != nil {
@@ -110,8 +124,8 @@ func checkMutable(v *contract.Volume, onBtrfs bool, mut contract.Mutable) error 
 	case v.FsType != "":
 		kind = "an image volume (" + v.FsType + ")"
 	}
-	if mut.DirMode != nil && v.Image() {
-		return fmt.Errorf("%w: mutable parameter %s applies to directory volumes; volume %s is %s", contract.ErrInvalid, contract.ParamDirMode, v.ID, kind)
+	if mut.DirMode != nil && v.AccessType == contract.AccessBlock {
+		return fmt.Errorf("%w: mutable parameter %s applies to filesystem volumes; volume %s is %s", contract.ErrInvalid, contract.ParamDirMode, v.ID, kind)
 	}
 	if mut.Compression != nil && (v.Image() || !onBtrfs) {
 		where := ""
@@ -126,3 +140,31 @@ func checkMutable(v *contract.Volume, onBtrfs bool, mut contract.Mutable) error 
 // statusMessage is the message of a gRPC status error (of
 // contract.ParseMutable), for wrapping in a pkg/volume sentinel.
 func statusMessage(err error) string { return status.Convert(err).Message() }
+
+// chmodRoot sets the permission bits of the directory at root (opened
+// with O_NOFOLLOW: a symlink is never followed).
+func chmodRoot(root string, mode uint32) error {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", root, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fmt.Errorf("chmod %s: %w", root, err)
+	}
+	return nil
+}
+
+// imageDirMode is the root permission an image volume's filesystem gets
+// at stage: its mutable dirMode, else its StorageClass dirMode; ok false
+// when neither is set (mkfs's own stays).
+func imageDirMode(v *contract.Volume) (mode uint32, ok bool) {
+	for _, p := range []map[string]string{v.MutableParameters, v.Parameters} {
+		if s, set := p[contract.ParamDirMode]; set {
+			if mut, err := contract.ParseMutable(map[string]string{contract.ParamDirMode: s}); err == nil {
+				return *mut.DirMode, true
+			}
+		}
+	}
+	return 0, false
+}

@@ -104,6 +104,11 @@ func (m *Manager) stageImage(v *contract.Volume, stagingPath string, flags []str
 	if err := m.mnt.ResizeFS(dev, stagingPath); err != nil {
 		return err
 	}
+	if mode, ok := imageDirMode(v); ok && !slices.Contains(flags, "ro") {
+		if err := chmodRoot(stagingPath, mode); err != nil {
+			return err
+		}
+	}
 	klog.V(2).InfoS("Image volume staged", "volumeID", v.ID, "device", dev, "fsType", v.FsType, "stagingPath", stagingPath)
 	return nil
 }

@@ -219,3 +219,63 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 		}
 	}
 }
+
+// dirMode on an image volume: the StorageClass's is its filesystem root's
+// mode at stage, a VolumeAttributesClass's changes it where it is staged
+// and wins at every later stage.
+func TestImageDirMode(t *testing.T) {
+	testdriver.RequireRoot(t)
+	dir := testdriver.TempDir(t)
+	o := testdriver.DefaultOptions(dir)
+	o.Engine = "dir"
+	in := testdriver.StartWith(t, o)
+	ctx := context.Background()
+	c := capOf("ext4")
+	r, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "img", VolumeCapabilities: []*csi.VolumeCapability{c},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, Parameters: map[string]string{"dirMode": "0750"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.GetVolume().GetVolumeId()
+	stage := filepath.Join(dir, "stage")
+	if err := os.MkdirAll(stage, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mode := func(when string, want os.FileMode) {
+		t.Helper()
+		if fi, err := os.Stat(stage); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode of the filesystem root %v (%v), want %o", when, fi.Mode().Perm(), err, want)
+		}
+	}
+	stageIt := func() {
+		t.Helper()
+		if _, err := in.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unstage := func() {
+		t.Helper()
+		if _, err := in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stageIt()
+	mode("staged with the class's dirMode 0750", 0o750)
+	if _, err := in.Controller.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: map[string]string{"dirMode": "0700"}}); err != nil {
+		t.Fatal(err)
+	}
+	mode("modified to dirMode 0700 while staged", 0o700)
+	if err := os.Chmod(stage, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	unstage()
+	stageIt()
+	mode("staged again", 0o700)
+	unstage()
+	if _, err := in.Controller.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: map[string]string{"dirMode": "0711"}}); err != nil {
+		t.Fatal(err)
+	}
+	stageIt()
+	mode("modified to 0711 while not staged, then staged", 0o711)
+	unstage()
+}
