@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
 )
@@ -116,6 +117,12 @@ func TestEveryParameterIsDocumented(t *testing.T) {
 	for _, p := range driver.KnownParameters {
 		if !sc[p] {
 			t.Errorf("StorageClass parameter %q is accepted by the driver but missing from docs/parameters.md", p)
+		}
+	}
+	vac := tableNames(t, doc, "## VolumeAttributesClass `parameters`")
+	for _, p := range contract.KnownMutableParameters {
+		if !vac[p] {
+			t.Errorf("VolumeAttributesClass parameter %q is accepted by the driver but missing from docs/parameters.md", p)
 		}
 	}
 	inline := tableNames(t, doc, "## CSI ephemeral inline volumes")

@@ -109,9 +109,23 @@ for _ in $(seq 60); do kubectl logs ext4-user | grep -q refused && break; sleep 
 say "df in the pod shows the PVC's size (less ext4's own metadata), and a write past it fails:"
 run kubectl logs ext4-user
 
-step "11. What localdir holds: PVs, and its own LocalVolume / LocalSnapshot objects"
+step "11. A VolumeAttributesClass on the running pod's PVC (examples/volumeattributesclass.yaml): its root becomes 0700"
+run kubectl apply -f examples/volumeattributesclass.yaml
+run kubectl exec writer -- stat -c %a /data
+run kubectl patch pvc data -p '{"spec":{"volumeAttributesClassName":"localdir-private"}}'
+quiet kubectl wait --for=jsonpath='{.status.currentVolumeAttributesClassName}'=localdir-private pvc/data --timeout=120s
+run kubectl exec writer -- stat -c %a /data
+
+step "12. A group snapshot of two image volumes a pod writes in order (examples/volumegroupsnapshot.yaml)"
+run kubectl apply -f examples/volumegroupsnapshot.yaml
+quiet kubectl wait --for=condition=Ready pod/app --timeout=120s
+quiet kubectl wait --for=jsonpath='{.status.readyToUse}'=true volumegroupsnapshot/app-data --timeout=120s
+run kubectl get volumegroupsnapshot app-data
+run kubectl get volumesnapshot -o custom-columns=NAME:.metadata.name,READY:.status.readyToUse,GROUP:.metadata.ownerReferences[0].name
+
+step "13. What localdir holds: PVs, and its own LocalVolume / LocalSnapshot / LocalGroupSnapshot objects"
 run kubectl get pvc,pv
-run kubectl get localvolumes,localsnapshots
+run kubectl get localvolumes,localsnapshots,localgroupsnapshots
 
 step "The cluster keeps running. To use it:"
 say "  export PATH=$ROOT/_output/tools/bin:\$PATH"
