@@ -310,11 +310,7 @@ func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params 
 		return err
 	}
 	before := maps.Clone(lv.Spec.MutableParameters)
-	want := maps.Clone(before)
-	if want == nil {
-		want = map[string]string{}
-	}
-	maps.Copy(want, params)
+	want := contract.MergeMutable(before, params)
 	if !maps.Equal(want, before) {
 		patch := client.MergeFrom(lv.DeepCopy())
 		lv.Spec.MutableParameters = want

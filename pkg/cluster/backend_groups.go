@@ -198,28 +198,11 @@ func (b *ControllerBackend) getGroup(ctx context.Context, id string) (*v1.LocalG
 	return g, nil
 }
 
-// sameMembers checks the snapshot_ids a CO gave for group g (none: no
-// check): every member still there is named, and every id named is a
-// member or a snapshot that no longer exists.
+// sameMembers checks the snapshot_ids a CO gave for group g
+// (volume.CheckGroupMembers).
 func (b *ControllerBackend) sameMembers(ctx context.Context, g *v1.LocalGroupSnapshot, snapshotIDs []string) error {
-	if len(snapshotIDs) == 0 {
-		return nil
-	}
-	for _, sid := range g.Spec.Snapshots {
-		if slices.Contains(snapshotIDs, sid) {
-			continue
-		}
-		if _, err := b.getSnapshot(ctx, sid); err == nil {
-			return fmt.Errorf("%w: snapshot_ids lack %s, a snapshot of group %s", contract.ErrInvalid, sid, g.Name)
-		}
-	}
-	for _, sid := range snapshotIDs {
-		if slices.Contains(g.Spec.Snapshots, sid) {
-			continue
-		}
-		if _, err := b.getSnapshot(ctx, sid); err == nil {
-			return fmt.Errorf("%w: snapshot %s is not part of group %s", contract.ErrInvalid, sid, g.Name)
-		}
-	}
-	return nil
+	return volume.CheckGroupMembers(g.Name, g.Spec.Snapshots, snapshotIDs, func(id string) bool {
+		_, err := b.getSnapshot(ctx, id)
+		return err == nil
+	})
 }

@@ -9,6 +9,7 @@ package contract
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -103,7 +104,7 @@ func ParseParams(p map[string]string) (Params, error) {
 		v := p[k]
 		switch k {
 		case ParamDirMode:
-			m, err := parseDirMode(k, v)
+			m, err := ParseDirMode(k, v)
 			if err != nil {
 				return vp, err
 			}
@@ -163,7 +164,7 @@ func ParseMutable(p map[string]string) (Mutable, error) {
 			}
 			m.Compression = &v
 		case ParamDirMode:
-			mode, err := parseDirMode(k, v)
+			mode, err := ParseDirMode(k, v)
 			if err != nil {
 				return m, err
 			}
@@ -175,7 +176,19 @@ func ParseMutable(p map[string]string) (Mutable, error) {
 	return m, nil
 }
 
-func parseDirMode(k, v string) (uint32, error) {
+// MergeMutable is the mutable parameters have with those of params set on
+// top (only the keys given change: spec "ControllerModifyVolume"); a new
+// map, never nil.
+func MergeMutable(have, params map[string]string) map[string]string {
+	out := make(map[string]string, len(have)+len(params))
+	maps.Copy(out, have)
+	maps.Copy(out, params)
+	return out
+}
+
+// ParseDirMode parses the dirMode value v of parameter k: octal permission
+// bits, 0000–7777. Errors: INVALID_ARGUMENT naming k and v.
+func ParseDirMode(k, v string) (uint32, error) {
 	m, err := strconv.ParseUint(v, 8, 32)
 	if err != nil || m > 0o7777 {
 		return 0, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want an octal permission such as \"0770\"", k, v)

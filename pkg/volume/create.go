@@ -114,9 +114,9 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 		return fail(fmt.Errorf("create volume data: %w", err))
 	}
 	if len(spec.MutableParameters) > 0 {
-		mut, err := contract.ParseMutable(spec.MutableParameters)
+		mut, err := parseMutable(spec.MutableParameters)
 		if err != nil {
-			return fail(fmt.Errorf("%w: %s", contract.ErrInvalid, statusMessage(err)))
+			return fail(err)
 		}
 		if err := m.applyMutable(v, tmp, mut); err != nil {
 			return fail(err)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -227,17 +226,8 @@ func (m *Manager) cutGroup(vols []*contract.Volume, tmps []string) error {
 		thaws = append(thaws, thaw)
 	}
 	for i, v := range vols {
-		if err := engine.Remove(tmps[i]); err != nil {
+		if err := m.cutSnapshot(v, tmps[i], m.copyImage); err != nil {
 			return err
-		}
-		var err error
-		if v.Image() {
-			err = m.copyImage(v, tmps[i])
-		} else {
-			err = m.eng.Snapshot(m.volDir(v.ID), tmps[i])
-		}
-		if err != nil {
-			return fmt.Errorf("snapshot volume %s: %w", v.ID, err)
 		}
 	}
 	if err := thawAll(); err != nil {
@@ -274,35 +264,35 @@ func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*GroupSnaps
 		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
 	}
 	slices.SortFunc(g.Snapshots, func(a, b *contract.Snapshot) int { return strings.Compare(a.SourceVolumeID, b.SourceVolumeID) })
-	if len(snapshotIDs) > 0 {
-		if err := m.sameMembers(g, snapshotIDs); err != nil {
-			return nil, err
-		}
+	var members []string
+	for _, s := range g.Snapshots {
+		members = append(members, s.ID)
+	}
+	exists := func(id string) bool { _, err := m.GetSnapshot(id); return err == nil }
+	if err := CheckGroupMembers(id, members, snapshotIDs, exists); err != nil {
+		return nil, err
 	}
 	return g, nil
 }
 
-// sameMembers checks the snapshot_ids a CO gave for group g: every member
-// is named, and every id named is a member or a snapshot that no longer
-// exists (one a delete cut short removed already).
-func (m *Manager) sameMembers(g *GroupSnapshot, snapshotIDs []string) error {
-	given := map[string]bool{}
-	for _, id := range snapshotIDs {
-		given[id] = true
+// CheckGroupMembers checks the snapshot_ids a CO gave for group gid
+// (none: no check) against members, the group's snapshot ids: every
+// member that still exists is named, and every id named is a member or a
+// snapshot that no longer exists (one a delete cut short removed already).
+// exists tells whether a snapshot id exists. Errors: contract.ErrInvalid
+// naming the snapshot.
+func CheckGroupMembers(gid string, members, given []string, exists func(id string) bool) error {
+	if len(given) == 0 {
+		return nil
 	}
-	members := map[string]bool{}
-	for _, s := range g.Snapshots {
-		members[s.ID] = true
-		if !given[s.ID] {
-			return fmt.Errorf("%w: snapshot_ids lack %s, a snapshot of group %s", contract.ErrInvalid, s.ID, g.ID)
+	for _, id := range members {
+		if !slices.Contains(given, id) && exists(id) {
+			return fmt.Errorf("%w: snapshot_ids lack %s, a snapshot of group %s", contract.ErrInvalid, id, gid)
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(given)) {
-		if members[id] {
-			continue
-		}
-		if _, err := m.GetSnapshot(id); err == nil {
-			return fmt.Errorf("%w: snapshot %s is not part of group %s", contract.ErrInvalid, id, g.ID)
+	for _, id := range given {
+		if !slices.Contains(members, id) && exists(id) {
+			return fmt.Errorf("%w: snapshot %s is not part of group %s", contract.ErrInvalid, id, gid)
 		}
 	}
 	return nil

@@ -28,9 +28,9 @@ import (
 // volume cannot take, named), contract.ErrBusy (a snapshot, clone or other
 // change of it is in progress).
 func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume, error) {
-	mut, err := contract.ParseMutable(params)
+	mut, err := parseMutable(params)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", contract.ErrInvalid, statusMessage(err))
+		return nil, err
 	}
 	unlock, err := m.lock(id)
 	if err != nil {
@@ -49,11 +49,7 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 	if err := m.applyMutable(v, m.dataPath(v), mut); err != nil {
 		return nil, err
 	}
-	merged := maps.Clone(v.MutableParameters)
-	if merged == nil {
-		merged = map[string]string{}
-	}
-	maps.Copy(merged, params)
+	merged := contract.MergeMutable(v.MutableParameters, params)
 	if maps.Equal(merged, v.MutableParameters) {
 		return v, nil
 	}
@@ -70,9 +66,9 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 // it is placed): contract.ErrInvalid naming the one it cannot take. That
 // compression needs a data root on btrfs is only known on the node.
 func CheckMutableKind(accessType, fsType string, params map[string]string) error {
-	mut, err := contract.ParseMutable(params)
+	mut, err := parseMutable(params)
 	if err != nil {
-		return fmt.Errorf("%w: %s", contract.ErrInvalid, statusMessage(err))
+		return err
 	}
 	return checkMutable(&contract.Volume{ID: "(new)", AccessType: accessType, FsType: fsType}, true, mut)
 }
@@ -137,9 +133,16 @@ func checkMutable(v *contract.Volume, onBtrfs bool, mut contract.Mutable) error 
 	return nil
 }
 
-// statusMessage is the message of a gRPC status error (of
-// contract.ParseMutable), for wrapping in a pkg/volume sentinel.
-func statusMessage(err error) string { return status.Convert(err).Message() }
+// parseMutable is contract.ParseMutable with its INVALID_ARGUMENT status
+// turned into contract.ErrInvalid (the message kept), as pkg/volume's
+// errors are.
+func parseMutable(params map[string]string) (contract.Mutable, error) {
+	mut, err := contract.ParseMutable(params)
+	if err != nil {
+		return mut, fmt.Errorf("%w: %s", contract.ErrInvalid, status.Convert(err).Message())
+	}
+	return mut, nil
+}
 
 // chmodRoot sets the permission bits of the directory at root (opened
 // with O_NOFOLLOW: a symlink is never followed).
@@ -161,8 +164,8 @@ func chmodRoot(root string, mode uint32) error {
 func imageDirMode(v *contract.Volume) (mode uint32, ok bool) {
 	for _, p := range []map[string]string{v.MutableParameters, v.Parameters} {
 		if s, set := p[contract.ParamDirMode]; set {
-			if mut, err := contract.ParseMutable(map[string]string{contract.ParamDirMode: s}); err == nil {
-				return *mut.DirMode, true
+			if mode, err := contract.ParseDirMode(contract.ParamDirMode, s); err == nil {
+				return mode, true
 			}
 		}
 	}

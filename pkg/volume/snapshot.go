@@ -153,21 +153,32 @@ func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) 
 	return s, nil
 }
 
-// writeSnapshot writes the snapshot of volume v at tmp (removing what a
-// failed earlier attempt left there first) and syncs it to disk, before
-// the record that acknowledges it is committed.
+// writeSnapshot writes the snapshot of volume v at tmp (cutSnapshot, an
+// image frozen while it is copied when it is staged) and syncs it to disk,
+// before the record that acknowledges it is committed.
 func (m *Manager) writeSnapshot(v *contract.Volume, tmp string) error {
+	if err := m.cutSnapshot(v, tmp, m.snapshotImage); err != nil {
+		return err
+	}
+	if err := syncFS(tmp); err != nil {
+		return fmt.Errorf("snapshot volume %s: %w", v.ID, err)
+	}
+	return nil
+}
+
+// cutSnapshot writes the snapshot data of volume v at tmp, unsynced,
+// removing what a failed earlier attempt left there first: an image with
+// copyImage (snapshotImage freezes a staged one; copyImage, for a caller
+// that froze it, does not), else the engine's snapshot of its tree.
+func (m *Manager) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*contract.Volume, string) error) error {
 	if err := engine.Remove(tmp); err != nil {
 		return err
 	}
 	var err error
 	if v.Image() {
-		err = m.snapshotImage(v, tmp)
+		err = copyImage(v, tmp)
 	} else {
 		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
-	}
-	if err == nil {
-		err = syncFS(tmp)
 	}
 	if err != nil {
 		return fmt.Errorf("snapshot volume %s: %w", v.ID, err)
