@@ -18,6 +18,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // TopologyKey is the accessible_topology segment key that pins a volume to
@@ -125,7 +126,70 @@ const (
 	// compressed with it (btrfs property "compression"; "none" turns
 	// compression off, whatever the mount options say).
 	ParamCompression = "compression"
+
+	// I/O limits of an image volume (raw block, or a filesystem on an
+	// image) for each pod that uses it, on the volume's loop device: bytes
+	// per second and I/O operations per second, a Kubernetes quantity or
+	// integer ("10Mi", "500"); "0" removes the limit. The node sets them on
+	// the pod's cgroup (v1 blkio.throttle.*, v2 io.max) at
+	// NodePublishVolume and whenever they change, and removes them at
+	// NodeUnpublishVolume.
+	ParamReadBytesPerSecond  = "readBytesPerSecond"
+	ParamWriteBytesPerSecond = "writeBytesPerSecond"
+	ParamReadIOPS            = "readIOPS"
+	ParamWriteIOPS           = "writeIOPS"
 )
+
+// IOLimitParameters are the mutable parameters that are I/O limits.
+var IOLimitParameters = []string{ParamReadBytesPerSecond, ParamWriteBytesPerSecond, ParamReadIOPS, ParamWriteIOPS}
+
+// IOLimits are an image volume's I/O limits per pod; 0 is no limit.
+type IOLimits struct {
+	// ReadBPS and WriteBPS in bytes per second.
+	ReadBPS, WriteBPS uint64
+	// ReadIOPS and WriteIOPS in operations per second.
+	ReadIOPS, WriteIOPS uint64
+}
+
+// field is the IOLimits field of I/O limit parameter k (nil for another
+// key).
+func (l *IOLimits) field(k string) *uint64 {
+	switch k {
+	case ParamReadBytesPerSecond:
+		return &l.ReadBPS
+	case ParamWriteBytesPerSecond:
+		return &l.WriteBPS
+	case ParamReadIOPS:
+		return &l.ReadIOPS
+	case ParamWriteIOPS:
+		return &l.WriteIOPS
+	}
+	return nil
+}
+
+// IOLimitsOf reads the I/O limits of a volume's mutable parameters (as
+// stored, so already valid: a bad value counts as no limit).
+func IOLimitsOf(p map[string]string) IOLimits {
+	var l IOLimits
+	for _, k := range IOLimitParameters {
+		if v, ok := p[k]; ok {
+			n, _ := parseRate(k, v)
+			*l.field(k) = n
+		}
+	}
+	return l
+}
+
+// parseRate parses the value v of I/O limit parameter k: a non-negative
+// integer quantity. Errors: INVALID_ARGUMENT naming k and v.
+func parseRate(k, v string) (uint64, error) {
+	q, err := resource.ParseQuantity(strings.TrimSpace(v))
+	n, ok := q.AsInt64()
+	if err != nil || !ok || n < 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "mutable parameter %s=%q: want a whole number (a quantity such as \"10Mi\" or \"500\"), 0 for no limit", k, v)
+	}
+	return uint64(n), nil
+}
 
 // Compressions are the values of ParamCompression.
 var Compressions = []string{"none", "zstd", "lzo", "zlib"}
@@ -133,7 +197,7 @@ var Compressions = []string{"none", "zstd", "lzo", "zlib"}
 // KnownMutableParameters lists every mutable parameter, for docs and
 // tests. ParamDirMode is one too: the permission of a directory volume's
 // root, changed in place.
-var KnownMutableParameters = []string{ParamCompression, ParamDirMode}
+var KnownMutableParameters = append([]string{ParamCompression, ParamDirMode}, IOLimitParameters...)
 
 // Mutable is a parsed, validated set of mutable parameters; nil fields
 // were not given and stay as they are.
@@ -142,6 +206,8 @@ type Mutable struct {
 	Compression *string
 	// DirMode is chmod(2) permission bits for the volume's root.
 	DirMode *uint32
+	// IO are the I/O limit parameters given (IOLimitParameters), parsed.
+	IO map[string]uint64
 }
 
 // ParseMutable validates mutable parameters (a CreateVolume or
@@ -169,6 +235,15 @@ func ParseMutable(p map[string]string) (Mutable, error) {
 				return m, err
 			}
 			m.DirMode = &mode
+		case ParamReadBytesPerSecond, ParamWriteBytesPerSecond, ParamReadIOPS, ParamWriteIOPS:
+			n, err := parseRate(k, v)
+			if err != nil {
+				return m, err
+			}
+			if m.IO == nil {
+				m.IO = map[string]uint64{}
+			}
+			m.IO[k] = n
 		default:
 			return m, status.Errorf(codes.InvalidArgument, "unknown mutable parameter %q (known: %s); remove it from the VolumeAttributesClass", k, strings.Join(KnownMutableParameters, ", "))
 		}

@@ -118,7 +118,7 @@ func New(opts Options, with ...Option) (*Driver, error) {
 	case ModeController:
 		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
 	case ModeNode, ModeAll:
-		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine, Mounter: nc.mounter})
+		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine, Mounter: nc.mounter, CgroupRoot: opts.CgroupRoot})
 		if err != nil {
 			return nil, err
 		}
@@ -173,6 +173,9 @@ func (d *Driver) Serve(ctx context.Context) error {
 		"endpoint", d.opts.Endpoint, "nodeID", d.opts.NodeID, "dataRoot", d.opts.DataRoot)
 	errc := make(chan error, 1)
 	go func() { errc <- d.server.Serve(lis) }()
+	if d.vm != nil {
+		go d.vm.RunIOLimits(ctx)
+	}
 	select {
 	case <-ctx.Done():
 		stopped := make(chan struct{})

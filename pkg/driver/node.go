@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -144,6 +145,13 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.vm.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()))
 }
 
+// podUIDKey is the volume_context key of the pod a NodePublishVolume is
+// for (the kubelet sends it when the CSIDriver has podInfoOnMount).
+const podUIDKey = "csi.storage.k8s.io/pod.uid"
+
+// podUIDPattern is a Kubernetes UID: a UUID, or a static pod's hash.
+var podUIDPattern = regexp.MustCompile(`^[0-9a-zA-Z][-0-9a-zA-Z_]{0,63}$`)
+
 // NodePublishVolume bind-mounts the staged volume onto target_path,
 // read-only when asked, with the capability's mount flags (spec
 // §NodePublishVolume). A block volume's device node is bound onto a file at
@@ -178,6 +186,10 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
 		return nil, err
 	}
+	uid := req.GetVolumeContext()[podUIDKey]
+	if uid != "" && !podUIDPattern.MatchString(uid) {
+		return nil, invalid("volume_context %s=%q is not a pod UID", podUIDKey, uid)
+	}
 	err := s.d.vm.Publish(req.GetVolumeId(), volume.PublishOptions{
 		StagingPath:  req.GetStagingTargetPath(),
 		TargetPath:   req.GetTargetPath(),
@@ -185,6 +197,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		ReadOnly:     req.GetReadonly(),
 		SingleWriter: c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
 		MountFlags:   c.GetMount().GetMountFlags(),
+		PodUID:       uid,
 	})
 	return &csi.NodePublishVolumeResponse{}, toStatus(err)
 }

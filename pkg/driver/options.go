@@ -91,6 +91,11 @@ type Options struct {
 	// binary sets DefaultKubeletRoot in node mode unless --kubelet-root is
 	// given (ApplyModeDefaults).
 	KubeletRoot string
+	// CgroupRoot is where the node's cgroup hierarchy is mounted: the I/O
+	// limits of image volumes and the freezes of group snapshots act on
+	// the cgroups of the pods that use volumes (volume.Config.CgroupRoot).
+	// Empty: neither is available.
+	CgroupRoot string
 
 	capacity, maxVolume, defaultVolume quantityFlag
 }
@@ -179,6 +184,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	node.Var(o.capacity, "capacity", "bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
 	node.StringVar(&o.Engine, "engine", "auto", "storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
 	node.StringVar(&o.KubeletRoot, "kubelet-root", "", "the kubelet's root directory: staging and target paths not below it (symlinks resolved) are refused with INVALID_ARGUMENT (default "+DefaultKubeletRoot+" in node mode, no check in all mode; --kubelet-root= turns the check off)")
+	node.StringVar(&o.CgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the node's cgroup hierarchy (v1 or v2) is mounted: the I/O limits of image volumes and the pod freezes of group snapshots act on the cgroups of the pods that use volumes (--cgroup-root= turns both off)")
 	node.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")
 	for _, name := range fss.Order {
 		fs.AddFlagSet(fss.FlagSet(name))
@@ -221,6 +227,9 @@ func (o *Options) Validate() error {
 		}
 		if filepath.Clean(o.DataRoot) == "/" {
 			return fmt.Errorf("--data-root=%q: must be a directory of its own, not the root of the host (localdir creates volumes/, snapshots/, block/, orphaned/ and state.db in it)", o.DataRoot)
+		}
+		if o.CgroupRoot != "" && !filepath.IsAbs(o.CgroupRoot) {
+			return fmt.Errorf("--cgroup-root=%q: must be an absolute path (or empty for none)", o.CgroupRoot)
 		}
 		if o.KubeletRoot != "" && !filepath.IsAbs(o.KubeletRoot) {
 			return fmt.Errorf("--kubelet-root=%q: must be an absolute path (or empty for no check)", o.KubeletRoot)

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -161,6 +162,63 @@ func (t *Tx) DeleteSnapshot(id string) error {
 func (t *Tx) ForEachSnapshot(after string, fn func(*contract.Snapshot) bool) error {
 	return forEach(t.tx.Bucket(bucketSnapshots), after, func() any { return &snapshotJSON{} },
 		func(x any) bool { return fn((*contract.Snapshot)(x.(*snapshotJSON))) })
+}
+
+// Publication is a volume published at a target path for a pod (CSI
+// NodePublishVolume whose volume_context carries
+// csi.storage.k8s.io/pod.uid: the CSIDriver's podInfoOnMount), kept so
+// that the node can find the pod's cgroups for the volume's I/O limits and
+// group snapshot freezes, and forget them at NodeUnpublishVolume.
+type Publication struct {
+	VolumeID    string `json:"volumeID"`
+	TargetPath  string `json:"targetPath"`
+	StagingPath string `json:"stagingPath,omitempty"`
+	PodUID      string `json:"podUID"`
+}
+
+func publicationKey(volumeID, targetPath string) []byte {
+	return []byte(volumeID + "\x00" + targetPath)
+}
+
+// PutPublication stores p (replacing the one of the same volume and
+// target path).
+func (t *Tx) PutPublication(p *Publication) error {
+	return put(t.tx.Bucket(bucketPublications), string(publicationKey(p.VolumeID, p.TargetPath)), p)
+}
+
+// Publication returns the publication of volumeID at targetPath, or nil.
+func (t *Tx) Publication(volumeID, targetPath string) (*Publication, error) {
+	p := &Publication{}
+	ok, err := get(t.tx.Bucket(bucketPublications), string(publicationKey(volumeID, targetPath)), p)
+	if !ok {
+		return nil, err
+	}
+	return p, err
+}
+
+// DeletePublication removes the publication of volumeID at targetPath (none
+// is fine).
+func (t *Tx) DeletePublication(volumeID, targetPath string) error {
+	return t.tx.Bucket(bucketPublications).Delete(publicationKey(volumeID, targetPath))
+}
+
+// Publications returns the publications of volumeID ("": of every
+// volume), in volume_id and target path order.
+func (t *Tx) Publications(volumeID string) ([]*Publication, error) {
+	var out []*Publication
+	c := t.tx.Bucket(bucketPublications).Cursor()
+	prefix := []byte(volumeID)
+	if volumeID != "" {
+		prefix = append(prefix, 0)
+	}
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		p := &Publication{}
+		if err := json.Unmarshal(v, p); err != nil {
+			return nil, fmt.Errorf("%w: record %q: %v", ErrCorrupt, k, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 func get(b *bolt.Bucket, id string, into any) (bool, error) {

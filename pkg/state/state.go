@@ -50,7 +50,10 @@ var (
 	bucketVolumes   = []byte("volumes")   // volume_id → JSON Volume
 	bucketSnapNames = []byte("snapnames") // CSI snapshot name → snapshot_id
 	bucketSnapshots = []byte("snapshots") // snapshot_id → JSON Snapshot
-	keyVersion      = []byte("format")
+	// bucketPublications: added after format 2 (older drivers ignore it):
+	// volume_id NUL target_path → JSON Publication.
+	bucketPublications = []byte("publications")
+	keyVersion         = []byte("format")
 )
 
 // ErrCorrupt wraps every error that means the state file cannot be trusted.
@@ -211,7 +214,7 @@ func (s *Store) initBuckets(fresh bool) error {
 		}
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots} {
+		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots, bucketPublications} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

@@ -730,3 +730,53 @@ func TestOpenLocked(t *testing.T) {
 		t.Fatal("first store broken by the second Open")
 	}
 }
+
+// TestPublications stores publications of two volumes, one of whose id is
+// a prefix of the other's, lists them per volume, reopens the file and
+// deletes one.
+func TestPublications(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	s := openT(t, path)
+	a, b := volID(1), volID(1)+"0"
+	pubs := []*Publication{
+		{VolumeID: a, TargetPath: "/pods/1/mount", StagingPath: "/staging/a", PodUID: "uid-1"},
+		{VolumeID: a, TargetPath: "/pods/2/mount", PodUID: "uid-2"},
+		{VolumeID: b, TargetPath: "/pods/3/mount", PodUID: "uid-3"},
+	}
+	if err := s.Update(func(tx *Tx) error {
+		for _, p := range pubs {
+			if err := tx.PutPublication(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openT(t, path)
+	defer s.Close()
+	list := func(id string) []*Publication {
+		var out []*Publication
+		if err := s.View(func(tx *Tx) (err error) { out, err = tx.Publications(id); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got := list(a); !reflect.DeepEqual(got, pubs[:2]) {
+		t.Errorf("publications of %s = %+v", a, got)
+	}
+	if got := list(""); len(got) != 3 {
+		t.Errorf("all publications = %+v", got)
+	}
+	if err := s.Update(func(tx *Tx) error { return tx.DeletePublication(a, "/pods/1/mount") }); err != nil {
+		t.Fatal(err)
+	}
+	var one *Publication
+	_ = s.View(func(tx *Tx) (err error) { one, err = tx.Publication(a, "/pods/2/mount"); return err })
+	if got := list(a); len(got) != 1 || !reflect.DeepEqual(one, pubs[1]) {
+		t.Errorf("after a delete: %+v, %+v", got, one)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,33 +85,44 @@ func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error
 		return nop, fmt.Errorf("FIFREEZE %s: %w", mnt, err)
 	}
 	klog.V(4).InfoS("Filesystem frozen for a snapshot", "volumeID", v.ID, "mountpoint", mnt)
+	return boundedThaw("the filesystem at "+mnt, marker, func() error {
+		err := unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("FITHAW %s: %w", mnt, err)
+		}
+		klog.V(4).InfoS("Filesystem thawed", "volumeID", v.ID, "mountpoint", mnt)
+		return nil
+	}), nil
+}
+
+// boundedThaw wraps thaw, the end of a freeze of what recorded at marker:
+// the result runs thaw once however often it is called, removes the
+// record once thaw succeeded, and runs by itself after maxFreeze; a call
+// after that fails, since what was frozen was not frozen throughout.
+func boundedThaw(what, marker string, thaw func() error) func() error {
 	var once sync.Once
 	var thawErr error
 	var expired atomic.Bool
 	var timer *time.Timer
-	thaw = func() error {
+	bounded := func() error {
 		once.Do(func() {
 			timer.Stop()
-			thawErr = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
-			unix.Close(fd)
-			if thawErr != nil {
-				thawErr = fmt.Errorf("FITHAW %s: %w", mnt, thawErr)
-				return
+			if thawErr = thaw(); thawErr == nil {
+				_ = os.Remove(marker)
 			}
-			_ = os.Remove(marker)
-			klog.V(4).InfoS("Filesystem thawed", "volumeID", v.ID, "mountpoint", mnt)
 		})
 		if thawErr == nil && expired.Load() {
-			return fmt.Errorf("the filesystem at %s was thawed after %s, before the copy ended: the copy is not consistent", mnt, maxFreeze)
+			return fmt.Errorf("%s was thawed after %s, before the copy ended: the copy is not consistent", what, maxFreeze)
 		}
 		return thawErr
 	}
 	timer = time.AfterFunc(maxFreeze, func() {
-		klog.InfoS("Thawing a filesystem frozen too long; the snapshot in progress fails", "volumeID", v.ID, "after", maxFreeze)
+		klog.InfoS("Thawing what was frozen too long; the snapshot in progress fails", "what", what, "after", maxFreeze)
 		expired.Store(true)
-		_ = thaw()
+		_ = bounded()
 	})
-	return thaw, nil
+	return bounded
 }
 
 // imageMounts lists the mount points of the filesystem on image volume
@@ -150,6 +162,16 @@ func (m *Manager) thawFrozen() {
 	}
 	for _, e := range ents {
 		id, p := e.Name(), filepath.Join(dir, e.Name())
+		if strings.HasPrefix(id, podFrozenPrefix) {
+			if err := m.thawPodRecord(p); err != nil {
+				klog.ErrorS(err, "Could not thaw a pod a killed driver left frozen; write THAWED to its freezer.state", "record", p)
+				continue
+			}
+			if err := os.Remove(p); err != nil {
+				klog.ErrorS(err, "Could not remove a freeze record", "path", p)
+			}
+			continue
+		}
 		if !ValidVolumeID(id) {
 			klog.ErrorS(nil, "Not a freeze record; left alone", "path", p)
 			continue

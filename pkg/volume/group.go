@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -118,6 +119,7 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 		return nil, err
 	}
 	var vols []*contract.Volume
+	var pods []string // the pods that use members, to freeze
 	for _, id := range ids {
 		release, err := m.holds.read(id, "a group snapshot")
 		if err != nil {
@@ -128,10 +130,16 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 		if err != nil {
 			return nil, err
 		}
-		if why, err := m.unfreezableWriter(v); err != nil {
+		uids, why, err := m.podWriters(v)
+		if err != nil {
 			return nil, err
 		} else if why != "" {
-			return nil, fmt.Errorf("%w: volume %s %s: localdir cannot stop its writes for a consistent group snapshot (only image volumes, csi.storage.k8s.io/fstype ext4 or xfs, can be frozen); take it out of the group or stop its pod", contract.ErrPrecondition, id, why)
+			return nil, fmt.Errorf("%w: volume %s %s: localdir cannot stop its writes for a consistent group snapshot; take it out of the group or stop what uses it", contract.ErrPrecondition, id, why)
+		}
+		for _, u := range uids {
+			if !slices.Contains(pods, u) {
+				pods = append(pods, u)
+			}
 		}
 		vols = append(vols, v)
 	}
@@ -152,7 +160,7 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 		g.Snapshots = append(g.Snapshots, s)
 		tmps = append(tmps, inFlight(creatingPrefix, m.snapPath(s)))
 	}
-	if err := m.cutGroup(vols, tmps); err != nil {
+	if err := m.cutGroup(vols, pods, tmps); err != nil {
 		cleanup()
 		return nil, mapNoSpace(err)
 	}
@@ -178,52 +186,74 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 	return g, nil
 }
 
-// unfreezableWriter says why something may be writing to volume v that a
-// freeze cannot stop ("" when nothing can, or it is a staged image
-// volume, which is frozen).
-func (m *Manager) unfreezableWriter(v *contract.Volume) (string, error) {
-	switch {
-	case v.FsType != "":
-		return "", nil
-	case v.AccessType == contract.AccessBlock:
-		dev, err := block.FindMode(m.imagePath(v.ID), false)
-		if err != nil || dev == "" {
-			return "", err
-		}
-		return "is a raw block volume attached at " + dev, nil
-	}
-	suffix := "/volumes/" + v.ID
+// dirMounts are the mount points of directory volume id's directory.
+func dirMounts(id string) ([]string, error) {
+	suffix := "/volumes/" + id
 	mounts, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
 		return !strings.HasSuffix(i.Root, suffix), false
 	})
-	if err != nil || len(mounts) == 0 {
-		return "", err
+	var points []string
+	for _, i := range mounts {
+		points = append(points, i.Mountpoint)
 	}
-	return "is a directory volume mounted at " + mounts[0].Mountpoint, nil
+	return points, err
 }
 
-// cutGroup copies the data of vols to tmps with every staged image volume
-// among them frozen, all at once, and syncs the copies after the thaw.
-func (m *Manager) cutGroup(vols []*contract.Volume, tmps []string) error {
+// flushDevice writes out what the page cache of image's read-write loop
+// device holds (fsync of the device), so that a copy of the image has
+// every write made to the device so far; an image not attached has none.
+func flushDevice(image string) error {
+	dev, err := block.FindMode(image, false)
+	if err != nil || dev == "" {
+		return err
+	}
+	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("flush %s: %w", dev, err)
+	}
+	return nil
+}
+
+// cutGroup copies the data of vols to tmps at one point in time: first
+// the pods that use them are frozen (their processes stopped), then every
+// staged image volume's filesystem (FIFREEZE), and what a frozen pod
+// wrote to a raw block volume is flushed to its image; all are thawed once
+// every copy is made, and the copies synced after the thaw.
+func (m *Manager) cutGroup(vols []*contract.Volume, pods, tmps []string) error {
 	var thaws []func() error
 	thawAll := func() error {
 		var errs []error
-		for _, t := range thaws {
-			errs = append(errs, t())
+		for i := len(thaws) - 1; i >= 0; i-- {
+			errs = append(errs, thaws[i]())
 		}
 		thaws = nil
 		return errors.Join(errs...)
 	}
 	defer thawAll()
-	for _, v := range vols {
-		if v.FsType == "" {
-			continue
-		}
-		thaw, err := m.freezeStaged(v)
+	for _, uid := range pods {
+		thaw, err := m.freezePod(uid)
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: %v", contract.ErrBusy, err)
 		}
 		thaws = append(thaws, thaw)
+	}
+	for _, v := range vols {
+		switch {
+		case v.FsType != "":
+			thaw, err := m.freezeStaged(v)
+			if err != nil {
+				return err
+			}
+			thaws = append(thaws, thaw)
+		case v.AccessType == contract.AccessBlock && len(pods) > 0:
+			if err := flushDevice(m.imagePath(v.ID)); err != nil {
+				return err
+			}
+		}
 	}
 	for i, v := range vols {
 		if err := m.cutSnapshot(v, tmps[i], m.copyImage); err != nil {

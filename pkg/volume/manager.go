@@ -40,6 +40,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
@@ -57,6 +58,11 @@ type Config struct {
 	// (stage, publish, delete's in-use check); nil means mount.New(), the
 	// real one. Unit tests give a mount.Fake.
 	Mounter mount.Interface
+	// CgroupRoot is where the node's cgroup hierarchy is mounted (normally
+	// /sys/fs/cgroup), for the I/O limits and freezes of the pods that use
+	// volumes (pods.go); "" means none: a volume with I/O limits cannot be
+	// published for a pod, nor a volume a pod uses join a group snapshot.
+	CgroupRoot string
 }
 
 // Manager is the data plane of one data root. Its methods are safe for
@@ -75,8 +81,10 @@ type Manager struct {
 	eng       engine.Engine
 	st        *state.Store
 	holds     *holdSet
-	locks     *keylock.Set    // the per-volume lock (locks.go)
-	mnt       mount.Interface // node mounts and the mount table
+	locks     *keylock.Set      // the per-volume lock (locks.go)
+	mnt       mount.Interface   // node mounts and the mount table
+	cg        *cgroup.Hierarchy // pod cgroups (nil: Config.CgroupRoot is "")
+	ioKick    chan struct{}     // wakes RunIOLimits
 
 	mu sync.Mutex // guards use, measuring and measuredAt; held for arithmetic, never across I/O
 	// use is the size of every recorded volume (and of creates and
@@ -121,6 +129,12 @@ func Open(cfg Config) (*Manager, error) {
 		use:       map[string]volUse{},
 		locks:     keylock.New(),
 		mnt:       cfg.Mounter,
+		ioKick:    make(chan struct{}, 1),
+	}
+	if cfg.CgroupRoot != "" {
+		if m.cg, err = cgroup.Open(cfg.CgroupRoot); err != nil {
+			return nil, err
+		}
 	}
 	if m.mnt == nil {
 		m.mnt = mount.New()

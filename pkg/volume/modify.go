@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
@@ -20,8 +21,10 @@ import (
 // btrfs compression property on the volume's whole tree (engine.
 // SetCompression: later writes are compressed); dirMode chmods the
 // volume's root (an image volume's filesystem root where it is staged, and
-// at each later stage). dirMode applies to filesystem volumes, compression
-// to directory volumes on btrfs; raw block volumes take neither. Applying is idempotent:
+// at each later stage); the I/O limits (contract.IOLimitParameters) are
+// set on the cgroups of every pod the volume is published for (pods.go).
+// dirMode applies to filesystem volumes, compression to directory volumes
+// on btrfs, I/O limits to image volumes (raw block, ext4, xfs). Applying is idempotent:
 // a modify a crash cut short between the data and the record is finished
 // by its retry. It returns the volume as recorded afterwards.
 // Errors: contract.ErrNotFound, contract.ErrInvalid (a parameter this
@@ -50,6 +53,11 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 		return nil, err
 	}
 	merged := contract.MergeMutable(v.MutableParameters, params)
+	if mut.IO != nil {
+		if err := m.applyIOLimits(v, merged); err != nil {
+			return nil, err
+		}
+	}
 	if maps.Equal(merged, v.MutableParameters) {
 		return v, nil
 	}
@@ -122,6 +130,9 @@ func checkMutable(v *contract.Volume, onBtrfs bool, mut contract.Mutable) error 
 	}
 	if mut.DirMode != nil && v.AccessType == contract.AccessBlock {
 		return fmt.Errorf("%w: mutable parameter %s applies to filesystem volumes; volume %s is %s", contract.ErrInvalid, contract.ParamDirMode, v.ID, kind)
+	}
+	if mut.IO != nil && !v.Image() {
+		return fmt.Errorf("%w: mutable parameters %s apply to image volumes (raw block, or csi.storage.k8s.io/fstype ext4 or xfs), whose loop device they limit; volume %s is %s", contract.ErrInvalid, strings.Join(contract.IOLimitParameters, ", "), v.ID, kind)
 	}
 	if mut.Compression != nil && (v.Image() || !onBtrfs) {
 		where := ""

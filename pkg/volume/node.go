@@ -12,6 +12,7 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
@@ -239,6 +240,10 @@ type PublishOptions struct {
 	SingleWriter bool
 	// MountFlags are the capability's mount flags (mount.ParseFlags).
 	MountFlags []string
+	// PodUID is the pod the volume is published for (volume_context
+	// csi.storage.k8s.io/pod.uid), "" when the CO did not say: recorded
+	// for the volume's I/O limits and group snapshot freezes (pods.go).
+	PodUID string
 }
 
 // Publish makes the staged volume id visible at o.TargetPath (CSI
@@ -265,6 +270,15 @@ func (m *Manager) Publish(id string, o PublishOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := m.publish(v, o); err != nil {
+		return err
+	}
+	return m.recordPublication(v, o)
+}
+
+// publish is Publish of volume v under its lock.
+func (m *Manager) publish(v *contract.Volume, o PublishOptions) error {
+	id := v.ID
 	if err := matchAccess(v, o.AccessType); err != nil {
 		return err
 	}
@@ -446,9 +460,12 @@ func (m *Manager) Unpublish(ctx context.Context, id, targetPath string) error {
 	}
 	v, err := m.Resolve(id)
 	if errors.Is(err, contract.ErrNotFound) {
-		return nil
+		return m.st.Update(func(tx *state.Tx) error { return tx.DeletePublication(id, targetPath) })
 	}
 	if err != nil {
+		return err
+	}
+	if err := m.forgetPublication(v, targetPath); err != nil {
 		return err
 	}
 	if v.Ephemeral && !ValidVolumeID(id) {

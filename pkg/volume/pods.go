@@ -1,0 +1,388 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
+)
+
+// The pods that use a volume. NodePublishVolume tells which pod a
+// publication is for (volume_context csi.storage.k8s.io/pod.uid, sent
+// because the CSIDriver has podInfoOnMount); the node records it
+// (state.Publication) until NodeUnpublishVolume, and finds the pod's
+// cgroups with it (pkg/volume/cgroup) for two things: an image volume's
+// I/O limits (mutable parameters contract.IOLimitParameters), set on the
+// pod's cgroups for the volume's loop devices; and a group snapshot of
+// volumes in use, for which the pods are frozen while their volumes are
+// cut.
+
+// recordPublication records that volume id is published at o.TargetPath
+// for the pod o.PodUID (nothing without one) and applies the volume's I/O
+// limits to that pod.
+func (m *Manager) recordPublication(v *contract.Volume, o PublishOptions) error {
+	if o.PodUID == "" {
+		return nil
+	}
+	p := &state.Publication{VolumeID: v.ID, TargetPath: o.TargetPath, StagingPath: o.StagingPath, PodUID: o.PodUID}
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutPublication(p) }); err != nil {
+		return err
+	}
+	if l := contract.IOLimitsOf(v.MutableParameters); l != (contract.IOLimits{}) {
+		if err := m.setPodIO(v, o.PodUID, l); err != nil {
+			return err
+		}
+		m.kickIOLimits()
+	}
+	return nil
+}
+
+// forgetPublication removes the record of volume v's publication at
+// targetPath and, when the volume has I/O limits and the pod no other
+// publication of it, takes them off the pod's cgroups.
+func (m *Manager) forgetPublication(v *contract.Volume, targetPath string) error {
+	var p *state.Publication
+	var rest []*state.Publication
+	if err := m.st.View(func(tx *state.Tx) (err error) {
+		if p, err = tx.Publication(v.ID, targetPath); err != nil || p == nil {
+			return err
+		}
+		rest, err = tx.Publications(v.ID)
+		return err
+	}); err != nil || p == nil {
+		return err
+	}
+	same := 0
+	for _, r := range rest {
+		if r.PodUID == p.PodUID {
+			same++
+		}
+	}
+	if same == 1 && contract.IOLimitsOf(v.MutableParameters) != (contract.IOLimits{}) {
+		if err := m.setPodIO(v, p.PodUID, contract.IOLimits{}); err != nil {
+			return err
+		}
+	}
+	return m.st.Update(func(tx *state.Tx) error { return tx.DeletePublication(v.ID, targetPath) })
+}
+
+// publications lists the recorded publications of volume id.
+func (m *Manager) publications(id string) ([]*state.Publication, error) {
+	var out []*state.Publication
+	err := m.st.View(func(tx *state.Tx) (err error) { out, err = tx.Publications(id); return err })
+	return out, err
+}
+
+// applyIOLimits sets the I/O limits of volume v's mutable parameters
+// params on the cgroups of every pod it is published for; a pod that is
+// gone is skipped.
+func (m *Manager) applyIOLimits(v *contract.Volume, params map[string]string) error {
+	pubs, err := m.publications(v.ID)
+	if err != nil {
+		return err
+	}
+	l := contract.IOLimitsOf(params)
+	for _, p := range pubs {
+		if err := m.setPodIO(v, p.PodUID, l); err != nil {
+			return err
+		}
+	}
+	if len(pubs) > 0 {
+		m.kickIOLimits()
+	}
+	return nil
+}
+
+// setPodIO sets l on the cgroups of the pod with uid for every loop
+// device of image volume v. A pod with no cgroup (gone) is nothing to do.
+// Errors: no cgroup hierarchy configured (--cgroup-root), the kernel's
+// refusal.
+func (m *Manager) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
+	if !v.Image() {
+		return nil
+	}
+	if m.cg == nil {
+		if l == (contract.IOLimits{}) {
+			return nil
+		}
+		return fmt.Errorf("volume %s has I/O limits but this node has no cgroup hierarchy to set them in (--cgroup-root)", v.ID)
+	}
+	devs, err := block.Devices(m.imagePath(v.ID))
+	if err != nil {
+		return err
+	}
+	var nums []uint64
+	for _, d := range devs {
+		n, err := block.Rdev(d.Path)
+		if err != nil {
+			return err
+		}
+		nums = append(nums, n)
+	}
+	if len(nums) == 0 {
+		return nil
+	}
+	dirs, err := m.cg.SetIO(uid, nums, cgroup.Limits(l))
+	if errors.Is(err, cgroup.ErrNoPod) {
+		klog.V(2).InfoS("No cgroup of the pod a volume is published for; its I/O limits wait for it", "volumeID", v.ID, "podUID", uid)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("set the I/O limits of volume %s for pod %s: %w", v.ID, uid, err)
+	}
+	klog.V(4).InfoS("I/O limits set", "volumeID", v.ID, "podUID", uid, "limits", l, "cgroups", dirs)
+	return nil
+}
+
+// ioResync is how often RunIOLimits sets every limit again, besides when a
+// pod's cgroup gains a container.
+var ioResync = 30 * time.Second
+
+// kickIOLimits asks RunIOLimits to look again at once (it may not run).
+func (m *Manager) kickIOLimits() {
+	select {
+	case m.ioKick <- struct{}{}:
+	default:
+	}
+}
+
+// RunIOLimits keeps the I/O limits of published image volumes on their
+// pods' cgroups until ctx ends. On cgroup v1 a limit binds only the cgroup
+// it is written to, so each container the kubelet starts in a limited pod
+// (a new directory in the pod's cgroup, seen with inotify) gets the
+// volume's limits at once; everything is also set again every 30 s. On
+// cgroup v2 the pod's io.max covers its containers and this only resyncs.
+func (m *Manager) RunIOLimits(ctx context.Context) {
+	if m.cg == nil {
+		return
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		klog.ErrorS(err, "No inotify watcher: the I/O limits of new containers are set by the periodic resync only")
+	}
+	var events chan fsnotify.Event
+	watched := map[string]bool{}
+	if w != nil {
+		defer w.Close()
+		events = w.Events
+		go func() {
+			for err := range w.Errors {
+				klog.ErrorS(err, "inotify watch of pod cgroups")
+			}
+		}()
+	}
+	t := time.NewTicker(ioResync)
+	defer t.Stop()
+	for {
+		dirs := m.syncIOLimits(ctx)
+		if w != nil {
+			for d := range watched {
+				if !dirs[d] {
+					_ = w.Remove(d)
+					delete(watched, d)
+				}
+			}
+			for d := range dirs {
+				if !watched[d] {
+					if err := w.Add(d); err == nil {
+						watched[d] = true
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-m.ioKick:
+		case e := <-events:
+			if !e.Has(fsnotify.Create) {
+				continue
+			}
+		}
+	}
+}
+
+// syncIOLimits sets the I/O limits of every publication of a limited
+// volume and returns the pod cgroups to watch for new containers. Each
+// volume is handled under its lock, so that a publication an unpublish
+// just removed never gets its limits back.
+func (m *Manager) syncIOLimits(ctx context.Context) map[string]bool {
+	dirs := map[string]bool{}
+	all, err := m.publications("")
+	if err != nil {
+		klog.ErrorS(err, "Could not read the publications")
+		return dirs
+	}
+	seen := map[string]bool{}
+	for _, p := range all {
+		if seen[p.VolumeID] {
+			continue
+		}
+		seen[p.VolumeID] = true
+		for _, uid := range m.syncVolumeIO(ctx, p.VolumeID) {
+			if d, err := m.cg.WatchDir(uid); err == nil && d != "" {
+				dirs[d] = true
+			}
+		}
+	}
+	return dirs
+}
+
+// syncVolumeIO sets the I/O limits of volume id on the pods it is
+// published for, under the volume's lock, and returns those pods (none
+// when the volume has no limits).
+func (m *Manager) syncVolumeIO(ctx context.Context, id string) []string {
+	if v, err := m.Get(id); err != nil || contract.IOLimitsOf(v.MutableParameters) == (contract.IOLimits{}) {
+		return nil // no lock taken for volumes without limits: most
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	unlock, err := m.locks.Wait(wctx, "volume", id)
+	if err != nil {
+		return nil // busy for long: the next resync
+	}
+	defer unlock()
+	v, err := m.Get(id)
+	if err != nil {
+		return nil
+	}
+	l := contract.IOLimitsOf(v.MutableParameters)
+	if l == (contract.IOLimits{}) {
+		return nil
+	}
+	pubs, err := m.publications(id)
+	if err != nil {
+		return nil
+	}
+	var uids []string
+	for _, p := range pubs {
+		if err := m.setPodIO(v, p.PodUID, l); err != nil {
+			klog.ErrorS(err, "Could not set I/O limits", "volumeID", v.ID, "podUID", p.PodUID)
+		}
+		uids = append(uids, p.PodUID)
+	}
+	return uids
+}
+
+// podWriters says which pods may write to volume v (by UID), or why a
+// writer exists that freezing pods cannot stop ("" when there is none):
+// a staged image volume is frozen as a filesystem, so it has no pods to
+// freeze; a raw block volume's writers are the publications of its loop
+// devices, a directory volume's the mounts of its directory besides a
+// recorded staging path; each must be recorded for a pod (podInfoOnMount).
+func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err error) {
+	if v.FsType != "" {
+		return nil, "", nil
+	}
+	var points []string
+	if v.AccessType == contract.AccessBlock {
+		devs, err := block.Devices(m.imagePath(v.ID))
+		if err != nil {
+			return nil, "", err
+		}
+		for _, d := range devs {
+			p, err := m.mnt.MountPoints(d.Path)
+			if err != nil {
+				return nil, "", err
+			}
+			points = append(points, p...)
+		}
+	} else if points, err = dirMounts(v.ID); err != nil {
+		return nil, "", err
+	}
+	if len(points) == 0 {
+		return nil, "", nil
+	}
+	pubs, err := m.publications(v.ID)
+	if err != nil {
+		return nil, "", err
+	}
+	pod, staging := map[string]string{}, map[string]bool{}
+	for _, p := range pubs {
+		pod[resolved(p.TargetPath)] = p.PodUID
+		if p.StagingPath != "" {
+			staging[resolved(p.StagingPath)] = true
+		}
+	}
+	seen := map[string]bool{}
+	for _, pt := range points {
+		uid, ok := pod[pt]
+		switch {
+		case ok && !seen[uid]:
+			seen[uid] = true
+			uids = append(uids, uid)
+		case ok, staging[pt]:
+		default:
+			return nil, "is mounted at " + pt + ", which is not a publication for a known pod (podInfoOnMount)", nil
+		}
+	}
+	if m.cg == nil && len(uids) > 0 {
+		return nil, "is used by pods, and this node has no cgroup hierarchy to freeze them in (--cgroup-root)", nil
+	}
+	return uids, "", nil
+}
+
+// resolved is p with its symlinks resolved where it exists, as the mount
+// table shows it.
+func resolved(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return filepath.Clean(p)
+}
+
+// podFrozenPrefix names the freeze record of a pod in the frozen
+// directory: pod-<uid>, holding the pod's freezer cgroup.
+const podFrozenPrefix = "pod-"
+
+// freezePod stops the processes of the pod with uid (its freezer cgroup)
+// and returns the thaw, which is safe to call more than once and runs by
+// itself after maxFreeze. The freeze is recorded durably before it is
+// made, so that a start after a crash thaws it (thawFrozen).
+func (m *Manager) freezePod(uid string) (func() error, error) {
+	nop := func() error { return nil }
+	dir, err := m.cg.PodDir("freezer", uid)
+	if err != nil {
+		return nop, err
+	}
+	marker := filepath.Join(m.root, frozenDir, podFrozenPrefix+uid)
+	if err := writeDurably(marker, dir); err != nil {
+		return nop, fmt.Errorf("record the freeze of pod %s: %w", uid, err)
+	}
+	if _, err := m.cg.Freeze(uid); err != nil {
+		_ = os.Remove(marker)
+		return nop, fmt.Errorf("freeze pod %s: %w", uid, err)
+	}
+	klog.V(2).InfoS("Pod frozen for a group snapshot", "podUID", uid, "cgroup", dir)
+	return boundedThaw("pod "+uid, marker, func() error { return m.cg.Thaw(dir) }), nil
+}
+
+// thawPodRecord thaws the pod cgroup a freeze record holds (a process
+// killed while a pod was frozen).
+func (m *Manager) thawPodRecord(marker string) error {
+	b, err := os.ReadFile(marker)
+	if err != nil {
+		return err
+	}
+	dir := strings.TrimSpace(string(b))
+	if m.cg == nil || !m.cg.IsPodDir(dir) {
+		return fmt.Errorf("freeze record %s names %q, not a pod cgroup of this node's hierarchy", marker, dir)
+	}
+	if err := m.cg.Thaw(dir); err != nil {
+		return err
+	}
+	klog.InfoS("Thawed a pod a killed driver left frozen", "cgroup", dir)
+	return nil
+}
