@@ -139,4 +139,3 @@ func read(t *testing.T, p string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
