@@ -28,16 +28,17 @@ func withLabel(k, v string) pvcOpt {
 	return func(p *corev1.PersistentVolumeClaim) { p.Labels = map[string]string{k: v} }
 }
 
-// VolumeGroupSnapshot of two ext4 image PVCs that one pod writes in a
-// known order: the same number to the first volume, then to the second,
-// each write synced before the next. The group snapshot (csi-snapshotter,
-// snapshot-controller, localdir's GroupController) is ready with one
-// VolumeSnapshot per PVC; the pair restored from it shows the second
-// volume at the first's number or the one before, never later.
+// VolumeGroupSnapshot of two PVCs that one pod writes in a known order:
+// the same number to the first volume, then to the second, each write
+// synced and renamed into place before the next. The group snapshot
+// (csi-snapshotter, snapshot-controller, localdir's GroupController) is
+// ready with one VolumeSnapshot per PVC; the pair restored from it shows
+// the second volume at the first's number or the one before, never later.
+// Two kinds of volume: ext4 image volumes (their filesystems frozen
+// together) and directory volumes (the writing pod frozen).
 func TestVolumeGroupSnapshot(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
-	ns := namespace(t, "group")
 	class := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotClass",
 		"metadata": map[string]any{"name": "e2e-localdir-group"}, "driver": harness.DriverName, "deletionPolicy": "Delete",
@@ -48,10 +49,18 @@ func TestVolumeGroupSnapshot(t *testing.T) {
 	t.Cleanup(func() {
 		_ = dyn.Resource(gvrGroupSnapshotClass).Delete(context.Background(), "e2e-localdir-group", metav1.DeleteOptions{})
 	})
-	createPVC(t, ns, "first", scExt4, "64Mi", withLabel("group", "pair"))
-	createPVC(t, ns, "second", scExt4, "64Mi", withLabel("group", "pair"))
+	for _, sc := range []string{scExt4, scWFFC} {
+		t.Run(sc, func(t *testing.T) { groupOfTwo(t, sc) })
+	}
+}
+
+func groupOfTwo(t *testing.T, sc string) {
+	ctx := context.Background()
+	ns := namespace(t, "group")
+	createPVC(t, ns, "first", sc, "64Mi", withLabel("group", "pair"))
+	createPVC(t, ns, "second", sc, "64Mi", withLabel("group", "pair"))
 	const loop = `echo first > /first/name; echo second > /second/name; sync; i=0; trap 'exit 0' TERM; ` +
-		`while true; do i=$((i+1)); echo $i | dd of=/first/seq conv=fsync 2>/dev/null; echo $i | dd of=/second/seq conv=fsync 2>/dev/null; done`
+		`while true; do i=$((i+1)); for v in first second; do echo $i | dd of=/$v/seq.tmp conv=fsync 2>/dev/null; mv /$v/seq.tmp /$v/seq; done; done`
 	createPod(t, ns, "writer", pvcVolume("first", "/first"), pvcVolume("second", "/second"), onNode(harness.NodeName),
 		func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"sh", "-c", loop} })
 	waitPodRunning(t, ns, "writer", 2*time.Minute)
@@ -102,7 +111,7 @@ func TestVolumeGroupSnapshot(t *testing.T) {
 	var opts []podOpt
 	for i, m := range members {
 		name := fmt.Sprintf("restored-%d", i)
-		createPVC(t, ns, name, scExt4, "64Mi", withSource("VolumeSnapshot", m))
+		createPVC(t, ns, name, sc, "64Mi", withSource("VolumeSnapshot", m))
 		opts = append(opts, pvcVolume(name, "/"+name))
 	}
 	createPod(t, ns, "reader", append(opts, onNode(harness.NodeName))...)
@@ -120,5 +129,5 @@ func TestVolumeGroupSnapshot(t *testing.T) {
 	if len(seq) != 2 || seq["first"] < 1 || (seq["second"] != seq["first"] && seq["second"] != seq["first"]-1) {
 		t.Fatalf("restored group: first at %d, second at %d; the second must be at the first's number or the one before", seq["first"], seq["second"])
 	}
-	t.Logf("group snapshot of two ext4 PVCs under a writer: restored first at %d, second at %d", seq["first"], seq["second"])
+	t.Logf("group snapshot of two PVCs of class %s under a writer: restored first at %d, second at %d", sc, seq["first"], seq["second"])
 }

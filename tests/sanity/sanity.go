@@ -56,8 +56,7 @@ type Config struct {
 	FsType string
 	// MutableParameters are what the ModifyVolume specs (and CreateVolume
 	// with mutable_parameters) pass: ones the configuration's volumes can
-	// take. None apply to raw block volumes (the specs then modify
-	// nothing, which succeeds).
+	// take.
 	MutableParameters map[string]string
 }
 

@@ -7,5 +7,5 @@ import (
 )
 
 func TestSanity(t *testing.T) {
-	sanity.Run(t, sanity.Config{Engine: "auto", Block: true})
+	sanity.Run(t, sanity.Config{Engine: "auto", Block: true, MutableParameters: map[string]string{"writeBytesPerSecond": "10Mi", "readIOPS": "500"}})
 }
