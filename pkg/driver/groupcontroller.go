@@ -79,6 +79,14 @@ func (s *groupController) GroupControllerGetCapabilities(context.Context, *csi.G
 // names in the shared name lock set.
 func groupNameKey(name string) string { return "group/" + name }
 
+// groupDeletionPolicyKey is a group snapshot parameter localdir accepts
+// and ignores: the Kubernetes e2e storage suite writes its
+// VolumeGroupSnapshotClass's deletionPolicy into the class's parameters
+// too (k8s.io/kubernetes test/e2e/storage/utils volume_group_snapshot.go),
+// and classes copied from it carry it. The class's own deletionPolicy
+// field is what snapshot-controller acts on.
+const groupDeletionPolicyKey = "deletionPolicy"
+
 // CreateVolumeGroupSnapshot cuts a snapshot of each source volume at one
 // point in time (spec §CreateVolumeGroupSnapshot: write-order consistent,
 // or it fails): staged image volumes are frozen together for the cut,
@@ -97,8 +105,11 @@ func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *cs
 	if len(req.GetSourceVolumeIds()) == 0 {
 		return nil, invalid("source_volume_ids is required")
 	}
-	for k := range userParams(req.GetParameters()) {
-		return nil, invalid("unknown group snapshot parameter %q (the driver takes none besides the %s* ones); remove it from the VolumeGroupSnapshotClass", k, reservedPrefix)
+	for k, v := range userParams(req.GetParameters()) {
+		if k == groupDeletionPolicyKey && (v == "Delete" || v == "Retain") {
+			continue
+		}
+		return nil, invalid("unknown group snapshot parameter %q=%q (the driver takes none besides the %s* ones, and %s Delete or Retain, which changes nothing); remove it from the VolumeGroupSnapshotClass", k, v, reservedPrefix, groupDeletionPolicyKey)
 	}
 	for _, id := range req.GetSourceVolumeIds() {
 		if !volume.ValidVolumeID(id) {

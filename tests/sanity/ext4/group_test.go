@@ -2,6 +2,7 @@ package ext4
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,33 +26,11 @@ func capOf(fsType string) *csi.VolumeCapability {
 }
 
 // inUse creates a volume of fsType ("" for a directory volume), stages and
-// publishes it below dir, and returns its id and the published path
-// (unpublished and unstaged when the test ends).
+// publishes it below dir (for no pod), and returns its id and the
+// published path (unpublished and unstaged when the test ends).
 func inUse(t *testing.T, in *testdriver.Instance, dir, name, fsType string) (string, string) {
 	t.Helper()
-	ctx := context.Background()
-	c := capOf(fsType)
-	r, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{c},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := r.GetVolume().GetVolumeId()
-	stage, target := filepath.Join(dir, name+"-stage"), filepath.Join(dir, name+"-pub")
-	if err := os.MkdirAll(stage, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := in.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: c}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := in.Node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stage, TargetPath: target, VolumeCapability: c}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = in.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-		_, _ = in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})
-	})
-	return id, target
+	return forPod(t, in, dir, name, capOf(fsType), "", nil)
 }
 
 // writeSeq overwrites path with n and fsyncs it.
@@ -181,6 +160,20 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 	}
 	if _, err := gc.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "g0", SourceVolumeIds: []string{a}}); status.Code(err) != codes.AlreadyExists {
 		t.Errorf("the name of a group of other volumes: %v, want ALREADY_EXISTS", err)
+	}
+	// deletionPolicy, as the Kubernetes e2e suite's classes carry it, is
+	// accepted; any other parameter is not.
+	for params, want := range map[string]codes.Code{
+		`{"deletionPolicy":"Delete"}`: codes.OK, `{"deletionPolicy":"Maybe"}`: codes.InvalidArgument, `{"consistency":"crash"}`: codes.InvalidArgument,
+	} {
+		var p map[string]string
+		if err := json.Unmarshal([]byte(params), &p); err != nil {
+			t.Fatal(err)
+		}
+		_, err := gc.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "params", SourceVolumeIds: []string{a, b}, Parameters: p})
+		if status.Code(err) != want {
+			t.Errorf("group snapshot with parameters %s: %v, want %v", params, err, want)
+		}
 	}
 	dirVol, _ := inUse(t, in, dir, "plain", "")
 	if _, err := gc.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "with-dir", SourceVolumeIds: []string{a, dirVol}}); status.Code(err) != codes.FailedPrecondition {

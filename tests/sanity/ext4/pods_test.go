@@ -25,8 +25,8 @@ func blockCap() *csi.VolumeCapability {
 }
 
 // forPod creates a volume with capability c and mutable parameters mut,
-// stages it and publishes it below dir for the pod with uid, as the
-// kubelet does with podInfoOnMount; it returns the volume's id and target
+// stages it and publishes it below dir for the pod with uid ("": none), as
+// the kubelet does with podInfoOnMount; it returns the volume's id and target
 // path (unpublished and unstaged when the test ends).
 func forPod(t *testing.T, in *testdriver.Instance, dir, name string, c *csi.VolumeCapability, uid string, mut map[string]string) (string, string) {
 	t.Helper()
@@ -44,8 +44,12 @@ func forPod(t *testing.T, in *testdriver.Instance, dir, name string, c *csi.Volu
 	if _, err := in.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: c}); err != nil {
 		t.Fatal(err)
 	}
+	var vc map[string]string
+	if uid != "" {
+		vc = map[string]string{"csi.storage.k8s.io/pod.uid": uid}
+	}
 	if _, err := in.Node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stage, TargetPath: target, VolumeCapability: c,
-		VolumeContext: map[string]string{"csi.storage.k8s.io/pod.uid": uid}}); err != nil {
+		VolumeContext: vc}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
