@@ -154,12 +154,16 @@ func Subtree(dir string) []string {
 // SetIO sets the I/O limits l on the devices devs (device numbers, as
 // unix.Mkdev) for the pod with uid; a zero Limits removes them. cgroup v2:
 // io.max of the pod's cgroup, which bounds all its containers together.
-// cgroup v1: blkio.throttle.{read,write}_{bps,iops}_device of the pod's
-// cgroup and of every cgroup below it, since v1 throttling does not
-// descend a hierarchy: a container started later needs SetIO again (see
-// WatchDir). It returns the directories it wrote. Errors: ErrNoPod, a
-// write the kernel refused (the device is not a block device, the
-// controller is not enabled).
+// cgroup v1: blkio.throttle.{read,write}_{bps,iops}_device of every cgroup
+// below the pod's (its containers, where its processes are), since v1
+// throttling does not descend a hierarchy: a container started later
+// needs SetIO again (see WatchDir). The pod's own v1 cgroup is left alone:
+// on this project's kernel (6.18) a rule written there before the
+// containers' cgroups existed kept the containers' own rules from
+// throttling anything (seen with kubelet pods; the rules were in place and
+// the I/O counted, and writing them again did not help). It returns the
+// directories it wrote. Errors: ErrNoPod, a write the kernel refused (the
+// device is not a block device, the controller is not enabled).
 func (h *Hierarchy) SetIO(uid string, devs []uint64, l Limits) ([]string, error) {
 	dir, err := h.PodDir("blkio", uid)
 	if err != nil {
@@ -175,7 +179,7 @@ func (h *Hierarchy) SetIO(uid string, devs []uint64, l Limits) ([]string, error)
 		}
 		return []string{dir}, nil
 	}
-	dirs := Subtree(dir)
+	dirs := Subtree(dir)[1:] // the containers' cgroups: not the pod's own
 	for _, d := range dirs {
 		for _, dev := range devs {
 			for file, v := range map[string]uint64{
@@ -186,7 +190,7 @@ func (h *Hierarchy) SetIO(uid string, devs []uint64, l Limits) ([]string, error)
 			} {
 				// "<maj:min> 0" removes the device's rule.
 				if err := write(filepath.Join(d, file), devNum(dev)+" "+strconv.FormatUint(v, 10)); err != nil {
-					if errors.Is(err, os.ErrNotExist) && d != dir {
+					if errors.Is(err, os.ErrNotExist) {
 						break // the container's cgroup went away
 					}
 					return nil, err
