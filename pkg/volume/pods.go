@@ -201,14 +201,32 @@ func (m *Manager) RunIOLimits(ctx context.Context) {
 				}
 			}
 		}
+		if !m.waitIOEvent(ctx, t.C, events) {
+			return
+		}
+	}
+}
+
+// waitIOEvent waits for a reason to sync the I/O limits again: the
+// resync tick, a kick, or a new directory (a container's cgroup) in a
+// watched pod cgroup; other inotify events are skipped. False when ctx
+// ended.
+func (m *Manager) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-chan fsnotify.Event) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-t.C:
+			return false
+		case <-tick:
+			return true
 		case <-m.ioKick:
-		case e := <-events:
-			if !e.Has(fsnotify.Create) {
+			return true
+		case e, ok := <-events:
+			if !ok {
+				events = nil
 				continue
+			}
+			if e.Has(fsnotify.Create) {
+				return true
 			}
 		}
 	}
@@ -280,7 +298,8 @@ func (m *Manager) syncVolumeIO(ctx context.Context, id string) []string {
 // writer exists that freezing pods cannot stop ("" when there is none):
 // a staged image volume is frozen as a filesystem, so it has no pods to
 // freeze; a raw block volume's writers are the publications of its loop
-// devices, a directory volume's the mounts of its directory besides a
+// devices (and the kubelet's per-pod bind of the device, named by the pod
+// UID), a directory volume's the mounts of its directory besides a
 // recorded staging path; each must be recorded for a pod (podInfoOnMount).
 func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err error) {
 	if v.FsType != "" {
@@ -309,9 +328,10 @@ func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err
 	if err != nil {
 		return nil, "", err
 	}
-	pod, staging := map[string]string{}, map[string]bool{}
+	pod, staging, known := map[string]string{}, map[string]bool{}, map[string]bool{}
 	for _, p := range pubs {
 		pod[resolved(p.TargetPath)] = p.PodUID
+		known[p.PodUID] = true
 		if p.StagingPath != "" {
 			staging[resolved(p.StagingPath)] = true
 		}
@@ -319,6 +339,12 @@ func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err
 	seen := map[string]bool{}
 	for _, pt := range points {
 		uid, ok := pod[pt]
+		if !ok && v.AccessType == contract.AccessBlock && known[filepath.Base(pt)] {
+			// The kubelet binds a raw block volume's device once more for
+			// each pod, at .../volumeDevices/<volume>/dev/<pod UID> (its
+			// block volume mapper): that pod's.
+			uid, ok = filepath.Base(pt), true
+		}
 		switch {
 		case ok && !seen[uid]:
 			seen[uid] = true

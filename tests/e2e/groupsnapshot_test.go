@@ -34,8 +34,9 @@ func withLabel(k, v string) pvcOpt {
 // (csi-snapshotter, snapshot-controller, localdir's GroupController) is
 // ready with one VolumeSnapshot per PVC; the pair restored from it shows
 // the second volume at the first's number or the one before, never later.
-// Two kinds of volume: ext4 image volumes (their filesystems frozen
-// together) and directory volumes (the writing pod frozen).
+// Three kinds of volume: ext4 image volumes (their filesystems frozen
+// together), directory volumes and raw block volumes (the writing pod
+// frozen).
 func TestVolumeGroupSnapshot(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
@@ -50,23 +51,43 @@ func TestVolumeGroupSnapshot(t *testing.T) {
 		_ = dyn.Resource(gvrGroupSnapshotClass).Delete(context.Background(), "e2e-localdir-group", metav1.DeleteOptions{})
 	})
 	for _, sc := range []string{scExt4, scWFFC} {
-		t.Run(sc, func(t *testing.T) { groupOfTwo(t, sc) })
+		t.Run(sc, func(t *testing.T) { groupOfTwo(t, sc, false) })
 	}
+	t.Run("raw-block", func(t *testing.T) { groupOfTwo(t, scWFFC, true) })
 }
 
-func groupOfTwo(t *testing.T, sc string) {
+// groupOfTwo is TestVolumeGroupSnapshot for two PVCs of class sc, raw
+// block ones when raw: then the pod writes "<volume name> <number>" to the
+// first 16 bytes of each device, synced.
+func groupOfTwo(t *testing.T, sc string, raw bool) {
 	ctx := context.Background()
 	ns := namespace(t, "group")
-	createPVC(t, ns, "first", sc, "64Mi", withLabel("group", "pair"))
-	createPVC(t, ns, "second", sc, "64Mi", withLabel("group", "pair"))
-	const loop = `echo first > /first/name; echo second > /second/name; sync; i=0; trap 'exit 0' TERM; ` +
+	opts := []pvcOpt{withLabel("group", "pair")}
+	at := func(v string) string { return "/" + v }
+	loop := `echo first > /first/name; echo second > /second/name; sync; i=0; trap 'exit 0' TERM; ` +
 		`while true; do i=$((i+1)); for v in first second; do echo $i | dd of=/$v/seq.tmp conv=fsync 2>/dev/null; mv /$v/seq.tmp /$v/seq; done; done`
-	createPod(t, ns, "writer", pvcVolume("first", "/first"), pvcVolume("second", "/second"), onNode(harness.NodeName),
+	// read is the script that prints "<volume name> <number>" of the
+	// volume at path.
+	read := func(path string) string { return "echo $(cat " + path + "/name) $(cat " + path + "/seq)" }
+	if raw {
+		opts = append(opts, block)
+		at = func(v string) string { return "/dev/" + v }
+		loop = `i=0; trap 'exit 0' TERM; while true; do i=$((i+1)); for v in first second; do ` +
+			`printf '%s %-8s\n' $v $i | dd of=/dev/$v bs=16 count=1 conv=fsync,notrunc 2>/dev/null; done; done`
+		read = func(path string) string { return "dd if=" + path + " bs=16 count=1 2>/dev/null" }
+	}
+	createPVC(t, ns, "first", sc, "64Mi", opts...)
+	createPVC(t, ns, "second", sc, "64Mi", opts...)
+	createPod(t, ns, "writer", pvcVolume("first", at("first")), pvcVolume("second", at("second")), onNode(harness.NodeName),
 		func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"sh", "-c", loop} })
 	waitPodRunning(t, ns, "writer", 2*time.Minute)
 	waitFor(t, "the writer to be writing", time.Minute, func() (bool, error) {
-		out, err := tryExec(ns, "writer", "cat /second/seq 2>/dev/null || echo 0")
-		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		out, err := tryExec(ns, "writer", read(at("second"))+" 2>/dev/null || echo none 0")
+		f := strings.Fields(out)
+		n := 0
+		if len(f) == 2 {
+			n, _ = strconv.Atoi(f[1])
+		}
 		return err == nil && n > 20, nil
 	})
 
@@ -108,26 +129,29 @@ func groupOfTwo(t *testing.T, sc string) {
 	if len(members) != 2 {
 		t.Fatalf("VolumeSnapshots of the group: %v, want two", members)
 	}
-	var opts []podOpt
+	var vols []podOpt
 	for i, m := range members {
 		name := fmt.Sprintf("restored-%d", i)
-		createPVC(t, ns, name, sc, "64Mi", withSource("VolumeSnapshot", m))
-		opts = append(opts, pvcVolume(name, "/"+name))
+		createPVC(t, ns, name, sc, "64Mi", append(opts[1:], withSource("VolumeSnapshot", m))...)
+		vols = append(vols, pvcVolume(name, at(name)))
 	}
-	createPod(t, ns, "reader", append(opts, onNode(harness.NodeName))...)
+	createPod(t, ns, "reader", append(vols, onNode(harness.NodeName))...)
 	waitPodRunning(t, ns, "reader", 2*time.Minute)
 	seq := map[string]int{}
 	for i := range members {
-		dir := fmt.Sprintf("/restored-%d", i)
-		name := podExec(t, ns, "reader", "cat "+dir+"/name")
-		n, err := strconv.Atoi(podExec(t, ns, "reader", "cat "+dir+"/seq"))
+		out := podExec(t, ns, "reader", read(at(fmt.Sprintf("restored-%d", i))))
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			t.Fatalf("restored volume %d: %q", i, out)
+		}
+		n, err := strconv.Atoi(f[1])
 		if err != nil {
 			t.Fatal(err)
 		}
-		seq[name] = n
+		seq[f[0]] = n
 	}
 	if len(seq) != 2 || seq["first"] < 1 || (seq["second"] != seq["first"] && seq["second"] != seq["first"]-1) {
 		t.Fatalf("restored group: first at %d, second at %d; the second must be at the first's number or the one before", seq["first"], seq["second"])
 	}
-	t.Logf("group snapshot of two PVCs of class %s under a writer: restored first at %d, second at %d", sc, seq["first"], seq["second"])
+	t.Logf("group snapshot of two PVCs of class %s (raw block: %v) under a writer: restored first at %d, second at %d", sc, raw, seq["first"], seq["second"])
 }

@@ -195,6 +195,19 @@ func TestGroupSnapshotFreezesPods(t *testing.T) {
 	pod := testcgroup.NewPod(t, "3f1c7a52-1d2e-4c11-9a50-0000000000b2")
 	a, pubA := forPod(t, in, dir, "files", capOf(""), pod.UID, nil)
 	b, pubB := forPod(t, in, dir, "device", blockCap(), pod.UID, nil)
+	// The kubelet also binds a raw block volume's device at
+	// .../volumeDevices/<volume>/dev/<pod UID>: that is the pod's too.
+	mapped := filepath.Join(dir, "map", "dev", pod.UID)
+	if err := os.MkdirAll(filepath.Dir(mapped), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mapped, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(pubB, mapped, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mapped, unix.MNT_DETACH) })
 	pod.Start(t, "sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > "$0/seq.tmp"; sync "$0/seq.tmp"; mv "$0/seq.tmp" "$0/seq"; printf '%-15s\n' $i | dd of="$1" bs=16 count=1 conv=fsync,notrunc status=none; done`, pubA, pubB)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
