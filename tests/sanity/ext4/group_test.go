@@ -17,12 +17,24 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
 func capOf(fsType string) *csi.VolumeCapability {
 	return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+}
+
+// startDir starts the driver in all mode with the dir engine on a data
+// root in a temp dir, and returns it, its options and the temp dir.
+func startDir(t *testing.T) (*testdriver.Instance, driver.Options, string) {
+	t.Helper()
+	testdriver.RequireRoot(t)
+	dir := testdriver.TempDir(t)
+	o := testdriver.DefaultOptions(dir)
+	o.Engine = "dir"
+	return testdriver.StartWith(t, o), o, dir
 }
 
 // inUse creates a volume of fsType ("" for a directory volume), stages and
@@ -33,9 +45,13 @@ func inUse(t *testing.T, in *testdriver.Instance, dir, name, fsType string) (str
 	return forPod(t, in, dir, name, capOf(fsType), "", nil)
 }
 
-// writeSeq overwrites path with n and fsyncs it.
+// writeSeq replaces path with a file holding n: written to path.tmp,
+// fsynced, renamed over path. (Truncating path in place would let a cut
+// between the truncation and the write show an empty file: a state the
+// writer did pass through, but not a number.)
 func writeSeq(path string, n int) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}
@@ -47,7 +63,10 @@ func writeSeq(path string, n int) error {
 		f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // seqIn mounts the ext4 image of snapshot data at img read-only (a loop
@@ -86,11 +105,7 @@ func seqIn(t *testing.T, img, mnt string) int {
 // found by id, deleted with its snapshot ids, and a delete naming
 // another snapshot is INVALID_ARGUMENT.
 func TestGroupSnapshotWriteOrder(t *testing.T) {
-	testdriver.RequireRoot(t)
-	dir := testdriver.TempDir(t)
-	o := testdriver.DefaultOptions(dir)
-	o.Engine = "dir"
-	in := testdriver.StartWith(t, o)
+	in, o, dir := startDir(t)
 	gc := csi.NewGroupControllerClient(in.Conn)
 	ctx := context.Background()
 	a, pubA := inUse(t, in, dir, "first", "ext4")
@@ -217,11 +232,7 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 // mode at stage, a VolumeAttributesClass's changes it where it is staged
 // and wins at every later stage.
 func TestImageDirMode(t *testing.T) {
-	testdriver.RequireRoot(t)
-	dir := testdriver.TempDir(t)
-	o := testdriver.DefaultOptions(dir)
-	o.Engine = "dir"
-	in := testdriver.StartWith(t, o)
+	in, _, dir := startDir(t)
 	ctx := context.Background()
 	c := capOf("ext4")
 	r, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "img", VolumeCapabilities: []*csi.VolumeCapability{c},

@@ -90,11 +90,7 @@ func rule(t *testing.T, dir, file, num string) string {
 // container started later gets them too, and unpublish removes them. A
 // directory volume cannot take them, nor a rate that is not a number.
 func TestIOLimits(t *testing.T) {
-	testdriver.RequireRoot(t)
-	dir := testdriver.TempDir(t)
-	o := testdriver.DefaultOptions(dir)
-	o.Engine = "dir"
-	in := testdriver.StartWith(t, o)
+	in, _, dir := startDir(t)
 	ctx := context.Background()
 	pod := testcgroup.NewPod(t, "3f1c7a52-1d2e-4c11-9a50-0000000000a1")
 	if len(pod.Containers) != 2 {
@@ -185,11 +181,7 @@ func TestIOLimits(t *testing.T) {
 // before. A pod's freeze that a killed driver left behind is thawed when
 // the driver starts.
 func TestGroupSnapshotFreezesPods(t *testing.T) {
-	testdriver.RequireRoot(t)
-	dir := testdriver.TempDir(t)
-	o := testdriver.DefaultOptions(dir)
-	o.Engine = "dir"
-	in := testdriver.StartWith(t, o)
+	in, o, dir := startDir(t)
 	gc := csi.NewGroupControllerClient(in.Conn)
 	ctx := context.Background()
 	pod := testcgroup.NewPod(t, "3f1c7a52-1d2e-4c11-9a50-0000000000b2")
