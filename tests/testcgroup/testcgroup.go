@@ -49,11 +49,23 @@ func NewPod(t testing.TB, uid string) *Pod {
 		if err := os.MkdirAll(c, 0o755); err != nil {
 			t.Fatalf("make a pod cgroup: %v", err)
 		}
+		if len(roots) == 1 {
+			// cgroup v2: the io controller must be enabled down to the
+			// pod's cgroup (processes live in the leaf, ctr).
+			d := r
+			for _, part := range strings.Split(strings.TrimPrefix(filepath.Dir(c), r+"/"), "/") {
+				_ = os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+io"), 0)
+				d = filepath.Join(d, part)
+			}
+		}
 		p.Containers = append(p.Containers, c)
 		t.Cleanup(func() { remove(t, filepath.Join(r, top)) })
 	}
 	return p
 }
+
+// V2 tells whether the pod's cgroups are cgroup v2 ones.
+func (p *Pod) V2() bool { return len(p.Containers) == 1 }
 
 // Start starts the command in the pod's container cgroups (it is moved
 // there before it execs name) and kills it when the test ends.

@@ -68,15 +68,33 @@ func devNum(t *testing.T, p string) string {
 	return fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
 }
 
-// rule is the blkio throttle rule of cgroup dir for device num in file
-// (e.g. "write_bps_device"), "" when there is none.
+// rule is the throttle rule of cgroup dir for device num in file (a v1
+// blkio.throttle file such as "write_bps_device"), "" when there is none.
+// On cgroup v2 it reads the matching key of dir's io.max ("max": none).
 func rule(t *testing.T, dir, file, num string) string {
-	b, err := os.ReadFile(filepath.Join(dir, "blkio.throttle."+file))
+	v2key := map[string]string{"read_bps_device": "rbps", "write_bps_device": "wbps", "read_iops_device": "riops", "write_iops_device": "wiops"}[file]
+	name := "blkio.throttle." + file
+	if _, err := os.Stat(filepath.Join(dir, "io.max")); err == nil {
+		name = "io.max"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == num {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0] != num {
+			continue
+		}
+		if name == "io.max" {
+			for _, kv := range f[1:] {
+				if v, ok := strings.CutPrefix(kv, v2key+"="); ok && v != "max" {
+					return v
+				}
+			}
+			return ""
+		}
+		if len(f) == 2 {
 			return f[1]
 		}
 	}
@@ -93,10 +111,11 @@ func TestIOLimits(t *testing.T) {
 	in, _, dir := startDir(t)
 	ctx := context.Background()
 	pod := testcgroup.NewPod(t, "3f1c7a52-1d2e-4c11-9a50-0000000000a1")
-	if len(pod.Containers) != 2 {
-		t.Fatalf("this test reads cgroup v1 blkio files; the host has %v", pod.Containers)
-	}
 	podDir, ctr := filepath.Dir(pod.Containers[0]), pod.Containers[0]
+	if pod.V2() {
+		// v2: the pod's io.max holds the limits for all its containers.
+		podDir, ctr = "", podDir
+	}
 	id, target := forPod(t, in, dir, "raw", blockCap(), pod.UID, map[string]string{"writeBytesPerSecond": "1Mi"})
 	num := devNum(t, target)
 	if got := rule(t, ctr, "write_bps_device", num); got != "1048576" {
@@ -104,8 +123,10 @@ func TestIOLimits(t *testing.T) {
 	}
 	// v1: the pod's own cgroup holds no process and gets no rule (a rule
 	// there kept its containers' rules from working, pkg/volume/cgroup).
-	if got := rule(t, podDir, "write_bps_device", num); got != "" {
-		t.Errorf("after publish: the pod's own write_bps_device for %s = %q, want none", num, got)
+	if got := ""; podDir != "" {
+		if got = rule(t, podDir, "write_bps_device", num); got != "" {
+			t.Errorf("after publish: the pod's own write_bps_device for %s = %q, want none", num, got)
+		}
 	}
 	start := time.Now()
 	if err := pod.Start(t, "dd", "if=/dev/zero", "of="+target, "bs=64k", "count=32", "oflag=direct").Wait(); err != nil {
@@ -122,22 +143,27 @@ func TestIOLimits(t *testing.T) {
 	if got, iops := rule(t, ctr, "write_bps_device", num), rule(t, ctr, "read_iops_device", num); got != "" || iops != "200" {
 		t.Errorf("after the modify: write_bps %q (want none), read_iops %q (want 200)", got, iops)
 	}
-	late := filepath.Join(podDir, "late")
-	if err := os.Mkdir(late, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for rule(t, late, "read_iops_device", num) != "200" {
-		if time.Now().After(deadline) {
-			t.Fatal("a container started after publish never got the volume's limit")
+	checked := []string{ctr}
+	if !pod.V2() {
+		// v1: a container started later needs the rule of its own.
+		late := filepath.Join(podDir, "late")
+		if err := os.Mkdir(late, 0o755); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		deadline := time.Now().Add(5 * time.Second)
+		for rule(t, late, "read_iops_device", num) != "200" {
+			if time.Now().After(deadline) {
+				t.Fatal("a container started after publish never got the volume's limit")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		checked = append(checked, late)
 	}
 
 	if _, err := in.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{ctr, late} {
+	for _, d := range checked {
 		if got := rule(t, d, "read_iops_device", num); got != "" {
 			t.Errorf("after unpublish: %s read_iops_device = %q", d, got)
 		}
