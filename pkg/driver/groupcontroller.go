@@ -89,15 +89,17 @@ const groupDeletionPolicyKey = "deletionPolicy"
 
 // CreateVolumeGroupSnapshot cuts a snapshot of each source volume at one
 // point in time (spec §CreateVolumeGroupSnapshot: write-order consistent,
-// or it fails): staged image volumes are frozen together for the cut,
-// volumes nobody uses have no writer. The group and its snapshots are
+// or it fails): staged image volumes are frozen together for the cut, and
+// the pods that use directory or raw block members (their freezer
+// cgroups); volumes nobody uses have no writer. The group and its snapshots are
 // ready when the call returns; each snapshot restores like any other. A
 // repeated call with the same name and volumes returns the same group.
 // Codes: INVALID_ARGUMENT (no name, no source_volume_ids, one twice, a
 // parameter), NOT_FOUND (a source volume), ALREADY_EXISTS (the name holds
 // a group of other volumes), FAILED_PRECONDITION (a directory or raw block
-// volume in use: its writes cannot be stopped), RESOURCE_EXHAUSTED,
-// ABORTED (a call on the name or a change of a member in flight).
+// member mounted where no known pod's publication is, or a pod whose
+// cgroup is not found), RESOURCE_EXHAUSTED, ABORTED (a call on the name or
+// a change of a member in flight, a pod that did not freeze within 5 s).
 func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err

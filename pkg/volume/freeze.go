@@ -164,7 +164,7 @@ func (m *Manager) thawFrozen() {
 		id, p := e.Name(), filepath.Join(dir, e.Name())
 		if strings.HasPrefix(id, podFrozenPrefix) {
 			if err := m.thawPodRecord(p); err != nil {
-				klog.ErrorS(err, "Could not thaw a pod a killed driver left frozen; write THAWED to its freezer.state", "record", p)
+				klog.ErrorS(err, "Could not thaw a pod a killed driver left frozen; write THAWED to its freezer.state (cgroup v1) or 0 to its cgroup.freeze (v2)", "record", p)
 				continue
 			}
 			if err := os.Remove(p); err != nil {

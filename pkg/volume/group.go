@@ -17,6 +17,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
@@ -29,9 +30,10 @@ import (
 // (ext4, xfs) is frozen (FIFREEZE) for the copy, all members together; a
 // volume nobody uses (not staged, not published, no loop device attached)
 // has no writer. A directory volume or raw block volume in use cannot be
-// stopped from writing (btrfs snapshots cannot be cut while their
-// filesystem is frozen, and each is its own transaction), so a group that
-// holds one is refused with FAILED_PRECONDITION.
+// frozen as a filesystem (btrfs snapshots cannot be cut while their
+// filesystem is frozen, and each is its own transaction): the pods that
+// use it are frozen instead (their freezer cgroup, pods.go). One used
+// otherwise than by a known pod is refused with FAILED_PRECONDITION.
 
 var groupSnapshotIDPattern = regexp.MustCompile(`^group-[0-9a-f]{32}$`)
 
@@ -236,6 +238,9 @@ func (m *Manager) cutGroup(vols []*contract.Volume, pods, tmps []string) error {
 	defer thawAll()
 	for _, uid := range pods {
 		thaw, err := m.freezePod(uid)
+		if errors.Is(err, cgroup.ErrNoPod) {
+			return fmt.Errorf("%w: %v (is --cgroup-root the host's cgroup hierarchy?)", contract.ErrPrecondition, err)
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %v", contract.ErrBusy, err)
 		}

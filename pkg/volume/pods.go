@@ -105,18 +105,18 @@ func (m *Manager) applyIOLimits(v *contract.Volume, params map[string]string) er
 }
 
 // setPodIO sets l on the cgroups of the pod with uid for every loop
-// device of image volume v. A pod with no cgroup (gone) is nothing to do.
-// Errors: no cgroup hierarchy configured (--cgroup-root), the kernel's
-// refusal.
+// device of image volume v. A pod with no cgroup (gone) is nothing to do,
+// and so is a node plugin without a cgroup hierarchy (--cgroup-root=,
+// logged). Errors: the kernel's refusal.
 func (m *Manager) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
 	if !v.Image() {
 		return nil
 	}
 	if m.cg == nil {
-		if l == (contract.IOLimits{}) {
-			return nil
+		if l != (contract.IOLimits{}) {
+			klog.ErrorS(nil, "Volume has I/O limits, but this node plugin runs with --cgroup-root= (off): they are not applied", "volumeID", v.ID, "podUID", uid)
 		}
-		return fmt.Errorf("volume %s has I/O limits but this node has no cgroup hierarchy to set them in (--cgroup-root)", v.ID)
+		return nil
 	}
 	devs, err := block.Devices(m.imagePath(v.ID))
 	if err != nil {
@@ -193,12 +193,17 @@ func (m *Manager) RunIOLimits(ctx context.Context) {
 					delete(watched, d)
 				}
 			}
+			added := false
 			for d := range dirs {
 				if !watched[d] {
 					if err := w.Add(d); err == nil {
-						watched[d] = true
+						watched[d], added = true, true
 					}
 				}
+			}
+			if added {
+				// A container made between the sync and the new watch.
+				m.syncIOLimits(ctx)
 			}
 		}
 		if !m.waitIOEvent(ctx, t.C, events) {
@@ -387,12 +392,34 @@ func (m *Manager) freezePod(uid string) (func() error, error) {
 	if err := writeDurably(marker, dir); err != nil {
 		return nop, fmt.Errorf("record the freeze of pod %s: %w", uid, err)
 	}
+	thaw := func() error { return m.thawPod(dir) }
 	if _, err := m.cg.Freeze(uid); err != nil {
-		_ = os.Remove(marker)
+		// Freeze thawed what it froze; the record goes only once the pod
+		// is surely thawed (the next start thaws it otherwise).
+		if terr := thaw(); terr == nil {
+			_ = os.Remove(marker)
+		} else {
+			err = errors.Join(err, terr)
+		}
 		return nop, fmt.Errorf("freeze pod %s: %w", uid, err)
 	}
 	klog.V(2).InfoS("Pod frozen for a group snapshot", "podUID", uid, "cgroup", dir)
-	return boundedThaw("pod "+uid, marker, func() error { return m.cg.Thaw(dir) }), nil
+	return boundedThaw("pod "+uid, marker, thaw), nil
+}
+
+// thawPod thaws the pod cgroup dir, trying again for a second when the
+// kernel refuses (the record of the freeze stays until it succeeds, and a
+// start thaws what it names).
+func (m *Manager) thawPod(dir string) error {
+	var err error
+	for try := 0; try < 20; try++ {
+		if err = m.cg.Thaw(dir); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	klog.ErrorS(err, "Could not thaw a pod frozen for a group snapshot; the node plugin's next start thaws it", "cgroup", dir)
+	return err
 }
 
 // thawPodRecord thaws the pod cgroup a freeze record holds (a process

@@ -54,6 +54,7 @@ type Hierarchy struct {
 // Open reads the hierarchy at root (normally /sys/fs/cgroup). Errors: the
 // root cannot be read.
 func Open(root string) (*Hierarchy, error) {
+	root = filepath.Clean(root)
 	var st unix.Statfs_t
 	if err := unix.Statfs(root, &st); err != nil {
 		return nil, fmt.Errorf("cgroup root %s: %w", root, err)
