@@ -47,7 +47,10 @@ DIR_SKIP='default fs.*provisioning should provision correct filesystem size when
 # user pins a class; the scheduler then puts every pod of those volumes
 # there, also the pods a spec starts without the suite's node selection),
 # with every test pod on that node too (the suite's ClientNodeName).
-SOURCE_SPECS='provisioning should provision storage with (snapshot|pvc) data source|check restore correctly works|restoring snapshot to larger size pvc'
+# The group snapshot specs go there too: their StatefulSet's pods, and so
+# its volumes, spread over the nodes, and a group is cut on one node
+# (members on different nodes are FAILED_PRECONDITION by design).
+SOURCE_SPECS='provisioning should provision storage with (snapshot|pvc) data source|check restore correctly works|restoring snapshot to larger size pvc|VolumeGroupSnapshottable'
 PIN_NODE=localhost
 # pinned <test driver file> <out file> <class>: the driver definition with
 # its StorageClass replaced by <class> (made by pin_class) and every test
