@@ -28,10 +28,10 @@ test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests 
 	$(MAKE) fuzz
 
 # Packages whose tests need root (real mounts, loop devices, btrfs, chown,
-# mknod): they fail, never skip, without it, so make unit leaves them out and
+# mknod, cgroups): they fail, never skip, without it, so make unit leaves them out and
 # make test (as root) runs them. Naming a package that no longer exists makes
 # make unit fail rather than quietly run more or less than it says.
-ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/volume/block
+ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/volume/block ./pkg/volume/cgroup
 
 unit: ## unit tests: pkg/ minus ROOT_ONLY_PKGS; need neither root nor network
 	@pkgs=$$($(GO) list ./pkg/...) && skip=$$($(GO) list $(ROOT_ONLY_PKGS)) && \

@@ -18,6 +18,9 @@
 #   E2E_K8S_TIMEOUT whole-suite timeout (default 90m)
 #   E2E_NODES       nodes of the cluster (default 2: the multi-node and
 #                   topology specs run)
+#   E2E_K8S_PIN     set: one pass, with the pinned driver definition (every
+#                   volume and test pod on one node; see SOURCE_SPECS), e.g.
+#                   to run the group snapshot specs alone on two nodes
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 CLUSTER=${1:?usage: k8s-suite.sh <e2e-cluster binary>}
@@ -179,7 +182,11 @@ EOF
 }
 
 t1=$(date +%s)
-if [ -z "${E2E_K8S_FOCUS:-}" ] && [ "$E2E_NODES" -gt 1 ]; then
+if [ -n "${E2E_K8S_PIN:-}" ]; then
+	pin_class localdir-e2e-pinned
+	pinned "$ROOT/deploy/kubernetes/test-driver.yaml" "$REPORT/test-driver-pinned.yaml" localdir-e2e-pinned
+	suite "$REPORT" "$REPORT/test-driver-pinned.yaml" "$FOCUS"
+elif [ -z "${E2E_K8S_FOCUS:-}" ] && [ "$E2E_NODES" -gt 1 ]; then
 	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$SOURCE_SPECS"
 	pin_class localdir-e2e-pinned
 	pinned "$ROOT/deploy/kubernetes/test-driver.yaml" "$REPORT/test-driver-pinned.yaml" localdir-e2e-pinned
