@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -106,11 +107,20 @@ func loopOfMode(t testing.TB, in *testdriver.Instance, id string, ro bool) strin
 func assertLoops(t testing.TB, in *testdriver.Instance, id string, rw, ro int) {
 	t.Helper()
 	var gotRW, gotRO int
-	for _, l := range imageLoops(t, in, id) {
-		if l.ro {
-			gotRO++
-		} else {
-			gotRW++
+	// A detach (LOOP_CLR_FD) while another process has the device open
+	// (a loop device scan of a test running in parallel) is carried out by
+	// the kernel at that process's close: allow it a moment.
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		gotRW, gotRO = 0, 0
+		for _, l := range imageLoops(t, in, id) {
+			if l.ro {
+				gotRO++
+			} else {
+				gotRW++
+			}
+		}
+		if (gotRW == rw && gotRO == ro) || time.Now().After(deadline) {
+			break
 		}
 	}
 	if gotRW != rw || gotRO != ro {
