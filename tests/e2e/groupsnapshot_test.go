@@ -83,7 +83,7 @@ func groupOfTwo(t *testing.T, sc string, raw bool) {
 	waitPodRunning(t, ns, "writer", 2*time.Minute)
 	waitFor(t, "the writer to be writing", time.Minute, func() (bool, error) {
 		out, err := tryExec(ns, "writer", read(at("second"))+" 2>/dev/null || echo none 0")
-		f := strings.Fields(out)
+		f := strings.Fields(strings.ReplaceAll(out, "\x00", ""))
 		n := 0
 		if len(f) == 2 {
 			n, _ = strconv.Atoi(f[1])
@@ -139,8 +139,9 @@ func groupOfTwo(t *testing.T, sc string, raw bool) {
 	waitPodRunning(t, ns, "reader", 2*time.Minute)
 	seq := map[string]int{}
 	for i := range members {
+		// (A raw block record is padded to 16 bytes with NULs.)
 		out := podExec(t, ns, "reader", read(at(fmt.Sprintf("restored-%d", i))))
-		f := strings.Fields(out)
+		f := strings.Fields(strings.ReplaceAll(out, "\x00", ""))
 		if len(f) != 2 {
 			t.Fatalf("restored volume %d: %q", i, out)
 		}
