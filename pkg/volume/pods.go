@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
@@ -335,10 +336,10 @@ func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err
 	}
 	pod, staging, known := map[string]string{}, map[string]bool{}, map[string]bool{}
 	for _, p := range pubs {
-		pod[resolved(p.TargetPath)] = p.PodUID
+		pod[mount.ResolveExisting(p.TargetPath)] = p.PodUID
 		known[p.PodUID] = true
 		if p.StagingPath != "" {
-			staging[resolved(p.StagingPath)] = true
+			staging[mount.ResolveExisting(p.StagingPath)] = true
 		}
 	}
 	seen := map[string]bool{}
@@ -363,15 +364,6 @@ func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err
 		return nil, "is used by pods, and this node has no cgroup hierarchy to freeze them in (--cgroup-root)", nil
 	}
 	return uids, "", nil
-}
-
-// resolved is p with its symlinks resolved where it exists, as the mount
-// table shows it.
-func resolved(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
-	}
-	return filepath.Clean(p)
 }
 
 // podFrozenPrefix names the freeze record of a pod in the frozen
