@@ -8,13 +8,16 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/klog/v2"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Registry holds every localdir metric (and the Go/process collectors).
@@ -120,8 +123,35 @@ func RegisterState(f StateFunc) error {
 	return Registry.Register(state)
 }
 
-// Serve serves /metrics on addr until ctx is done. An empty addr serves
-// nothing.
+// Gatherer is what /metrics serves: Registry, and from controller-runtime's
+// registry the node agent's reconcile and work queue series
+// (controller_runtime_reconcile_total and _time_seconds, workqueue_depth,
+// workqueue_queue_duration_seconds…, labelled controller="localvolume",
+// "localsnapshot" or "localgroupsnapshot") and its API client's
+// (rest_client_*): how long a volume waited for a worker of the node
+// plugin, and how the API server answered it. The rest of that registry
+// (its own Go and process collectors) would repeat Registry's series,
+// which fails the whole scrape, so it is left out.
+var Gatherer = prometheus.Gatherers{Registry, prometheus.GathererFunc(controllerRuntimeFamilies)}
+
+// controllerRuntimeFamilies gathers controller-runtime's registry, keeping
+// the families named in Gatherer.
+func controllerRuntimeFamilies() ([]*dto.MetricFamily, error) {
+	fams, err := ctrlmetrics.Registry.Gather()
+	kept := fams[:0]
+	for _, f := range fams {
+		for _, p := range []string{"controller_runtime_", "workqueue_", "rest_client_"} {
+			if strings.HasPrefix(f.GetName(), p) {
+				kept = append(kept, f)
+				break
+			}
+		}
+	}
+	return kept, err
+}
+
+// Serve serves /metrics (Gatherer) on addr until ctx is done. An empty
+// addr serves nothing.
 func Serve(ctx context.Context, addr string) error {
 	if addr == "" {
 		return nil
@@ -131,7 +161,7 @@ func Serve(ctx context.Context, addr string) error {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(Registry, promhttp.HandlerOpts{Registry: Registry}))
+	mux.Handle("/metrics", promhttp.HandlerFor(Gatherer, promhttp.HandlerOpts{Registry: Registry}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -24,8 +24,9 @@ const (
 
 // BenchmarkCluster (make bench-cluster) binds many PVCs at once on the
 // local cluster, for localdir and, in the same sitting, for a stand-in
-// driver whose CreateVolume answers at once (the floor: what the control
-// plane and csi-provisioner alone cost). Each run prints (SCALE lines) and
+// driver whose CreateVolume answers at once and whose NodePublishVolume
+// only makes the target directory (the floor: what the control plane,
+// csi-provisioner and the kubelet alone cost). Each run prints (SCALE lines) and
 // reports all-Bound, p50 and p99 from the first create, all-PVs-deleted
 // from the delete, and the API requests per volume, in all and on the
 // localdir objects. Figures: docs/benchmarks.md.

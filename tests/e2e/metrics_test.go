@@ -13,7 +13,9 @@ import (
 	"time"
 )
 
-// scrapeMetrics reads a /metrics page into "name{labels}" → value.
+// scrapeMetrics reads a /metrics page into "name{labels}" → value: the
+// localdir_ series and the node agent's controller-runtime ones
+// (controller_runtime_, workqueue_).
 func scrapeMetrics(t testing.TB, addr string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -26,7 +28,7 @@ func scrapeMetrics(t testing.TB, addr string) map[string]float64 {
 	sc := bufio.NewScanner(strings.NewReader(string(body)))
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "localdir_") {
+		if !strings.HasPrefix(line, "localdir_") && !strings.HasPrefix(line, "controller_runtime_") && !strings.HasPrefix(line, "workqueue_") {
 			continue
 		}
 		i := strings.LastIndexByte(line, ' ')
@@ -40,8 +42,9 @@ func scrapeMetrics(t testing.TB, addr string) map[string]float64 {
 
 // TestMetricsAndUnplaceablePVC scrapes the controller's and the node
 // plugin's /metrics while volumes are created and one cannot be placed:
-// the RPC, capacity and error series move, and the PVC that does not fit
-// carries an event saying why.
+// the RPC, capacity and error series move, the node agent's reconcile
+// and work queue series count the new volume, and the PVC that does not
+// fit carries an event saying why.
 func TestMetricsAndUnplaceablePVC(t *testing.T) {
 	needCluster(t)
 	ns := namespace(t, "metrics")
@@ -62,6 +65,8 @@ func TestMetricsAndUnplaceablePVC(t *testing.T) {
 	okKey := `localdir_rpc_requests_total{code="OK",method="CreateVolume"}`
 	exhaustedKey := `localdir_rpc_requests_total{code="ResourceExhausted",method="CreateVolume"}`
 	allocKey := `localdir_allocatable_bytes{node="` + on.Name + `"}`
+	reconciledKey := `controller_runtime_reconcile_total{controller="localvolume",result="success"}`
+	queuedKey := `workqueue_queue_duration_seconds_count{controller="localvolume",name="localvolume"}`
 
 	createPVC(t, ns, "fits", pinnedClass(t, scImmediate, on.Name), "64Mi")
 	waitBound(t, ns, "fits", time.Minute)
@@ -92,8 +97,16 @@ func TestMetricsAndUnplaceablePVC(t *testing.T) {
 		ctrlAfter = scrapeMetrics(t, ctrlAddr)
 		nodeAfter = scrapeMetrics(t, nodeAddr)
 		return ctrlAfter[okKey] > ctrlBefore[okKey] && ctrlAfter[exhaustedKey] > ctrlBefore[exhaustedKey] &&
-			nodeAfter[allocKey] <= nodeBefore[allocKey]-64<<20, nil
+			nodeAfter[allocKey] <= nodeBefore[allocKey]-64<<20 &&
+			nodeAfter[reconciledKey] > nodeBefore[reconciledKey] && nodeAfter[queuedKey] > nodeBefore[queuedKey], nil
 	})
+	depth := false
+	for k := range nodeAfter {
+		depth = depth || strings.HasPrefix(k, `workqueue_depth{controller="localvolume",`)
+	}
+	if !depth {
+		t.Errorf("the node plugin serves no work queue depth of its LocalVolume reconciler")
+	}
 	for _, n := range cl.Nodes {
 		if ctrlAfter[`localdir_capacity_bytes{node="`+n.Name+`"}`] <= 0 {
 			t.Errorf("controller reports no capacity for node %s", n.Name)
@@ -102,6 +115,7 @@ func TestMetricsAndUnplaceablePVC(t *testing.T) {
 	if ctrlAfter[`localdir_volumes{node="`+on.Name+`",phase="Ready"}`] < 1 {
 		t.Errorf("controller reports no Ready volume on %s", on.Name)
 	}
-	t.Logf("CreateVolume OK %v→%v, ResourceExhausted %v→%v; node allocatable %v→%v",
-		ctrlBefore[okKey], ctrlAfter[okKey], ctrlBefore[exhaustedKey], ctrlAfter[exhaustedKey], nodeBefore[allocKey], nodeAfter[allocKey])
+	t.Logf("CreateVolume OK %v→%v, ResourceExhausted %v→%v; node allocatable %v→%v; node LocalVolume reconciles %v→%v",
+		ctrlBefore[okKey], ctrlAfter[okKey], ctrlBefore[exhaustedKey], ctrlAfter[exhaustedKey], nodeBefore[allocKey], nodeAfter[allocKey],
+		nodeBefore[reconciledKey], nodeAfter[reconciledKey])
 }

@@ -37,6 +37,60 @@ type scaleRun struct {
 	// during the run (its localdir_rpc_duration_seconds): the driver's
 	// share of the time; no calls for the floor.
 	createRPC, deleteRPC rpcLatency
+	// The node plugins' LocalVolume work queue during the bind and the
+	// delete: how long volumes waited for one of its workers.
+	createQueue, removeQueue nodeQueue
+}
+
+// nodeQueue is the node plugins' LocalVolume work between two scrapes of
+// each (controller-runtime's series, summed over the nodes): items taken
+// from the queue, their mean wait in it, and the mean reconcile time.
+type nodeQueue struct {
+	items      float64
+	wait, work time.Duration
+}
+
+func (q nodeQueue) String() string {
+	if q.items <= 0 {
+		return "no work"
+	}
+	return fmt.Sprintf("%.0f items, mean wait in the queue %s, mean reconcile %s", q.items, q.wait.Round(100*time.Microsecond), q.work.Round(100*time.Microsecond))
+}
+
+// nodesMetrics scrapes every node plugin's /metrics.
+func nodesMetrics(tb testing.TB) []map[string]float64 {
+	tb.Helper()
+	var out []map[string]float64
+	for _, n := range cl.Nodes {
+		addr, err := n.MetricsAddress(context.Background())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, scrapeMetrics(tb, addr))
+	}
+	return out
+}
+
+// nodeQueueOf is the nodeQueue between the scrapes before and after.
+func nodeQueueOf(before, after []map[string]float64) nodeQueue {
+	const queue, ctrl = `{controller="localvolume",name="localvolume"}`, `{controller="localvolume"}`
+	var items, wait, reconciles, work float64
+	for i := range after {
+		d := func(k string) float64 { return after[i][k] - before[i][k] }
+		items += d("workqueue_queue_duration_seconds_count" + queue)
+		wait += d("workqueue_queue_duration_seconds_sum" + queue)
+		reconciles += d("controller_runtime_reconcile_time_seconds_count" + ctrl)
+		work += d("controller_runtime_reconcile_time_seconds_sum" + ctrl)
+	}
+	var q nodeQueue
+	q.items = items
+	if items > 0 {
+		q.wait = time.Duration(wait / items * float64(time.Second))
+	}
+	if reconciles > 0 {
+		q.work = time.Duration(work / reconciles * float64(time.Second))
+	}
+	return q
 }
 
 // rpcLatency summarizes the calls of one CSI method between two scrapes of
@@ -208,6 +262,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	}
 	before := readAPIRequests(tb)
 	rpcBefore := controllerMetrics(tb)
+	nodesBefore := nodesMetrics(tb)
 	created := make([]time.Time, n)
 	t0 := time.Now()
 	csitest.Each(tb, n, 50, func(i int) error {
@@ -234,6 +289,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	r.create = readAPIRequests(tb).since(before)
 	rpcAfter := controllerMetrics(tb)
 	r.createRPC = rpcLatencyOf(rpcBefore, rpcAfter, "CreateVolume")
+	r.createQueue = nodeQueueOf(nodesBefore, nodesMetrics(tb))
 	mu.Lock()
 	var lat []time.Duration
 	for name, at := range boundAt {
@@ -268,6 +324,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	}
 	before = readAPIRequests(tb)
 	rpcBefore = controllerMetrics(tb)
+	nodesBefore = nodesMetrics(tb)
 	t1 := time.Now()
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		tb.Fatal(err)
@@ -287,6 +344,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	r.deleted = time.Since(t1)
 	r.remove = readAPIRequests(tb).since(before)
 	r.deleteRPC = rpcLatencyOf(rpcBefore, controllerMetrics(tb), "DeleteVolume")
+	r.removeQueue = nodeQueueOf(nodesBefore, nodesMetrics(tb))
 	return r
 }
 
@@ -314,6 +372,7 @@ func (r scaleRun) report(tb testing.TB, what string) {
 		what, r.create.total("")/float64(r.n), r.create.total(localdirGroup)/float64(r.n), r.create.perVolume(localdirGroup, r.n),
 		r.remove.total("")/float64(r.n), r.remove.total(localdirGroup)/float64(r.n), r.remove.perVolume(localdirGroup, r.n))
 	tb.Logf("SCALE %s: localdir controller: CreateVolume %s; DeleteVolume %s", what, r.createRPC, r.deleteRPC)
+	tb.Logf("SCALE %s: localdir node plugins, LocalVolume queue: bind %s; delete %s", what, r.createQueue, r.removeQueue)
 }
 
 // 10. Scale: TestScale100PVCs binds 100 PVCs of an Immediate class at once: every one

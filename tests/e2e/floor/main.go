@@ -3,13 +3,18 @@
 // no storage behind them, so csi-provisioner and the control plane are
 // all that a PVC waits for. Binding N PVCs of its StorageClass measures
 // the floor of the local cluster, against which localdir's figures are
-// read (docs/benchmarks.md). It has no Node service: pods of its volumes
-// never start. Not a driver: a test tool.
+// read (docs/benchmarks.md). With --node-id it serves the Node service
+// instead, for one node's kubelet: NodePublishVolume makes the target
+// directory and nothing more, so the pods of its volumes start as
+// localdir's do, at the least cost a node can have. Not a driver: a test
+// tool.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"io/fs"
 	"log"
 	"net"
 	"os"
@@ -25,13 +30,18 @@ const DriverName = "floor.localdir.test"
 type server struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+	nodeID string // set: the Node service of this node
 }
 
 func (server) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
 	return &csi.GetPluginInfoResponse{Name: DriverName, VendorVersion: "0"}, nil
 }
 
-func (server) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+func (s server) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	if s.nodeID != "" {
+		return &csi.GetPluginCapabilitiesResponse{}, nil
+	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{Type: &csi.PluginCapability_Service_{
 		Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}}}}, nil
 }
@@ -55,8 +65,38 @@ func (server) DeleteVolume(context.Context, *csi.DeleteVolumeRequest) (*csi.Dele
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
+// NodeGetInfo names the node (the kubelet's Node name); no topology, as
+// the Controller service has no accessibility constraints either.
+func (s server) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: s.nodeID}, nil
+}
+
+// NodeGetCapabilities: none (no staging, no stats, no expansion).
+func (server) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return &csi.NodeGetCapabilitiesResponse{}, nil
+}
+
+// NodePublishVolume makes target_path, an empty directory the kubelet
+// gives the pod's containers (its parent is the kubelet's); a repeated
+// call finds it there.
+func (server) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := os.Mkdir(req.GetTargetPath(), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// NodeUnpublishVolume removes target_path if it is there.
+func (server) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if err := os.Remove(req.GetTargetPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
 func main() {
 	sock := flag.String("socket", "", "unix socket to serve on")
+	nodeID := flag.String("node-id", "", "serve the Node service for this node (the kubelet's Node name) instead of the Controller service")
 	flag.Parse()
 	_ = os.Remove(*sock)
 	l, err := net.Listen("unix", *sock)
@@ -64,7 +104,12 @@ func main() {
 		log.Fatal(err)
 	}
 	s := grpc.NewServer()
-	csi.RegisterIdentityServer(s, server{})
-	csi.RegisterControllerServer(s, server{})
+	srv := server{nodeID: *nodeID}
+	csi.RegisterIdentityServer(s, srv)
+	if srv.nodeID != "" {
+		csi.RegisterNodeServer(s, srv)
+	} else {
+		csi.RegisterControllerServer(s, srv)
+	}
 	log.Fatal(s.Serve(l))
 }
