@@ -48,6 +48,66 @@ type ControllerBackend struct {
 	pending map[string]map[string]unseenSize // by node, volume id: sizes written, not yet cached
 	counted map[string]countedSize           // by volume id: what used counts for each cached LocalVolume
 	used    map[string]int64                 // by node: Σ counted sizes of its LocalVolumes, in bytes
+
+	deleted deletedIDs // what this controller deleted with the intent
+}
+
+// deletedIDs remembers the ids of the LocalVolumes and LocalSnapshots this
+// controller deleted with the intent (deleteWithIntent), so that the CO's
+// repeated DeleteVolume or DeleteSnapshot of an object its cache no longer
+// holds answers at once instead of asking the API server (csi-provisioner
+// sends about four in five deletes twice; each repeat cost a GET). Such an
+// object cannot come back on its own: its node plugin removes the data
+// before the object goes, so there is nothing to re-adopt; a create of
+// the same name forgets the id before it writes. A controller that just
+// took over knows none, and reads the API server as before. Bounded:
+// beyond maxDeletedIDs the oldest are forgotten.
+type deletedIDs struct {
+	mu    sync.Mutex
+	set   map[string]struct{}
+	order []string // oldest first; may hold ids forgotten since
+}
+
+// maxDeletedIDs bounds deletedIDs (about 100 bytes each).
+const maxDeletedIDs = 10000
+
+func (d *deletedIDs) add(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.set == nil {
+		d.set = map[string]struct{}{}
+	}
+	if _, ok := d.set[id]; ok {
+		return
+	}
+	d.set[id] = struct{}{}
+	d.order = append(d.order, id)
+	for len(d.set) > maxDeletedIDs {
+		delete(d.set, d.order[0])
+		d.order = d.order[1:]
+	}
+	if len(d.order) > 2*maxDeletedIDs {
+		kept := make([]string, 0, len(d.set))
+		for _, o := range d.order {
+			if _, ok := d.set[o]; ok {
+				kept = append(kept, o)
+			}
+		}
+		d.order = kept
+	}
+}
+
+func (d *deletedIDs) forget(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.set, id)
+}
+
+func (d *deletedIDs) has(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.set[id]
+	return ok
 }
 
 // NewControllerBackend connects to the API server with cfg (its QPS and
@@ -187,6 +247,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 	if err != nil {
 		return nil, err
 	}
+	b.deleted.forget(id)
 	if err := b.placeVolume(ctx, lv, sourceNode, topology); err != nil {
 		return nil, err
 	}
@@ -233,6 +294,7 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 	if recorded && obj.GetDeletionTimestamp() != nil {
 		// Deleted with the intent already: the node plugin is at it (a
 		// CO's repeated DeleteVolume costs no request).
+		b.deleted.add(obj.GetName())
 		return nil
 	}
 	if !recorded {
@@ -247,6 +309,7 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 	if err := b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 		return err
 	}
+	b.deleted.add(obj.GetName())
 	// Read your writes: the calls after this one answer from the cache,
 	// where the object must no longer look alive (ListSnapshots right after
 	// DeleteSnapshot, say).
@@ -266,6 +329,9 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 // the node plugin removes the data and then the finalizer, now or when it
 // comes back.
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
+	if _, cached := get[*v1.LocalVolume](b.cache.volumes, id); !cached && b.deleted.has(id) {
+		return nil // deleted here, and gone since
+	}
 	lv, err := b.getVolume(ctx, id)
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil

@@ -123,6 +123,7 @@ func (b *ControllerBackend) recordSnapshot(ctx context.Context, id, name, src st
 		ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: lv.Node}},
 		Spec:       v1.LocalSnapshotSpec{SourceVolume: src, Node: lv.Node, CSIName: name},
 	}
+	b.deleted.forget(id)
 	if err := b.c.Create(ctx, ls); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
@@ -135,6 +136,9 @@ func (b *ControllerBackend) removeSnapshot(ctx context.Context, ls *v1.LocalSnap
 
 // DeleteSnapshot implements driver.Backend like DeleteVolume.
 func (b *ControllerBackend) DeleteSnapshot(ctx context.Context, id string) error {
+	if _, cached := get[*v1.LocalSnapshot](b.cache.snapshots, id); !cached && b.deleted.has(id) {
+		return nil // deleted here, and gone since
+	}
 	ls, err := b.getSnapshot(ctx, id)
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil

@@ -2,15 +2,20 @@ package cluster
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // A DeleteVolume records the intent and deletes (two writes), and returns
@@ -104,5 +109,113 @@ func TestCacheMissReadsTheAPIServer(t *testing.T) {
 	// The names CreateVolume and CreateSnapshot check stay cache-only.
 	if v, err := b.VolumeByName(ctx, "v"); err != nil || v != nil {
 		t.Errorf("VolumeByName read past the cache: %+v %v", v, err)
+	}
+}
+
+// csi-provisioner repeats most DeleteVolume calls. Once the node plugin
+// let go of a volume this controller deleted, the repeat answers without
+// a request; a volume the controller did not delete is still read from
+// the API server when its cache lacks it; and a CreateVolume of the same
+// name makes the next DeleteVolume delete the new volume.
+func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
+	var writes, reads atomic.Int32
+	lv := placed("v", "a", mi, v1.PhaseReady)
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(node("a", 100*mi, 100*mi, 0), lv).
+		WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+				reads.Add(1)
+				return c.Get(ctx, k, o, opts...)
+			},
+			Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+				writes.Add(1)
+				return c.Create(ctx, o, opts...)
+			},
+			Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+				writes.Add(1)
+				return c.Patch(ctx, o, p, opts...)
+			},
+			Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
+				writes.Add(1)
+				return c.Delete(ctx, o, opts...)
+			},
+		}).Build()
+	b, err := newControllerBackend(t.Context(), c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
+		t.Fatal(err)
+	}
+	// The node plugin removed the data and lets the object go.
+	gone := &v1.LocalVolume{}
+	if err := c.Get(ctx, client.ObjectKey{Name: lv.Name}, gone); err != nil {
+		t.Fatal(err)
+	}
+	controllerutil.RemoveFinalizer(gone, v1.Finalizer)
+	if err := c.Update(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache to drop the deleted volume", func() bool {
+		_, ok := get[*v1.LocalVolume](b.cache.volumes, lv.Name)
+		return !ok
+	})
+	reads.Store(0)
+	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("a repeated DeleteVolume of a volume deleted here and gone read %d times", n)
+	}
+	// Not deleted here: the cache's miss is checked with the API server.
+	if err := b.DeleteVolume(ctx, VolumeIDFor("other")); err != nil {
+		t.Fatal(err)
+	}
+	if n := reads.Load(); n != 1 {
+		t.Errorf("DeleteVolume of a volume the cache lacks and this controller did not delete: %d GETs, want 1", n)
+	}
+
+	// The same name again: written, then (no node plugin here) the wait
+	// for it to be Ready times out.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	before := writes.Load()
+	if _, err := b.CreateVolume(short, volume.CreateSpec{Name: "v", SizeBytes: mi, AccessType: contract.AccessMount}, nil); err == nil {
+		t.Fatal("CreateVolume returned a volume no node plugin made")
+	}
+	if writes.Load() == before {
+		t.Fatal("CreateVolume wrote nothing")
+	}
+	// Until the cache shows the new object, only this tells a repeated
+	// DeleteVolume that it is not the one deleted before.
+	if b.deleted.has(lv.Name) {
+		t.Error("CreateVolume of a name deleted before leaves its id among the deleted ones")
+	}
+	before = writes.Load()
+	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load() - before; n != 2 {
+		t.Errorf("DeleteVolume of the re-created volume: %d writes, want 2 (the intent, the delete)", n)
+	}
+}
+
+// deletedIDs keeps the newest maxDeletedIDs ids, and its bookkeeping stays
+// bounded however often ids are added and forgotten.
+func TestDeletedIDsBounded(t *testing.T) {
+	var d deletedIDs
+	for i := range maxDeletedIDs + 5 {
+		d.add(VolumeIDFor(strconv.Itoa(i)))
+	}
+	if d.has(VolumeIDFor("0")) || d.has(VolumeIDFor("4")) || !d.has(VolumeIDFor("5")) || !d.has(VolumeIDFor(strconv.Itoa(maxDeletedIDs+4))) {
+		t.Error("deletedIDs does not keep exactly the newest ids")
+	}
+	for i := range 5 * maxDeletedIDs {
+		id := VolumeIDFor("churn-" + strconv.Itoa(i))
+		d.add(id)
+		d.forget(id)
+	}
+	if len(d.order) > 2*maxDeletedIDs+1 || len(d.set) > maxDeletedIDs {
+		t.Errorf("deletedIDs holds %d ids in %d order entries", len(d.set), len(d.order))
 	}
 }

@@ -97,12 +97,12 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 	return mgr.Start(ctx)
 }
 
-// reconcileWorkers is how many LocalVolumes (and, apart, LocalSnapshots)
-// a node agent carries out at once. A reconcile mostly waits (on the API
-// server, on fsync), so workers are cheap: with 16, a burst of 1,000 PVCs
-// on one node waited 0.55 s on average for a worker
-// (workqueue_queue_duration_seconds) and bound in 65 s; with 64 it waited
-// 1.4 ms and bound in 57.5 s (docs/benchmarks.md).
+// reconcileWorkers is how many LocalVolumes (and, apart, LocalSnapshots
+// and LocalGroupSnapshots) a node agent carries out at once. A reconcile
+// mostly waits (on the API server, on fsync), so workers are cheap: with
+// 16, a burst of 1,000 PVCs on one node waited 0.55 s on average for a
+// worker (workqueue_queue_duration_seconds); with 64, 1.4 ms
+// (docs/benchmarks.md).
 const reconcileWorkers = 64
 
 // busyRetry is when a reconcile that met a conflicting operation on the

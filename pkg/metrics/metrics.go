@@ -47,6 +47,10 @@ var (
 func init() {
 	Registry.MustRegister(RPCs, RPCDuration, ReconcileErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Opt-in in controller-runtime: how long API requests took, and how
+	// long each waited for the client's own rate limiter (client-side
+	// throttling; --kube-api-qps, --kube-api-burst).
+	ctrlmetrics.RegisterRESTClientMetrics(ctrlmetrics.MetricRequestLatency, ctrlmetrics.MetricRateLimiterLatency)
 }
 
 // ObserveRPC records one finished RPC.
@@ -128,8 +132,9 @@ func RegisterState(f StateFunc) error {
 // (controller_runtime_reconcile_total and _time_seconds, workqueue_depth,
 // workqueue_queue_duration_seconds…, labelled controller="localvolume",
 // "localsnapshot" or "localgroupsnapshot") and its API client's
-// (rest_client_*): how long a volume waited for a worker of the node
-// plugin, and how the API server answered it. The rest of that registry
+// (rest_client_requests_total, rest_client_request_duration_seconds,
+// rest_client_rate_limiter_duration_seconds): how long a volume waited for
+// a worker of the node plugin, and how the API server answered it. The rest of that registry
 // (its own Go and process collectors) would repeat Registry's series,
 // which fails the whole scrape, so it is left out.
 var Gatherer = prometheus.Gatherers{Registry, prometheus.GathererFunc(controllerRuntimeFamilies)}

@@ -1,9 +1,12 @@
 package metrics
 
 import (
+	"context"
+	"net/url"
 	"testing"
 	"time"
 
+	clientmetrics "k8s.io/client-go/tools/metrics"
 	"k8s.io/client-go/util/workqueue"
 	// As in the node plugin: controller-runtime's controller package
 	// registers its own Go and process collectors and the work queue
@@ -22,6 +25,12 @@ func TestGathererServesEachSeriesOnce(t *testing.T) {
 	item, _ := q.Get()
 	q.Done(item)
 	ObserveRPC("Probe", "OK", time.Millisecond)
+	// What client-go reports for each API request, as the node plugin's
+	// client does.
+	u, _ := url.Parse("https://127.0.0.1:6443/apis")
+	clientmetrics.RequestLatency.Observe(context.Background(), "GET", *u, 10*time.Millisecond)
+	clientmetrics.RateLimiterLatency.Observe(context.Background(), "GET", *u, time.Millisecond)
+	clientmetrics.RequestResult.Increment(context.Background(), "200", "GET", "127.0.0.1:6443")
 
 	fams, err := Gatherer.Gather()
 	if err != nil {
@@ -32,7 +41,8 @@ func TestGathererServesEachSeriesOnce(t *testing.T) {
 		seen[f.GetName()]++
 	}
 	for _, name := range []string{"localdir_rpc_requests_total", "go_goroutines", "process_cpu_seconds_total",
-		"workqueue_adds_total", "workqueue_queue_duration_seconds"} {
+		"workqueue_adds_total", "workqueue_queue_duration_seconds",
+		"rest_client_requests_total", "rest_client_request_duration_seconds", "rest_client_rate_limiter_duration_seconds"} {
 		if seen[name] != 1 {
 			t.Errorf("%s served %d times, want once", name, seen[name])
 		}

@@ -21,6 +21,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // DriverName is the stand-in's CSI driver name (its StorageClasses'
@@ -78,18 +80,30 @@ func (server) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesReque
 
 // NodePublishVolume makes target_path, an empty directory the kubelet
 // gives the pod's containers (its parent is the kubelet's); a repeated
-// call finds it there.
+// call finds it there. Missing fields are INVALID_ARGUMENT; a raw block
+// volume, which would need a device at target_path, is INVALID_ARGUMENT
+// too (the benchmark's volumes are filesystem volumes).
 func (server) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" || req.GetTargetPath() == "" || req.GetVolumeCapability() == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_id, target_path and volume_capability are required")
+	}
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return nil, status.Error(codes.InvalidArgument, "the stand-in has no raw block volumes")
+	}
 	if err := os.Mkdir(req.GetTargetPath(), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, err
+		return nil, status.Error(codes.Internal, err.Error())
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// NodeUnpublishVolume removes target_path if it is there.
+// NodeUnpublishVolume removes target_path and what the pod wrote in it
+// (nothing is mounted there: the pod wrote into the directory itself).
 func (server) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if err := os.Remove(req.GetTargetPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+	if req.GetVolumeId() == "" || req.GetTargetPath() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id and target_path are required")
+	}
+	if err := os.RemoveAll(req.GetTargetPath()); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }

@@ -454,6 +454,8 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 func (n *Node) stopProcesses() error {
 	c := n.c
 	errs := []error{c.stop(n.proc("kubelet"), 10*time.Second)}
+	// The stand-in driver's node service and registration, if started.
+	errs = append(errs, c.stop(n.proc("floor-registrar"), 5*time.Second), c.stop(n.proc("floor-node"), 5*time.Second))
 	errs = append(errs, c.stop(n.proc("containerd"), 5*time.Second))
 	// unshare (in the namespace's mount namespace too) and PID 1 stay: when
 	// either goes, the namespaces go, and the loop devices are detached
