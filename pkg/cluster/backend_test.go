@@ -25,27 +25,8 @@ import (
 // nothing from the API server: the object cache answers (a call for an
 // id the cache no longer has reads it once: getOrRead).
 func TestDeleteVolumeWrites(t *testing.T) {
-	var writes, reads atomic.Int32
 	lv := placed("v", "a", mi, v1.PhaseReady)
-	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(node("a", 100*mi, 100*mi, 0), lv).
-		WithInterceptorFuncs(interceptor.Funcs{
-			Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
-				reads.Add(1)
-				return c.Get(ctx, k, o, opts...)
-			},
-			Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-				writes.Add(1)
-				return c.Patch(ctx, o, p, opts...)
-			},
-			Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
-				writes.Add(1)
-				return c.Delete(ctx, o, opts...)
-			},
-		}).Build()
-	b, err := newControllerBackend(t.Context(), c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, _, writes, reads := countingBackend(t, node("a", 100*mi, 100*mi, 0), lv)
 	ctx := context.Background()
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
@@ -118,31 +99,8 @@ func TestCacheMissReadsTheAPIServer(t *testing.T) {
 // the API server when its cache lacks it; and a CreateVolume of the same
 // name makes the next DeleteVolume delete the new volume.
 func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
-	var writes, reads atomic.Int32
 	lv := placed("v", "a", mi, v1.PhaseReady)
-	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(node("a", 100*mi, 100*mi, 0), lv).
-		WithInterceptorFuncs(interceptor.Funcs{
-			Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
-				reads.Add(1)
-				return c.Get(ctx, k, o, opts...)
-			},
-			Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
-				writes.Add(1)
-				return c.Create(ctx, o, opts...)
-			},
-			Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-				writes.Add(1)
-				return c.Patch(ctx, o, p, opts...)
-			},
-			Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
-				writes.Add(1)
-				return c.Delete(ctx, o, opts...)
-			},
-		}).Build()
-	b, err := newControllerBackend(t.Context(), c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, c, writes, reads := countingBackend(t, node("a", 100*mi, 100*mi, 0), lv)
 	ctx := context.Background()
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
@@ -218,4 +176,35 @@ func TestDeletedIDsBounded(t *testing.T) {
 	if len(d.order) > 2*maxDeletedIDs+1 || len(d.set) > maxDeletedIDs {
 		t.Errorf("deletedIDs holds %d ids in %d order entries", len(d.set), len(d.order))
 	}
+}
+
+// countingBackend is a controller backend on a fake client holding objs,
+// with the client, its writes (create, patch, delete) and its GETs counted.
+func countingBackend(t *testing.T, objs ...client.Object) (b *ControllerBackend, c client.WithWatch, writes, reads *atomic.Int32) {
+	t.Helper()
+	writes, reads = new(atomic.Int32), new(atomic.Int32)
+	c = fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).
+		WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+				reads.Add(1)
+				return c.Get(ctx, k, o, opts...)
+			},
+			Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+				writes.Add(1)
+				return c.Create(ctx, o, opts...)
+			},
+			Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+				writes.Add(1)
+				return c.Patch(ctx, o, p, opts...)
+			},
+			Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
+				writes.Add(1)
+				return c.Delete(ctx, o, opts...)
+			},
+		}).Build()
+	b, err := newControllerBackend(t.Context(), c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, c, writes, reads
 }
