@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -49,65 +50,32 @@ type ControllerBackend struct {
 	counted map[string]countedSize           // by volume id: what used counts for each cached LocalVolume
 	used    map[string]int64                 // by node: Σ counted sizes of its LocalVolumes, in bytes
 
-	deleted deletedIDs // what this controller deleted with the intent
+	// deleted holds the ids of the LocalVolumes and LocalSnapshots this
+	// controller deleted with the intent (deleteWithIntent), so that the
+	// CO's repeated DeleteVolume or DeleteSnapshot of an object its cache
+	// no longer holds answers at once instead of asking the API server
+	// (csi-provisioner sends about four in five deletes twice; each repeat
+	// cost a GET). Such an object cannot come back on its own: its node
+	// plugin removes the data before the object goes, so there is nothing
+	// to re-adopt; a create of the same name removes the id before it
+	// writes. A controller that just took over knows none, and reads the
+	// API server as before. Beyond maxDeletedIDs the least recently used
+	// are forgotten.
+	deleted *lru.Cache
 }
 
-// deletedIDs remembers the ids of the LocalVolumes and LocalSnapshots this
-// controller deleted with the intent (deleteWithIntent), so that the CO's
-// repeated DeleteVolume or DeleteSnapshot of an object its cache no longer
-// holds answers at once instead of asking the API server (csi-provisioner
-// sends about four in five deletes twice; each repeat cost a GET). Such an
-// object cannot come back on its own: its node plugin removes the data
-// before the object goes, so there is nothing to re-adopt; a create of
-// the same name forgets the id before it writes. A controller that just
-// took over knows none, and reads the API server as before. Bounded:
-// beyond maxDeletedIDs the oldest are forgotten.
-type deletedIDs struct {
-	mu    sync.Mutex
-	set   map[string]struct{}
-	order []string // oldest first; may hold ids forgotten since
-}
-
-// maxDeletedIDs bounds deletedIDs (about 100 bytes each).
+// maxDeletedIDs bounds ControllerBackend.deleted (about 100 bytes each).
 const maxDeletedIDs = 10000
 
-func (d *deletedIDs) add(id string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.set == nil {
-		d.set = map[string]struct{}{}
+// deletedAndGone reports whether this controller deleted id (a
+// LocalVolume or LocalSnapshot, by the informer inf that caches its kind)
+// and the cache no longer holds it.
+func deletedAndGone[T client.Object](b *ControllerBackend, inf cache.SharedIndexInformer, id string) bool {
+	if _, cached := get[T](inf, id); cached {
+		return false
 	}
-	if _, ok := d.set[id]; ok {
-		return
-	}
-	d.set[id] = struct{}{}
-	d.order = append(d.order, id)
-	for len(d.set) > maxDeletedIDs {
-		delete(d.set, d.order[0])
-		d.order = d.order[1:]
-	}
-	if len(d.order) > 2*maxDeletedIDs {
-		kept := make([]string, 0, len(d.set))
-		for _, o := range d.order {
-			if _, ok := d.set[o]; ok {
-				kept = append(kept, o)
-			}
-		}
-		d.order = kept
-	}
-}
-
-func (d *deletedIDs) forget(id string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.set, id)
-}
-
-func (d *deletedIDs) has(id string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.set[id]
-	return ok
+	_, deleted := b.deleted.Get(id)
+	return deleted
 }
 
 // NewControllerBackend connects to the API server with cfg (its QPS and
@@ -127,7 +95,7 @@ func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes 
 func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeBytes int64) (*ControllerBackend, error) {
 	b := &ControllerBackend{c: c, Wait: 2 * time.Minute, MaxVolumeBytes: maxVolumeBytes, StaleAfter: StaleAfter, cache: newObjectCache(c),
 		nodes: map[string]*sync.Mutex{}, pending: map[string]map[string]unseenSize{},
-		counted: map[string]countedSize{}, used: map[string]int64{}}
+		counted: map[string]countedSize{}, used: map[string]int64{}, deleted: lru.New(maxDeletedIDs)}
 	reg, err := b.cache.volumes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { b.seen(o, false) },
 		UpdateFunc: func(_, o any) { b.seen(o, false) },
@@ -247,7 +215,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 	if err != nil {
 		return nil, err
 	}
-	b.deleted.forget(id)
+	b.deleted.Remove(id)
 	if err := b.placeVolume(ctx, lv, sourceNode, topology); err != nil {
 		return nil, err
 	}
@@ -294,7 +262,7 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 	if recorded && obj.GetDeletionTimestamp() != nil {
 		// Deleted with the intent already: the node plugin is at it (a
 		// CO's repeated DeleteVolume costs no request).
-		b.deleted.add(obj.GetName())
+		b.deleted.Add(obj.GetName(), nil)
 		return nil
 	}
 	if !recorded {
@@ -309,7 +277,7 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 	if err := b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 		return err
 	}
-	b.deleted.add(obj.GetName())
+	b.deleted.Add(obj.GetName(), nil)
 	// Read your writes: the calls after this one answer from the cache,
 	// where the object must no longer look alive (ListSnapshots right after
 	// DeleteSnapshot, say).
@@ -329,7 +297,7 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 // the node plugin removes the data and then the finalizer, now or when it
 // comes back.
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
-	if _, cached := get[*v1.LocalVolume](b.cache.volumes, id); !cached && b.deleted.has(id) {
+	if deletedAndGone[*v1.LocalVolume](b, b.cache.volumes, id) {
 		return nil // deleted here, and gone since
 	}
 	lv, err := b.getVolume(ctx, id)

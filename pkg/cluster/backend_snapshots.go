@@ -123,7 +123,7 @@ func (b *ControllerBackend) recordSnapshot(ctx context.Context, id, name, src st
 		ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: lv.Node}},
 		Spec:       v1.LocalSnapshotSpec{SourceVolume: src, Node: lv.Node, CSIName: name},
 	}
-	b.deleted.forget(id)
+	b.deleted.Remove(id)
 	if err := b.c.Create(ctx, ls); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
@@ -136,7 +136,7 @@ func (b *ControllerBackend) removeSnapshot(ctx context.Context, ls *v1.LocalSnap
 
 // DeleteSnapshot implements driver.Backend like DeleteVolume.
 func (b *ControllerBackend) DeleteSnapshot(ctx context.Context, id string) error {
-	if _, cached := get[*v1.LocalSnapshot](b.cache.snapshots, id); !cached && b.deleted.has(id) {
+	if deletedAndGone[*v1.LocalSnapshot](b, b.cache.snapshots, id) {
 		return nil // deleted here, and gone since
 	}
 	ls, err := b.getSnapshot(ctx, id)

@@ -146,7 +146,7 @@ func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
 	}
 	// Until the cache shows the new object, only this tells a repeated
 	// DeleteVolume that it is not the one deleted before.
-	if b.deleted.has(lv.Name) {
+	if _, ok := b.deleted.Get(lv.Name); ok {
 		t.Error("CreateVolume of a name deleted before leaves its id among the deleted ones")
 	}
 	before = writes.Load()
@@ -158,23 +158,24 @@ func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
 	}
 }
 
-// deletedIDs keeps the newest maxDeletedIDs ids, and its bookkeeping stays
-// bounded however often ids are added and forgotten.
+// The controller remembers the newest maxDeletedIDs deleted ids, and no
+// more however often ids are added and removed.
 func TestDeletedIDsBounded(t *testing.T) {
-	var d deletedIDs
+	d := fakeBackend(t, 0).deleted
+	has := func(id string) bool { _, ok := d.Get(id); return ok }
 	for i := range maxDeletedIDs + 5 {
-		d.add(VolumeIDFor(strconv.Itoa(i)))
+		d.Add(VolumeIDFor(strconv.Itoa(i)), nil)
 	}
-	if d.has(VolumeIDFor("0")) || d.has(VolumeIDFor("4")) || !d.has(VolumeIDFor("5")) || !d.has(VolumeIDFor(strconv.Itoa(maxDeletedIDs+4))) {
-		t.Error("deletedIDs does not keep exactly the newest ids")
+	if has(VolumeIDFor("0")) || has(VolumeIDFor("4")) || !has(VolumeIDFor("5")) || !has(VolumeIDFor(strconv.Itoa(maxDeletedIDs+4))) {
+		t.Error("the deleted ids kept are not exactly the newest ones")
 	}
 	for i := range 5 * maxDeletedIDs {
 		id := VolumeIDFor("churn-" + strconv.Itoa(i))
-		d.add(id)
-		d.forget(id)
+		d.Add(id, nil)
+		d.Remove(id)
 	}
-	if len(d.order) > 2*maxDeletedIDs+1 || len(d.set) > maxDeletedIDs {
-		t.Errorf("deletedIDs holds %d ids in %d order entries", len(d.set), len(d.order))
+	if n := d.Len(); n > maxDeletedIDs {
+		t.Errorf("the controller holds %d deleted ids, more than %d", n, maxDeletedIDs)
 	}
 }
 

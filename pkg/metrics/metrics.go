@@ -134,9 +134,9 @@ func RegisterState(f StateFunc) error {
 // "localsnapshot" or "localgroupsnapshot") and its API client's
 // (rest_client_requests_total, rest_client_request_duration_seconds,
 // rest_client_rate_limiter_duration_seconds): how long a volume waited for
-// a worker of the node plugin, and how the API server answered it. The rest of that registry
-// (its own Go and process collectors) would repeat Registry's series,
-// which fails the whole scrape, so it is left out.
+// a worker of the node plugin, and how the API server answered it. The
+// rest of that registry (its own Go and process collectors) would repeat
+// Registry's series, which fails the whole scrape, so it is left out.
 var Gatherer = prometheus.Gatherers{Registry, prometheus.GathererFunc(controllerRuntimeFamilies)}
 
 // controllerRuntimeFamilies gathers controller-runtime's registry, keeping
