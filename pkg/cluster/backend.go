@@ -18,7 +18,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -147,7 +146,7 @@ func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*con
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil, nil
 	}
-	if err != nil || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+	if err != nil || lv.Status.Phase != v1.PhaseReady || lv.Deleting() {
 		return nil, err
 	}
 	return toVolume(lv), nil
@@ -159,7 +158,7 @@ func (b *ControllerBackend) Volume(ctx context.Context, id string) (*contract.Vo
 	if err != nil {
 		return nil, err
 	}
-	if lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+	if lv.Status.Phase != v1.PhaseReady || lv.Deleting() {
 		return nil, fmt.Errorf("%w: volume %q is %s", contract.ErrNotFound, id, phaseOf(lv.Status.Phase))
 	}
 	return toVolume(lv), nil
@@ -171,7 +170,7 @@ func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit
 	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	var out []*contract.Volume
 	for _, lv := range items {
-		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.Deleting() {
 			continue
 		}
 		if limit > 0 && len(out) == limit {
@@ -190,7 +189,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 	lv, err := b.cachedVolume(id)
 	switch {
 	case err == nil:
-		if lv.DeletionTimestamp != nil {
+		if lv.Deleting() {
 			return nil, fmt.Errorf("%w: volume %s of the same name is still being deleted; retry later", contract.ErrBusy, id)
 		}
 		if lv.Spec.Size.Value() < spec.SizeBytes || lv.Spec.VolumeMode != volumeMode(spec.AccessType) {
@@ -231,6 +230,9 @@ func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolum
 		if err != nil {
 			return "", err
 		}
+		if ls.Deleting() {
+			return "", fmt.Errorf("%w: snapshot %q is being deleted", contract.ErrNotFound, ls.Name)
+		}
 		lv.Spec.ContentSource = &v1.ContentSource{Snapshot: ls.Name}
 		return ls.Spec.Node, nil
 	case spec.SourceVolumeID != "":
@@ -238,64 +240,56 @@ func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolum
 		if err != nil {
 			return "", err
 		}
+		if src.Deleting() {
+			return "", fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, src.Name)
+		}
 		lv.Spec.ContentSource = &v1.ContentSource{Volume: src.Name}
 		return src.Spec.Node, nil
 	}
 	return "", nil
 }
 
-// remove records the delete intent on a LocalVolume and deletes it.
+// remove asks the node plugin to delete a LocalVolume and its data.
 func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) error {
 	return b.deleteWithIntent(ctx, lv, &lv.Spec.DeleteData)
 }
 
-// deleteWithIntent sets the object's spec.deleteData (*intent, a field of
-// obj) and the v1alpha1.Finalizer in one patch unless both are there, then
-// deletes obj (unless it is deleted with the intent already) and waits
-// until the cache shows it deleted: the node plugin removes data only for
-// objects carrying that intent, and the finalizer keeps the object until
-// it has. Objects nobody
-// asked to delete never carry the finalizer (an uninstall deleting the
-// CRDs does not wait on node plugins).
+// deleteWithIntent records the delete intent on obj: it sets the object's
+// spec.deleteData (*intent, a field of obj) in one merge patch, unless an
+// earlier call did (a CO's repeated DeleteVolume costs no request), and
+// waits until the cache shows it. The node plugin then removes the data
+// and deletes the object itself (its LocalVolumeReconciler): a delete
+// costs two writes on localdir's objects, and no object ever carries a
+// finalizer, so an uninstall deleting the CRDs waits on no node plugin.
+// An object deleted meanwhile is no error.
 func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
-	recorded := *intent && controllerutil.ContainsFinalizer(obj, v1.Finalizer)
-	if recorded && obj.GetDeletionTimestamp() != nil {
-		// Deleted with the intent already: the node plugin is at it (a
-		// CO's repeated DeleteVolume costs no request).
-		b.deleted.Add(obj.GetName(), nil)
-		return nil
-	}
-	if !recorded {
+	if !*intent {
 		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
 		*intent = true
-		controllerutil.AddFinalizer(obj, v1.Finalizer)
 		if err := b.c.Patch(ctx, obj, patch); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-	}
-	uid := obj.GetUID()
-	if err := b.c.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
-		return err
 	}
 	b.deleted.Add(obj.GetName(), nil)
 	// Read your writes: the calls after this one answer from the cache,
 	// where the object must no longer look alive (ListSnapshots right after
 	// DeleteSnapshot, say).
 	kind, inf := "LocalVolume", b.cache.volumes
+	deleting := func(o client.Object) bool { return o.(*v1.LocalVolume).Deleting() }
 	if _, ok := obj.(*v1.LocalSnapshot); ok {
 		kind, inf = "LocalSnapshot", b.cache.snapshots
+		deleting = func(o client.Object) bool { return o.(*v1.LocalSnapshot).Deleting() }
 	}
 	ctx, cancel := b.waitCtx(ctx)
 	defer cancel()
 	return b.awaitCache(ctx, kind, inf, obj.GetName(), func(o client.Object, ok bool) (bool, error) {
-		return !ok || o.GetDeletionTimestamp() != nil, nil
+		return !ok || o.GetUID() != obj.GetUID() || deleting(o), nil
 	})
 }
 
 // DeleteVolume implements driver.Backend: the delete intent is recorded on
-// the object (spec.deleteData and the finalizer), then the object deleted;
-// the node plugin removes the data and then the finalizer, now or when it
-// comes back.
+// the object (spec.deleteData); the node plugin removes the data and then
+// the object, now or when it comes back.
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 	if deletedAndGone[*v1.LocalVolume](b, b.cache.volumes, id) {
 		return nil // deleted here, and gone since

@@ -57,7 +57,7 @@ func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string
 		if err != nil {
 			return nil, err
 		}
-		if lv.Status.Phase != v1.PhaseReady || lv.DeletionTimestamp != nil {
+		if lv.Status.Phase != v1.PhaseReady || lv.Deleting() {
 			return nil, fmt.Errorf("%w: volume %q is %s", contract.ErrNotFound, id, phaseOf(lv.Status.Phase))
 		}
 		nodes[lv.Spec.Node] = append(nodes[lv.Spec.Node], id)

@@ -52,7 +52,7 @@ func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*c
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil, nil
 	}
-	if err != nil || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil {
+	if err != nil || !ls.Status.ReadyToUse || ls.Deleting() {
 		return nil, err
 	}
 	return toSnapshot(ls), nil
@@ -64,7 +64,7 @@ func (b *ControllerBackend) Snapshot(ctx context.Context, id string) (*contract.
 	if err != nil {
 		return nil, err
 	}
-	if !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil {
+	if !ls.Status.ReadyToUse || ls.Deleting() {
 		return nil, fmt.Errorf("%w: snapshot %q is not ready", contract.ErrNotFound, id)
 	}
 	return toSnapshot(ls), nil
@@ -76,7 +76,7 @@ func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, lim
 	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	var out []*contract.Snapshot
 	for _, ls := range items {
-		if ls.Name <= after || !ls.Status.ReadyToUse || ls.DeletionTimestamp != nil || (src != "" && ls.Spec.SourceVolume != src) {
+		if ls.Name <= after || !ls.Status.ReadyToUse || ls.Deleting() || (src != "" && ls.Spec.SourceVolume != src) {
 			continue
 		}
 		if limit > 0 && len(out) == limit {
@@ -97,7 +97,7 @@ func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string
 		if ls.Spec.SourceVolume != src {
 			return nil, fmt.Errorf("%w: snapshot %q exists for volume %s", contract.ErrExists, name, ls.Spec.SourceVolume)
 		}
-		if ls.DeletionTimestamp != nil {
+		if ls.Deleting() {
 			return nil, fmt.Errorf("%w: snapshot %s of the same name is still being deleted; retry later", contract.ErrBusy, id)
 		}
 	case errors.Is(err, contract.ErrNotFound):

@@ -11,14 +11,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
-// A DeleteVolume records the intent and deletes (two writes), and returns
+// A DeleteVolume records the intent (one write; the node plugin deletes
+// the object after the data), and returns
 // once the controller's own reads no longer find the volume; a repeated
 // one, while the node plugin removes the data, writes nothing (#14: no
 // write that changes nothing). The DeleteVolume of a cached volume reads
@@ -26,14 +26,19 @@ import (
 // id the cache no longer has reads it once: getOrRead).
 func TestDeleteVolumeWrites(t *testing.T) {
 	lv := placed("v", "a", mi, v1.PhaseReady)
-	b, _, writes, reads := countingBackend(t, node("a", 100*mi, 100*mi, 0), lv)
+	b, c, writes, reads := countingBackend(t, node("a", 100*mi, 100*mi, 0), lv)
 	ctx := context.Background()
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}
-	if n := writes.Load(); n != 2 {
-		t.Fatalf("DeleteVolume: %d writes, want 2 (the intent, the delete)", n)
+	if n := writes.Load(); n != 1 {
+		t.Fatalf("DeleteVolume: %d writes, want 1 (the intent)", n)
 	}
+	got := &v1.LocalVolume{}
+	if err := c.Get(ctx, client.ObjectKey{Name: lv.Name}, got); err != nil || !got.Spec.DeleteData || got.DeletionTimestamp != nil || len(got.Finalizers) != 0 {
+		t.Fatalf("after DeleteVolume: %v, deleteData %v, %+v; want a live object with the intent and no finalizer", err, got.Spec.DeleteData, got.ObjectMeta)
+	}
+	reads.Store(0)
 	if n := reads.Load(); n != 0 {
 		t.Errorf("DeleteVolume: %d GETs: reads come from the cache", n)
 	}
@@ -47,8 +52,8 @@ func TestDeleteVolumeWrites(t *testing.T) {
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}
-	if n := writes.Load(); n != 2 {
-		t.Errorf("a repeated DeleteVolume wrote %d times more", n-2)
+	if n := writes.Load(); n != 1 {
+		t.Errorf("a repeated DeleteVolume wrote %d times more", n-1)
 	}
 }
 
@@ -105,13 +110,8 @@ func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}
-	// The node plugin removed the data and lets the object go.
-	gone := &v1.LocalVolume{}
-	if err := c.Get(ctx, client.ObjectKey{Name: lv.Name}, gone); err != nil {
-		t.Fatal(err)
-	}
-	controllerutil.RemoveFinalizer(gone, v1.Finalizer)
-	if err := c.Update(ctx, gone); err != nil {
+	// The node plugin removed the data and deleted the object.
+	if err := c.Delete(ctx, &v1.LocalVolume{ObjectMeta: metav1.ObjectMeta{Name: lv.Name}}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the cache to drop the deleted volume", func() bool {
@@ -153,8 +153,8 @@ func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}
-	if n := writes.Load() - before; n != 2 {
-		t.Errorf("DeleteVolume of the re-created volume: %d writes, want 2 (the intent, the delete)", n)
+	if n := writes.Load() - before; n != 1 {
+		t.Errorf("DeleteVolume of the re-created volume: %d writes, want 1 (the intent)", n)
 	}
 }
 

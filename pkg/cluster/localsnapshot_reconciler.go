@@ -46,6 +46,12 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if ls.DeletionTimestamp != nil {
 		return r.finishDelete(ctx, ls)
 	}
+	if ls.Spec.DeleteData {
+		// DeleteSnapshot recorded its intent: the data goes, then the object.
+		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.VM.DeleteSnapshot(ls.Name) }, func(err error) {
+			klog.ErrorS(err, "Cannot delete snapshot data yet", "snapshotID", ls.Name)
+		})
+	}
 	if err := dropLegacyFinalizer(ctx, r.Client, ls, ls.Spec.DeleteData); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -78,8 +84,9 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 }
 
 // finishDelete removes the data of a deleted LocalSnapshot that holds the
-// finalizer and carries the delete intent (without it the data stays, to
-// be re-adopted), then the finalizer.
+// finalizer (DeleteSnapshot of earlier builds) and carries the delete
+// intent (without it the data stays, to be re-adopted), then the
+// finalizer.
 func (r *LocalSnapshotReconciler) finishDelete(ctx context.Context, ls *v1.LocalSnapshot) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(ls, v1.Finalizer) {
 		return reconcile.Result{}, nil

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -50,9 +49,8 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		return r.finishDelete(ctx, lv)
 	}
 	if lv.Spec.DeleteData {
-		// DeleteVolume recorded its intent and deletes the object next:
-		// nothing to carry out, nor to report, until then.
-		return reconcile.Result{}, nil
+		// DeleteVolume recorded its intent: the data goes, then the object.
+		return deleteRequested(ctx, r.Client, "LocalVolume", lv, func() error { return r.VM.Delete(lv.Name) }, func(err error) { r.deleteBlocked(ctx, lv, err) })
 	}
 	if err := dropLegacyFinalizer(ctx, r.Client, lv, lv.Spec.DeleteData); err != nil {
 		return reconcile.Result{}, err
@@ -198,11 +196,12 @@ func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (volume.CreateSpe
 	return spec, nil
 }
 
-// finishDelete acts on a deleted LocalVolume that holds the finalizer:
-// with deleteData the data is removed (a mounted volume waits, with the
-// reason in its condition); without it (objects from earlier builds) the
-// data stays, to be re-adopted. Then the finalizer goes. An object without
-// the finalizer is gone already, or about to be.
+// finishDelete acts on a deleted LocalVolume that holds the finalizer
+// (DeleteVolume of earlier builds, or a person following their
+// documentation): with deleteData the data is removed (a mounted volume
+// waits, with the reason in its condition); without it the data stays, to
+// be re-adopted. Then the finalizer goes. An object without the finalizer
+// is gone already, or about to be.
 func (r *LocalVolumeReconciler) finishDelete(ctx context.Context, lv *v1.LocalVolume) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(lv, v1.Finalizer) {
 		return reconcile.Result{}, nil
@@ -211,11 +210,8 @@ func (r *LocalVolumeReconciler) finishDelete(ctx context.Context, lv *v1.LocalVo
 		if err := r.VM.Delete(lv.Name); errors.Is(err, contract.ErrBusy) {
 			return reconcile.Result{RequeueAfter: busyRetry}, nil
 		} else if err != nil {
-			lv.Status.Phase = v1.PhaseDeleting
-			setReady(&lv.Status.Conditions, lv.Generation, false, "DeleteBlocked", err.Error())
-			_ = r.Client.Status().Update(ctx, lv)
-			klog.ErrorS(err, "Cannot delete volume data yet", "volumeID", lv.Name)
-			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+			r.deleteBlocked(ctx, lv, err)
+			return reconcile.Result{RequeueAfter: deleteRetry}, nil
 		}
 		klog.InfoS("Volume data deleted", "volumeID", lv.Name)
 	} else if v, err := r.VM.Get(lv.Name); err == nil {
@@ -224,4 +220,13 @@ func (r *LocalVolumeReconciler) finishDelete(ctx context.Context, lv *v1.LocalVo
 	}
 	controllerutil.RemoveFinalizer(lv, v1.Finalizer)
 	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, lv))
+}
+
+// deleteBlocked reports in lv's status (phase Deleting, condition Ready
+// False, reason DeleteBlocked) why its data cannot be removed yet.
+func (r *LocalVolumeReconciler) deleteBlocked(ctx context.Context, lv *v1.LocalVolume, err error) {
+	lv.Status.Phase = v1.PhaseDeleting
+	setReady(&lv.Status.Conditions, lv.Generation, false, "DeleteBlocked", err.Error())
+	_ = r.Client.Status().Update(ctx, lv)
+	klog.ErrorS(err, "Cannot delete volume data yet", "volumeID", lv.Name)
 }

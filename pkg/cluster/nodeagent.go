@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -35,9 +36,9 @@ import (
 // pkg/volume code all mode uses, and the LocalNodeHeartbeat, which keeps
 // its LocalNode current. On start it reconciles every object of its node.
 // It removes data only for objects whose spec.deleteData the controller set
-// (with the finalizer, which it then removes); data whose object went away
-// otherwise stays and is re-adopted, or listed in LocalNode status.orphans
-// while it cannot be.
+// (and then deletes the object); data whose object went away otherwise
+// stays and is re-adopted, or listed in LocalNode status.orphans while it
+// cannot be.
 type NodeAgent struct {
 	NodeID         string
 	VM             *volume.Manager
@@ -142,6 +143,31 @@ func setCondition(conds *[]metav1.Condition, typ string, gen int64, ok bool, rea
 	}
 	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
+
+// deleteRequested carries out a delete the controller recorded on a live
+// LocalVolume or LocalSnapshot (spec.deleteData, set by DeleteVolume or
+// DeleteSnapshot; kind names it in the log): remove removes the data, then the object is deleted
+// (with its UID as precondition), which ends the handshake with no
+// finalizer. Data in use (contract.ErrBusy: mounted, a restore reading
+// it) is tried again after busyRetry; another failure is reported through
+// blocked and tried again after deleteRetry. An object that carries an
+// earlier build's finalizer is left Terminating, and finishDelete removes
+// the finalizer next.
+func deleteRequested(ctx context.Context, c client.Client, kind string, obj client.Object, remove func() error, blocked func(error)) (reconcile.Result, error) {
+	if err := remove(); errors.Is(err, contract.ErrBusy) {
+		return reconcile.Result{RequeueAfter: busyRetry}, nil
+	} else if err != nil {
+		blocked(err)
+		return reconcile.Result{RequeueAfter: deleteRetry}, nil
+	}
+	klog.InfoS("Data deleted; deleting its object", "kind", kind, "id", obj.GetName())
+	uid := obj.GetUID()
+	return reconcile.Result{}, client.IgnoreNotFound(c.Delete(ctx, obj, client.Preconditions{UID: &uid}))
+}
+
+// deleteRetry is when a delete whose data could not be removed (other
+// than busy) is tried again.
+const deleteRetry = 10 * time.Second
 
 // dropLegacyFinalizer removes v1alpha1.Finalizer from a live object that
 // carries no delete intent: earlier builds put it on every object, which

@@ -50,11 +50,12 @@ func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
 
 // readopt re-creates the LocalVolume / LocalSnapshot objects for data this
 // node holds but no object claims. Such data lost its object without a
-// DeleteVolume/DeleteSnapshot (those remove the local record before the
-// finalizer goes): its CRD was deleted, or the object was deleted by hand
-// or a pending delete's finalizer cleared. Re-creating the object lets
-// existing PVs work again with no manual step. The objects carry ReadoptedLabel. It returns
-// the orphans it could not re-adopt (e.g. while the CRDs are missing).
+// DeleteVolume/DeleteSnapshot (for those the node plugin removes the data
+// and its local record before it deletes the object): its CRD was
+// deleted, or the object was deleted by hand (a pending delete's too).
+// Re-creating the object lets existing PVs work again with no manual
+// step. The objects carry ReadoptedLabel. It returns the orphans it could
+// not re-adopt (e.g. while the CRDs are missing).
 func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.OrphanedData {
 	var left []v1.OrphanedData
 	for _, o := range orphans {

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -79,29 +80,59 @@ func TestLocalVolumeReconcilerCreatesGrowsDeletes(t *testing.T) {
 		t.Errorf("another node's volume was created here: %v", err)
 	}
 
-	// Delete with intent: the data goes, then the finalizer (and the object).
+	// DeleteVolume records the intent alone: one reconcile removes the
+	// data, then deletes the object (no finalizer, no status write).
 	lv.Spec.DeleteData = true
 	lv.Generation++ // what the API server does for a spec change
-	controllerutil.AddFinalizer(lv, v1.Finalizer)
 	if err := c.Update(ctx, lv); err != nil {
-		t.Fatal(err)
-	}
-	// Between the intent and the delete the node writes nothing: the new
-	// generation alone is no state change (#14).
-	rv := lv.ResourceVersion
-	reconcileOnce(t, r, lv.Name)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil || lv.ResourceVersion != rv {
-		t.Errorf("the recorded delete intent made the node write the object (resourceVersion %s → %s, %v)", rv, lv.ResourceVersion, err)
-	}
-	if err := c.Delete(ctx, lv); err != nil {
 		t.Fatal(err)
 	}
 	reconcileOnce(t, r, lv.Name)
 	if _, err := vm.Get(lv.Name); !errors.Is(err, contract.ErrNotFound) {
 		t.Errorf("data after a delete with intent: %v, want it gone", err)
 	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err == nil {
-		t.Errorf("LocalVolume still there with finalizers %v", lv.Finalizers)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); !apierrors.IsNotFound(err) {
+		t.Errorf("LocalVolume after its data was deleted: %v (finalizers %v, phase %q), want it deleted", err, lv.Finalizers, lv.Status.Phase)
+	}
+	// Its NotFound reconcile finds no data to re-adopt.
+	reconcileOnce(t, r, lv.Name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); !apierrors.IsNotFound(err) {
+		t.Errorf("a deleted volume came back: %v", err)
+	}
+}
+
+// Objects an earlier build's DeleteVolume left behind: the intent with
+// the finalizer, deleted already or not yet (its controller stopped
+// between the two writes). Both lose their data and go.
+func TestLocalVolumeReconcilerFinishesLegacyDeletes(t *testing.T) {
+	ctx := context.Background()
+	deleted, pending := placed("pvc-old-deleted", "n", 4*mi, ""), placed("pvc-old-pending", "n", 4*mi, "")
+	c, vm := nodeFixture(t, deleted, pending)
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}
+	for _, lv := range []*v1.LocalVolume{deleted, pending} {
+		reconcileOnce(t, r, lv.Name)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil {
+			t.Fatal(err)
+		}
+		lv.Spec.DeleteData = true
+		controllerutil.AddFinalizer(lv, v1.Finalizer)
+		if err := c.Update(ctx, lv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Delete(ctx, deleted); err != nil {
+		t.Fatal(err)
+	}
+	for _, lv := range []*v1.LocalVolume{deleted, pending} {
+		for range 2 { // pending: the data and the delete, then the finalizer
+			reconcileOnce(t, r, lv.Name)
+		}
+		if _, err := vm.Get(lv.Name); !errors.Is(err, contract.ErrNotFound) {
+			t.Errorf("%s: data still there: %v", lv.Spec.CSIName, err)
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); !apierrors.IsNotFound(err) {
+			t.Errorf("%s: object still there (%v), finalizers %v", lv.Spec.CSIName, err, lv.Finalizers)
+		}
 	}
 }
 
@@ -133,6 +164,23 @@ func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
 	}
 	if !ls.Status.ReadyToUse || ls.Status.SizeBytes.String() != "4Mi" || ls.Status.CreationTime == nil {
 		t.Errorf("snapshot status %+v, want ready, 4Mi, with a creation time", ls.Status)
+	}
+	// DeleteSnapshot's intent: the data goes, then the object.
+	local, err := vm.GetSnapshot(ls.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapPath := vm.SnapshotPath(local)
+	ls.Spec.DeleteData = true
+	if err := c.Update(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, &LocalSnapshotReconciler{Client: c, NodeID: "n", VM: vm}, ls.Name)
+	if _, err := os.Stat(snapPath); !os.IsNotExist(err) {
+		t.Errorf("snapshot data at %s after the delete intent: %v, want it gone", snapPath, err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(ls), ls); !apierrors.IsNotFound(err) {
+		t.Errorf("LocalSnapshot after its data was deleted: %v, want it deleted", err)
 	}
 
 	// Data no object claims: the heartbeat re-adopts it.

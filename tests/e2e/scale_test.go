@@ -40,6 +40,8 @@ type scaleRun struct {
 	// The node plugins' LocalVolume work queue during the bind and the
 	// delete: how long volumes waited for one of its workers.
 	createQueue, removeQueue nodeQueue
+	// CPU time of this machine's processes during the bind and the delete.
+	createCPU, removeCPU cpuSeconds
 }
 
 // nodeQueue is the node plugins' LocalVolume work between two scrapes of
@@ -263,6 +265,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	before := readAPIRequests(tb)
 	rpcBefore := controllerMetrics(tb)
 	nodesBefore := nodesMetrics(tb)
+	cpuBefore := readCPU(tb)
 	created := make([]time.Time, n)
 	t0 := time.Now()
 	csitest.Each(tb, n, 50, func(i int) error {
@@ -286,6 +289,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		defer mu.Unlock()
 		tb.Fatalf("%d of %d PVCs Bound after 10 minutes", len(boundAt), n)
 	}
+	r.createCPU = readCPU(tb).since(cpuBefore)
 	r.create = readAPIRequests(tb).since(before)
 	rpcAfter := controllerMetrics(tb)
 	r.createRPC = rpcLatencyOf(rpcBefore, rpcAfter, "CreateVolume")
@@ -325,6 +329,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	before = readAPIRequests(tb)
 	rpcBefore = controllerMetrics(tb)
 	nodesBefore = nodesMetrics(tb)
+	cpuBefore = readCPU(tb)
 	t1 := time.Now()
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		tb.Fatal(err)
@@ -342,6 +347,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		return true, nil
 	})
 	r.deleted = time.Since(t1)
+	r.removeCPU = readCPU(tb).since(cpuBefore)
 	r.remove = readAPIRequests(tb).since(before)
 	r.deleteRPC = rpcLatencyOf(rpcBefore, controllerMetrics(tb), "DeleteVolume")
 	r.removeQueue = nodeQueueOf(nodesBefore, nodesMetrics(tb))
@@ -373,6 +379,8 @@ func (r scaleRun) report(tb testing.TB, what string) {
 		r.remove.total("")/float64(r.n), r.remove.total(localdirGroup)/float64(r.n), r.remove.perVolume(localdirGroup, r.n))
 	tb.Logf("SCALE %s: localdir controller: CreateVolume %s; DeleteVolume %s", what, r.createRPC, r.deleteRPC)
 	tb.Logf("SCALE %s: localdir node plugins, LocalVolume queue: bind %s; delete %s", what, r.createQueue, r.removeQueue)
+	tb.Logf("SCALE %s: CPU during the bind %s", what, r.createCPU)
+	tb.Logf("SCALE %s: CPU during the delete %s", what, r.removeCPU)
 }
 
 // 10. Scale: TestScale100PVCs binds 100 PVCs of an Immediate class at once: every one

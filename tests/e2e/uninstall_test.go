@@ -238,10 +238,11 @@ func TestLocalVolumeDeletedByHand(t *testing.T) {
 }
 
 // A DeleteVolume while the node plugin is down leaves the LocalVolume
-// Terminating on its finalizer. Clearing the finalizer with the documented
-// command deletes nothing; when the node plugin returns it re-adopts the
-// data, and the documented removal deletes it for good.
-func TestClearedFinalizerKeepsData(t *testing.T) {
+// alive with the delete intent (spec.deleteData), and no finalizer.
+// Deleting it by hand with the documented command deletes nothing; when
+// the node plugin returns it re-adopts the data, and the documented
+// removal (recording the intent) deletes the data and the object.
+func TestPendingDeleteDeletedByHandKeepsData(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
 	ns := namespace(t, "finalizer")
@@ -280,19 +281,20 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "PV "+pv+" deleted and LocalVolume "+id+" Terminating on "+v1.Finalizer, 2*time.Minute, func() (bool, error) {
+	waitFor(t, "PV "+pv+" deleted and LocalVolume "+id+" waiting with spec.deleteData", 2*time.Minute, func() (bool, error) {
 		_, err := kc.CoreV1().PersistentVolumes().Get(ctx, pv, metav1.GetOptions{})
 		lv := localVolume(t, id)
-		return apierrors.IsNotFound(err) && lv != nil && lv.GetDeletionTimestamp() != nil &&
-			strings.Join(lv.GetFinalizers(), ",") == v1.Finalizer, nil
+		if lv == nil {
+			return false, nil
+		}
+		intent, _, _ := unstructured.NestedBool(lv.Object, "spec", "deleteData")
+		return apierrors.IsNotFound(err) && intent && lv.GetDeletionTimestamp() == nil && len(lv.GetFinalizers()) == 0, nil
 	})
 	mustBeOnDisk(t, id)
-	// docs/uninstall.md: clearing a finalizer that never finishes.
-	if out, err := cl.Kubectl(ctx, "", "patch", "localvolume", id, "--type", "json",
-		"-p", `[{"op":"remove","path":"/metadata/finalizers"}]`); err != nil {
-		t.Fatalf("clear the finalizer: %v: %s", err, out)
+	// docs/uninstall.md: a delete that never finishes.
+	if out, err := cl.Kubectl(ctx, "", "delete", "localvolume", id, "--wait=true", "--timeout=30s"); err != nil {
+		t.Fatalf("kubectl delete localvolume: %v: %s", err, out)
 	}
-	waitFor(t, "LocalVolume "+id+" gone", 30*time.Second, func() (bool, error) { return localVolume(t, id) == nil, nil })
 	mustBeOnDisk(t, id)
 
 	if err := on.StartKubelet(ctx); err != nil {
@@ -303,14 +305,11 @@ func TestClearedFinalizerKeepsData(t *testing.T) {
 	mustBeOnDisk(t, id)
 	// docs/uninstall.md: removing an orphan for good.
 	if out, err := cl.Kubectl(ctx, "", "patch", "localvolume", id, "--type", "merge",
-		"-p", `{"metadata":{"finalizers":["`+v1.Finalizer+`"]},"spec":{"deleteData":true}}`); err != nil {
+		"-p", `{"spec":{"deleteData":true}}`); err != nil {
 		t.Fatalf("record the delete intent: %v: %s", err, out)
 	}
-	if out, err := cl.Kubectl(ctx, "", "delete", "localvolume", id, "--wait=true", "--timeout=60s"); err != nil {
-		t.Fatalf("kubectl delete localvolume: %v: %s", err, out)
-	}
-	if n := onDisk(t, id); len(n) != 0 {
-		t.Fatalf("data still there after the documented removal: %v", n)
-	}
-	t.Logf("finalizer cleared with the node plugin down: data kept; re-adopted when it returned; removed for good with the documented commands")
+	waitFor(t, "LocalVolume "+id+" and its data gone", time.Minute, func() (bool, error) {
+		return localVolume(t, id) == nil && len(onDisk(t, id)) == 0, nil
+	})
+	t.Logf("pending delete deleted by hand with the node plugin down: data kept; re-adopted when it returned; removed for good with the documented command")
 }

@@ -1,7 +1,7 @@
 // Package datasafety shows that users' data is destroyed only by a
 // DeleteVolume or DeleteSnapshot for it: deleting the CRDs (with the node
-// plugin running or gone), deleting a LocalVolume by hand or clearing a
-// stuck finalizer keeps the data, and the node plugin re-adopts it
+// plugin running or gone), deleting a LocalVolume by hand (a pending
+// delete's too) or clearing an earlier build's finalizer keeps the data, and the node plugin re-adopts it
 // (re-creates the objects) so existing volumes work again with no manual
 // step. Live objects carry no finalizer, so none of this waits on a node
 // plugin.
@@ -283,28 +283,32 @@ func TestLegacyFinalizerIsDropped(t *testing.T) {
 }
 
 // A DeleteVolume while the node plugin is gone for good leaves the object
-// Terminating on the finalizer; the documented command clears it, and
-// that deletes nothing. If the node comes back its data is re-adopted, and
-// the documented removal deletes it for good.
-func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
+// alive with the delete intent (spec.deleteData), waiting for the node
+// plugin, and no finalizer. Deleting it by hand, the documented command,
+// deletes nothing; if the node comes back its data is re-adopted, and the
+// documented removal (recording the intent) deletes it for good.
+func TestStuckDeleteDeletedByHandKeepsData(t *testing.T) {
 	f := start(t)
 	id, marker := f.volume(t, "pvc-stuck")
-	f.node.Stop(t) // the node plugin is gone: nobody releases the finalizer
+	f.node.Stop(t) // the node plugin is gone: nobody carries the delete out
 	if _, err := f.ctrl.Controller.DeleteVolume(f.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatalf("DeleteVolume: %v", err)
 	}
 	lv := &v1.LocalVolume{}
-	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil || lv.DeletionTimestamp == nil ||
-		!lv.Spec.DeleteData || len(lv.Finalizers) != 1 || lv.Finalizers[0] != v1.Finalizer {
-		t.Fatalf("object should be terminating with deleteData, held by %s: %v %+v", v1.Finalizer, err, lv.ObjectMeta)
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil || lv.DeletionTimestamp != nil ||
+		!lv.Spec.DeleteData || len(lv.Finalizers) != 0 {
+		t.Fatalf("object should be alive with deleteData and no finalizer: %v %+v", err, lv.ObjectMeta)
 	}
-	// The documented command: remove the finalizer.
-	patch := client.RawPatch("application/json-patch+json", []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`))
-	if err := f.env.Client.Patch(f.ctx, lv, patch); err != nil {
+	// The controller no longer serves it.
+	if _, err := f.ctrl.Controller.ControllerGetVolume(f.ctx, &csi.ControllerGetVolumeRequest{VolumeId: id}); err == nil {
+		t.Error("ControllerGetVolume finds a volume whose DeleteVolume succeeded")
+	}
+	// The documented command: delete the object by hand. Nothing holds it.
+	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); !apierrors.IsNotFound(err) {
-		t.Fatalf("object still there after clearing its finalizer: %v", err)
+		t.Fatalf("object still there after kubectl delete: %v", err)
 	}
 	mustHave(t, marker, "data of pvc-stuck")
 	// When the node plugin comes back it re-adopts the data.
@@ -314,13 +318,9 @@ func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
 	mustHave(t, marker, "data of pvc-stuck")
 
 	// Removing an orphan for good, the documented way: record the delete
-	// intent and the finalizer, then delete the object.
-	p2 := client.RawPatch("application/merge-patch+json",
-		[]byte(`{"metadata":{"finalizers":["`+v1.Finalizer+`"]},"spec":{"deleteData":true}}`))
-	if err := f.env.Client.Patch(f.ctx, lv, p2); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
+	// intent; the node plugin removes the data, then the object.
+	p := client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"deleteData":true}}`))
+	if err := f.env.Client.Patch(f.ctx, lv, p); err != nil {
 		t.Fatal(err)
 	}
 	waitGone(t, filepath.Dir(marker))
@@ -331,4 +331,39 @@ func TestClearingAStuckFinalizerKeepsData(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// A DeleteVolume of an earlier build left its object Terminating on the
+// finalizer while the node plugin was gone: clearing the finalizer, the
+// command documented then, still deletes nothing; the data is re-adopted.
+func TestClearingALegacyFinalizerKeepsData(t *testing.T) {
+	f := start(t)
+	id, marker := f.volume(t, "pvc-legacy-stuck")
+	f.node.Stop(t)
+	lv := &v1.LocalVolume{}
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil {
+		t.Fatal(err)
+	}
+	// What the earlier DeleteVolume wrote: the intent and the finalizer,
+	// then the delete.
+	p := client.RawPatch("application/merge-patch+json",
+		[]byte(`{"metadata":{"finalizers":["`+v1.Finalizer+`"]},"spec":{"deleteData":true}}`))
+	if err := f.env.Client.Patch(f.ctx, lv, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	clear := client.RawPatch("application/json-patch+json", []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`))
+	if err := f.env.Client.Patch(f.ctx, lv, clear); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); !apierrors.IsNotFound(err) {
+		t.Fatalf("object still there after clearing its finalizer: %v", err)
+	}
+	mustHave(t, marker, "data of pvc-legacy-stuck")
+	f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
+	lv = &v1.LocalVolume{}
+	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
+	mustHave(t, marker, "data of pvc-legacy-stuck")
 }

@@ -179,10 +179,11 @@ func TestDeleteWhileNodePluginStoppedCompletesOnReturn(t *testing.T) {
 	if _, err := c.ctrl.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
 		t.Fatalf("DeleteVolume with the node plugin stopped: %v", err)
 	}
-	// The object waits on the node's finalizer; the data is still there.
+	// The object waits, with the delete intent, for its node plugin; the
+	// data is still there.
 	lv := &v1.LocalVolume{}
-	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: v.GetVolumeId()}, lv); err != nil || lv.DeletionTimestamp == nil || !lv.Spec.DeleteData {
-		t.Fatalf("LocalVolume should be terminating with deleteData: %v %+v", err, lv.Spec)
+	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: v.GetVolumeId()}, lv); err != nil || !lv.Spec.DeleteData {
+		t.Fatalf("LocalVolume should wait with deleteData: %v %+v", err, lv.Spec)
 	}
 	if _, err := os.Stat(dataDir); err != nil {
 		t.Fatalf("data removed while the node plugin was stopped: %v", err)

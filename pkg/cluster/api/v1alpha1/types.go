@@ -33,13 +33,15 @@ const (
 	// NodeLabel on LocalVolume and LocalSnapshot objects names the node that
 	// holds the data, so each node plugin watches only its own objects.
 	NodeLabel = "localdir.csi.dev/node"
-	// Finalizer is put on an object only together with spec.deleteData,
-	// by the controller's DeleteVolume/DeleteSnapshot just before it deletes
-	// the object; the node plugin removes it once the data is gone. Objects
-	// nobody asked to delete carry no finalizer, so deleting the CRDs (an
-	// uninstall) or an object by hand never waits on a node plugin. Earlier
-	// builds put it on every object; the node plugin removes it from live
-	// objects without deleteData.
+	// Finalizer was put on an object together with spec.deleteData by the
+	// DeleteVolume/DeleteSnapshot of earlier builds, just before they
+	// deleted the object; the node plugin still honours it (removes the
+	// data, then the finalizer). This build's controller sets
+	// spec.deleteData alone and the node plugin deletes the object after
+	// the data, so no object carries a finalizer: deleting the CRDs (an
+	// uninstall) or an object by hand never waits on a node plugin. The
+	// builds before those put it on every object; the node plugin removes
+	// it from live objects without deleteData.
 	Finalizer = "localdir.csi.dev/node-data"
 	// ReadoptedLabel marks objects a node plugin re-created for data it
 	// still held after their object went away without a delete request
@@ -137,12 +139,12 @@ type LocalVolumeSpec struct {
 	// CSIName is the CreateVolumeRequest name (the PV name under
 	// Kubernetes) the volume was created for.
 	CSIName string `json:"csiName"`
-	// DeleteData is set, with the localdir.csi.dev/node-data finalizer, by
-	// the controller's DeleteVolume just before it deletes this object. Only
-	// then does the node plugin remove the data: an object deleted any other
-	// way (by hand, with its CRD, by a namespace or etcd restore) leaves the
-	// data on the node, which the node plugin re-adopts (re-creates the
-	// object) or, while it cannot, reports as orphaned.
+	// DeleteData is set by the controller's DeleteVolume: the node plugin
+	// then removes the data and deletes this object. Only then is data
+	// removed: an object deleted any other way (by hand, with its CRD, by a
+	// namespace or etcd restore) leaves the data on the node, which the
+	// node plugin re-adopts (re-creates the object) or, while it cannot,
+	// reports as orphaned.
 	// +optional
 	DeleteData bool `json:"deleteData,omitempty"`
 }
@@ -234,8 +236,8 @@ type LocalSnapshotSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="groupSnapshot is immutable"
 	GroupSnapshot string `json:"groupSnapshot,omitempty"`
-	// DeleteData is set, with the finalizer, by the controller's
-	// DeleteSnapshot just before it deletes this object; see
+	// DeleteData is set by the controller's DeleteSnapshot: the node
+	// plugin then removes the data and deletes this object; see
 	// LocalVolumeSpec.DeleteData.
 	// +optional
 	DeleteData bool `json:"deleteData,omitempty"`
@@ -452,4 +454,18 @@ type LocalNodeList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []LocalNode `json:"items"`
+}
+
+// Deleting says whether the volume is on its way out: a DeleteVolume
+// recorded spec.deleteData (the node plugin removes the data, then the
+// object), or the object is deleted (by hand, or by an earlier build's
+// DeleteVolume). The CSI Controller service no longer lists it.
+func (lv *LocalVolume) Deleting() bool {
+	return lv.Spec.DeleteData || lv.DeletionTimestamp != nil
+}
+
+// Deleting says whether the snapshot is on its way out, as
+// LocalVolume.Deleting.
+func (ls *LocalSnapshot) Deleting() bool {
+	return ls.Spec.DeleteData || ls.DeletionTimestamp != nil
 }
