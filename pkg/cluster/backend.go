@@ -313,6 +313,9 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 	if err != nil {
 		return 0, err
 	}
+	if lv.Deleting() {
+		return 0, fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
+	}
 	if lv.Status.CapacityBytes.Value() >= size {
 		return lv.Status.CapacityBytes.Value(), nil
 	}
@@ -336,6 +339,9 @@ func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params 
 	lv, err := b.getVolume(ctx, id)
 	if err != nil {
 		return err
+	}
+	if lv.Deleting() {
+		return fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
 	}
 	before := maps.Clone(lv.Spec.MutableParameters)
 	want := contract.MergeMutable(before, params)
@@ -364,6 +370,9 @@ func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (volume
 	lv, err := b.getVolume(ctx, id)
 	if err != nil {
 		return volume.Health{}, err
+	}
+	if lv.Deleting() {
+		return volume.Health{}, fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
 	}
 	var h volume.Health
 	if lv.Status.Phase != v1.PhaseReady {

@@ -22,11 +22,19 @@ func (b *ControllerBackend) MetricSamples(ctx context.Context) []metrics.Sample 
 	}
 	type key struct{ node, phase string }
 	vols, snaps := map[key]int{}, map[key]int{}
+	// A pending delete counts as Deleting whatever phase its node last
+	// reported (its node plugin may be down).
+	phase := func(p string, deleting bool) string {
+		if deleting {
+			return v1.PhaseDeleting
+		}
+		return phaseOf(p)
+	}
 	for _, lv := range all[*v1.LocalVolume](b.cache.volumes) {
-		vols[key{lv.Spec.Node, phaseOf(lv.Status.Phase)}]++
+		vols[key{lv.Spec.Node, phase(lv.Status.Phase, lv.Deleting())}]++
 	}
 	for _, ls := range all[*v1.LocalSnapshot](b.cache.snapshots) {
-		snaps[key{ls.Spec.Node, phaseOf(ls.Status.Phase)}]++
+		snaps[key{ls.Spec.Node, phase(ls.Status.Phase, ls.Deleting())}]++
 	}
 	for k, n := range vols {
 		out = append(out, metrics.Sample{Desc: metrics.VolumesDesc, Value: float64(n), Labels: []string{k.node, k.phase}})

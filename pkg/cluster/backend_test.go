@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -34,13 +35,12 @@ func TestDeleteVolumeWrites(t *testing.T) {
 	if n := writes.Load(); n != 1 {
 		t.Fatalf("DeleteVolume: %d writes, want 1 (the intent)", n)
 	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("DeleteVolume: %d GETs: reads come from the cache", n)
+	}
 	got := &v1.LocalVolume{}
 	if err := c.Get(ctx, client.ObjectKey{Name: lv.Name}, got); err != nil || !got.Spec.DeleteData || got.DeletionTimestamp != nil || len(got.Finalizers) != 0 {
 		t.Fatalf("after DeleteVolume: %v, deleteData %v, %+v; want a live object with the intent and no finalizer", err, got.Spec.DeleteData, got.ObjectMeta)
-	}
-	reads.Store(0)
-	if n := reads.Load(); n != 0 {
-		t.Errorf("DeleteVolume: %d GETs: reads come from the cache", n)
 	}
 	// Read your writes: at once, no call finds the volume any more.
 	if _, err := b.Volume(ctx, lv.Name); err == nil {
@@ -54,6 +54,48 @@ func TestDeleteVolumeWrites(t *testing.T) {
 	}
 	if n := writes.Load(); n != 1 {
 		t.Errorf("a repeated DeleteVolume wrote %d times more", n-1)
+	}
+}
+
+// Once DeleteVolume / DeleteSnapshot returned, while the node plugin has
+// not yet removed the data and the object, every call treats them as gone:
+// a restore from the snapshot or a clone of the volume is NOT_FOUND, an
+// expansion or modify of the volume NOT_FOUND, a CreateVolume or
+// CreateSnapshot of the same name is told to retry (ABORTED).
+func TestPendingDeleteIsGone(t *testing.T) {
+	lv := placed("v", "a", mi, v1.PhaseReady)
+	ls := &v1.LocalSnapshot{ObjectMeta: metav1.ObjectMeta{Name: SnapshotIDFor("s"), Labels: map[string]string{v1.NodeLabel: "a"}},
+		Spec: v1.LocalSnapshotSpec{SourceVolume: lv.Name, Node: "a", CSIName: "s"}, Status: v1.LocalSnapshotStatus{ReadyToUse: true, Phase: v1.PhaseReady}}
+	b, _, _, _ := countingBackend(t, node("a", 100*mi, 100*mi, 0), lv, ls)
+	b.Wait = 2 * time.Second // no node plugin here: a call that waits for one fails
+	ctx := context.Background()
+	if err := b.DeleteSnapshot(ctx, ls.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
+		t.Fatal(err)
+	}
+	mount := volume.CreateSpec{SizeBytes: mi, AccessType: contract.AccessMount}
+	restore, clone, again := mount, mount, mount
+	restore.Name, restore.SourceSnapshotID = "restore", ls.Name
+	clone.Name, clone.SourceVolumeID = "clone", lv.Name
+	again.Name = "v"
+	for what, spec := range map[string]volume.CreateSpec{"restore": restore, "clone": clone} {
+		if _, err := b.CreateVolume(ctx, spec, nil); contract.Code(err) != codes.NotFound {
+			t.Errorf("%s from a source whose delete returned: %v, want NOT_FOUND", what, err)
+		}
+	}
+	if _, err := b.CreateVolume(ctx, again, nil); contract.Code(err) != codes.Aborted {
+		t.Errorf("CreateVolume of the name of a pending delete: %v, want ABORTED", err)
+	}
+	if _, err := b.CreateSnapshot(ctx, "s", lv.Name, nil); contract.Code(err) != codes.Aborted {
+		t.Errorf("CreateSnapshot of the name of a pending delete: %v, want ABORTED", err)
+	}
+	if _, err := b.ExpandVolume(ctx, lv.Name, 2*mi); contract.Code(err) != codes.NotFound {
+		t.Errorf("ExpandVolume of a deleted volume: %v, want NOT_FOUND", err)
+	}
+	if err := b.ModifyVolume(ctx, lv.Name, map[string]string{"dirMode": "0750"}); contract.Code(err) != codes.NotFound {
+		t.Errorf("ModifyVolume of a deleted volume: %v, want NOT_FOUND", err)
 	}
 }
 

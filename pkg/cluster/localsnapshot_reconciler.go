@@ -49,6 +49,9 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if ls.Spec.DeleteData {
 		// DeleteSnapshot recorded its intent: the data goes, then the object.
 		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.VM.DeleteSnapshot(ls.Name) }, func(err error) {
+			ls.Status.Phase, ls.Status.ReadyToUse = v1.PhaseDeleting, false
+			setReady(&ls.Status.Conditions, ls.Generation, false, "DeleteBlocked", err.Error())
+			_ = r.Client.Status().Update(ctx, ls)
 			klog.ErrorS(err, "Cannot delete snapshot data yet", "snapshotID", ls.Name)
 		})
 	}

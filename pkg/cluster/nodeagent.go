@@ -150,7 +150,8 @@ func setCondition(conds *[]metav1.Condition, typ string, gen int64, ok bool, rea
 // (with its UID as precondition), which ends the handshake with no
 // finalizer. Data in use (contract.ErrBusy: mounted, a restore reading
 // it) is tried again after busyRetry; another failure is reported through
-// blocked and tried again after deleteRetry. An object that carries an
+// blocked, counted in localdir_node_reconcile_errors_total and tried again
+// after deleteRetry. An object that carries an
 // earlier build's finalizer is left Terminating, and finishDelete removes
 // the finalizer next.
 func deleteRequested(ctx context.Context, c client.Client, kind string, obj client.Object, remove func() error, blocked func(error)) (reconcile.Result, error) {
@@ -158,6 +159,7 @@ func deleteRequested(ctx context.Context, c client.Client, kind string, obj clie
 		return reconcile.Result{RequeueAfter: busyRetry}, nil
 	} else if err != nil {
 		blocked(err)
+		metrics.ReconcileErrors.WithLabelValues(kind).Inc()
 		return reconcile.Result{RequeueAfter: deleteRetry}, nil
 	}
 	klog.InfoS("Data deleted; deleting its object", "kind", kind, "id", obj.GetName())

@@ -81,7 +81,7 @@ func TestLocalVolumeReconcilerCreatesGrowsDeletes(t *testing.T) {
 	}
 
 	// DeleteVolume records the intent alone: one reconcile removes the
-	// data, then deletes the object (no finalizer, no status write).
+	// data, then deletes the object (no finalizer to remove).
 	lv.Spec.DeleteData = true
 	lv.Generation++ // what the API server does for a spec change
 	if err := c.Update(ctx, lv); err != nil {

@@ -122,6 +122,9 @@ func (b *ControllerBackend) waitVolume(ctx context.Context, id string, known boo
 	err := b.waitFor(ctx, "LocalVolume", b.cache.volumes, &v1.LocalVolume{}, id, known,
 		func(o client.Object) (bool, error) {
 			lv = o.(*v1.LocalVolume)
+			if lv.Deleting() {
+				return true, fmt.Errorf("%w: volume %s of the same name is being deleted; retry later", contract.ErrBusy, id)
+			}
 			switch lv.Status.Phase {
 			case v1.PhaseReady:
 				return true, nil
@@ -171,6 +174,9 @@ func (b *ControllerBackend) waitSnapshot(ctx context.Context, id string, known b
 	err := b.waitFor(ctx, "LocalSnapshot", b.cache.snapshots, &v1.LocalSnapshot{}, id, known,
 		func(o client.Object) (bool, error) {
 			ls = o.(*v1.LocalSnapshot)
+			if ls.Deleting() {
+				return true, fmt.Errorf("%w: snapshot %s of the same name is being deleted; retry later", contract.ErrBusy, id)
+			}
 			if ls.Status.ReadyToUse {
 				return true, nil
 			}

@@ -290,7 +290,7 @@ func (s *nodeStorm) objectProblems() []string {
 		switch {
 		case !ok:
 			out = append(out, fmt.Sprintf("acknowledged volume %s (%s) has no LocalVolume", v.id, v.name))
-		case lv.DeletionTimestamp != nil:
+		case lv.Deleting():
 			out = append(out, fmt.Sprintf("LocalVolume %s (%s) is being deleted", v.id, v.name))
 		case lv.Status.Phase != v1.PhaseReady || lv.Status.ErrorCode != "":
 			out = append(out, fmt.Sprintf("LocalVolume %s (%s) is %q (error %q)", v.id, v.name, lv.Status.Phase, lv.Status.ErrorCode))
@@ -302,7 +302,7 @@ func (s *nodeStorm) objectProblems() []string {
 	}
 	for id, lv := range lvs {
 		if !want[id] {
-			out = append(out, fmt.Sprintf("LocalVolume %s (%s, phase %q, deleting %v) is not an acknowledged volume", id, lv.Spec.CSIName, lv.Status.Phase, lv.DeletionTimestamp != nil))
+			out = append(out, fmt.Sprintf("LocalVolume %s (%s, phase %q, deleting %v) is not an acknowledged volume", id, lv.Spec.CSIName, lv.Status.Phase, lv.Deleting()))
 		}
 	}
 	want = map[string]bool{}
@@ -312,7 +312,7 @@ func (s *nodeStorm) objectProblems() []string {
 		switch {
 		case !ok:
 			out = append(out, fmt.Sprintf("acknowledged snapshot %s (%s) has no LocalSnapshot", sn.id, sn.name))
-		case ls.DeletionTimestamp != nil:
+		case ls.Deleting():
 			out = append(out, fmt.Sprintf("LocalSnapshot %s (%s) is being deleted", sn.id, sn.name))
 		case !ls.Status.ReadyToUse || ls.Status.Phase != v1.PhaseReady:
 			out = append(out, fmt.Sprintf("LocalSnapshot %s (%s) is %q, readyToUse %v", sn.id, sn.name, ls.Status.Phase, ls.Status.ReadyToUse))
@@ -322,7 +322,7 @@ func (s *nodeStorm) objectProblems() []string {
 	}
 	for id, ls := range lss {
 		if !want[id] {
-			out = append(out, fmt.Sprintf("LocalSnapshot %s (%s, deleting %v) is not an acknowledged snapshot", id, ls.Spec.CSIName, ls.DeletionTimestamp != nil))
+			out = append(out, fmt.Sprintf("LocalSnapshot %s (%s, deleting %v) is not an acknowledged snapshot", id, ls.Spec.CSIName, ls.Deleting()))
 		}
 	}
 	return out

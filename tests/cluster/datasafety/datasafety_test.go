@@ -307,15 +307,7 @@ func TestStuckDeleteDeletedByHandKeepsData(t *testing.T) {
 	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); !apierrors.IsNotFound(err) {
-		t.Fatalf("object still there after kubectl delete: %v", err)
-	}
-	mustHave(t, marker, "data of pvc-stuck")
-	// When the node plugin comes back it re-adopts the data.
-	f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
-	lv = &v1.LocalVolume{}
-	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
-	mustHave(t, marker, "data of pvc-stuck")
+	lv = f.keptAndReadopted(t, id, marker, "pvc-stuck", "kubectl delete")
 
 	// Removing an orphan for good, the documented way: record the delete
 	// intent; the node plugin removes the data, then the object.
@@ -358,12 +350,23 @@ func TestClearingALegacyFinalizerKeepsData(t *testing.T) {
 	if err := f.env.Client.Patch(f.ctx, lv, clear); err != nil {
 		t.Fatal(err)
 	}
+	f.keptAndReadopted(t, id, marker, "pvc-legacy-stuck", "clearing its finalizer")
+}
+
+// keptAndReadopted checks that LocalVolume id (of the PVC name, whose
+// marker file volume wrote) is gone after what and its data kept, then
+// starts the stopped node plugin again and waits until it re-adopts the
+// data, which is still there. It returns the re-adopted object.
+func (f *fixture) keptAndReadopted(t *testing.T, id, marker, name, what string) *v1.LocalVolume {
+	t.Helper()
+	lv := &v1.LocalVolume{}
 	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); !apierrors.IsNotFound(err) {
-		t.Fatalf("object still there after clearing its finalizer: %v", err)
+		t.Fatalf("object still there after %s: %v", what, err)
 	}
-	mustHave(t, marker, "data of pvc-legacy-stuck")
+	mustHave(t, marker, "data of "+name)
 	f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
 	lv = &v1.LocalVolume{}
 	f.waitReadopted(t, lv, id, func() bool { return lv.Status.Phase == v1.PhaseReady })
-	mustHave(t, marker, "data of pvc-legacy-stuck")
+	mustHave(t, marker, "data of "+name)
+	return lv
 }

@@ -143,6 +143,13 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 		t.Errorf("the LocalVolume: %v", err)
 	}
 	// The node plugin deletes the object whose data it removed for a
-	// DeleteVolume (the controller recorded spec.deleteData).
+	// DeleteVolume or DeleteSnapshot (the controller recorded
+	// spec.deleteData).
+	ls := &v1.LocalSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: "snap-00000000000000000000000000000001", Labels: map[string]string{v1.NodeLabel: "node-rbac"}},
+		Spec:       v1.LocalSnapshotSpec{SourceVolume: lv.Name, Node: "node-rbac", CSIName: "rbac"},
+	}
+	mustAllow(t, ctrl.Create(ctx, ls), "controller: create a LocalSnapshot")
+	mustAllow(t, node.Delete(ctx, ls), "node: delete a LocalSnapshot")
 	mustAllow(t, node.Delete(ctx, lv), "node: delete a LocalVolume")
 }
