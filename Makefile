@@ -175,7 +175,7 @@ e2e: deps build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local clu
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
 
 BENCH_CLUSTER ?= BenchmarkCluster
-bench-cluster: deps build e2e-tools $(E2E_CLUSTER) ## one node with 5,000 volumes (envtest), then many PVCs at once on the local cluster against a stand-in driver (the floor); API requests per volume (as root; ~15 min)
+bench-cluster: deps build e2e-tools $(E2E_CLUSTER) ## one node with 5,000 volumes and kube-apiserver's CPU per LocalVolume write (envtest), then many PVCs at once on the local cluster against a stand-in driver (the floor); API requests per volume (as root; ~15 min)
 	$(GO) test -v -run '^$$' -bench . -benchtime 1x -timeout 30m ./tests/cluster/scale/
 	@rc=0; $(GO) test -tags e2e -v -run '^$$' -bench '$(BENCH_CLUSTER)' -benchtime 1x -timeout 60m ./tests/e2e/ || rc=$$?; \
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc

@@ -6,7 +6,9 @@
 // existing volumes, the create and delete rates, each process's resident
 // memory, and how long a SIGKILLed node plugin takes until it serves again,
 // has written a fresh LocalNode heartbeat and carries out a new volume
-// queued behind its N existing ones. Figures: docs/benchmarks.md.
+// queued behind its N existing ones. BenchmarkAPIWrites prices each kind
+// of write on a LocalVolume in kube-apiserver CPU. Figures:
+// docs/benchmarks.md.
 package scale
 
 import (
