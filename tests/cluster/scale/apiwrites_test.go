@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -38,13 +37,7 @@ import (
 // (/debug/pprof/profile) of each kind of request there. Figures:
 // docs/benchmarks.md.
 func BenchmarkAPIWrites(b *testing.B) {
-	n := 1000
-	if s := os.Getenv("LOCALDIR_APICOST_VOLUMES"); s != "" {
-		var err error
-		if n, err = strconv.Atoi(s); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := envCount(b, "LOCALDIR_APICOST_VOLUMES", 1000)
 	for _, crds := range []string{"crds", "crds-without-cel"} {
 		b.Run(crds, func(b *testing.B) {
 			for range b.N {

@@ -42,13 +42,7 @@ func TestMain(m *testing.M) {
 const node = "scale-node"
 
 func BenchmarkNodeScale(b *testing.B) {
-	n := 5000
-	if s := os.Getenv("LOCALDIR_SCALE_VOLUMES"); s != "" {
-		var err error
-		if n, err = strconv.Atoi(s); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := envCount(b, "LOCALDIR_SCALE_VOLUMES", 5000)
 	for range b.N {
 		nodeScale(b, n)
 	}
@@ -188,6 +182,20 @@ func rss(b *testing.B, p *testdriver.Proc) float64 {
 	}
 	b.Fatal("no VmRSS")
 	return 0
+}
+
+// envCount is the number in the environment variable name, or def when it
+// is unset.
+func envCount(b *testing.B, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return n
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
