@@ -139,6 +139,17 @@ func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.Local
 	return lv, nil
 }
 
+// liveVolume is getVolume for the calls that act on a volume: one whose
+// delete was requested (spec.deleteData) is gone for them, NOT_FOUND
+// (contract.ErrNotFound), while its node plugin removes it.
+func (b *ControllerBackend) liveVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
+	lv, err := b.getVolume(ctx, id)
+	if err == nil && lv.Deleting() {
+		return nil, fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
+	}
+	return lv, err
+}
+
 // VolumeByName returns the Ready volume of a CSI name; one still being
 // created is left to CreateVolume, which waits for it.
 func (b *ControllerBackend) VolumeByName(ctx context.Context, name string) (*contract.Volume, error) {
@@ -226,22 +237,16 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolume, spec volume.CreateSpec) (string, error) {
 	switch {
 	case spec.SourceSnapshotID != "":
-		ls, err := b.getSnapshot(ctx, spec.SourceSnapshotID)
+		ls, err := b.liveSnapshot(ctx, spec.SourceSnapshotID)
 		if err != nil {
 			return "", err
-		}
-		if ls.Deleting() {
-			return "", fmt.Errorf("%w: snapshot %q is being deleted", contract.ErrNotFound, ls.Name)
 		}
 		lv.Spec.ContentSource = &v1.ContentSource{Snapshot: ls.Name}
 		return ls.Spec.Node, nil
 	case spec.SourceVolumeID != "":
-		src, err := b.getVolume(ctx, spec.SourceVolumeID)
+		src, err := b.liveVolume(ctx, spec.SourceVolumeID)
 		if err != nil {
 			return "", err
-		}
-		if src.Deleting() {
-			return "", fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, src.Name)
 		}
 		lv.Spec.ContentSource = &v1.ContentSource{Volume: src.Name}
 		return src.Spec.Node, nil
@@ -309,12 +314,9 @@ func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 // the growth, raises spec.size and waits for the node to report the new
 // capacity (a retry whose spec.size is raised already only waits).
 func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size int64) (int64, error) {
-	lv, err := b.getVolume(ctx, id)
+	lv, err := b.liveVolume(ctx, id)
 	if err != nil {
 		return 0, err
-	}
-	if lv.Deleting() {
-		return 0, fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
 	}
 	if lv.Status.CapacityBytes.Value() >= size {
 		return lv.Status.CapacityBytes.Value(), nil
@@ -336,12 +338,9 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 // whose data root is not btrfs) is taken back from the spec, so the
 // volume's later modifies are not blocked by it.
 func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params map[string]string) error {
-	lv, err := b.getVolume(ctx, id)
+	lv, err := b.liveVolume(ctx, id)
 	if err != nil {
 		return err
-	}
-	if lv.Deleting() {
-		return fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
 	}
 	before := maps.Clone(lv.Spec.MutableParameters)
 	want := contract.MergeMutable(before, params)
@@ -367,12 +366,9 @@ func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params 
 // VolumeHealth implements driver.Backend from the object's status and its
 // node's heartbeat.
 func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (volume.Health, error) {
-	lv, err := b.getVolume(ctx, id)
+	lv, err := b.liveVolume(ctx, id)
 	if err != nil {
 		return volume.Health{}, err
-	}
-	if lv.Deleting() {
-		return volume.Health{}, fmt.Errorf("%w: volume %q is being deleted", contract.ErrNotFound, id)
 	}
 	var h volume.Health
 	if lv.Status.Phase != v1.PhaseReady {

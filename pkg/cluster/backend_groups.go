@@ -142,7 +142,7 @@ func (b *ControllerBackend) GroupSnapshot(ctx context.Context, id string, snapsh
 		out.CreatedAt = g.Status.CreationTime.UTC()
 	}
 	for _, sid := range g.Spec.Snapshots {
-		if ls, err := b.getSnapshot(ctx, sid); err == nil && !ls.Deleting() {
+		if ls, err := b.liveSnapshot(ctx, sid); err == nil {
 			out.Snapshots = append(out.Snapshots, toSnapshot(ls))
 		} else if !errors.Is(err, contract.ErrNotFound) {
 			return nil, err

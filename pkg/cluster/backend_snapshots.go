@@ -33,6 +33,17 @@ func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.Loc
 	return ls, nil
 }
 
+// liveSnapshot is getSnapshot for the calls that use a snapshot: one whose
+// delete was requested (spec.deleteData) is gone for them, NOT_FOUND
+// (contract.ErrNotFound), while its node plugin removes it.
+func (b *ControllerBackend) liveSnapshot(ctx context.Context, id string) (*v1.LocalSnapshot, error) {
+	ls, err := b.getSnapshot(ctx, id)
+	if err == nil && ls.Deleting() {
+		return nil, fmt.Errorf("%w: snapshot %q is being deleted", contract.ErrNotFound, id)
+	}
+	return ls, err
+}
+
 // cachedSnapshot is the object cache's LocalSnapshot id (ErrNotFound when
 // it has none): for the names CreateSnapshot checks, new ones mostly.
 func (b *ControllerBackend) cachedSnapshot(id string) (*v1.LocalSnapshot, error) {

@@ -48,12 +48,7 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	if ls.Spec.DeleteData {
 		// DeleteSnapshot recorded its intent: the data goes, then the object.
-		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.VM.DeleteSnapshot(ls.Name) }, func(err error) {
-			ls.Status.Phase, ls.Status.ReadyToUse = v1.PhaseDeleting, false
-			setReady(&ls.Status.Conditions, ls.Generation, false, "DeleteBlocked", err.Error())
-			_ = r.Client.Status().Update(ctx, ls)
-			klog.ErrorS(err, "Cannot delete snapshot data yet", "snapshotID", ls.Name)
-		})
+		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.VM.DeleteSnapshot(ls.Name) }, func(err error) { r.deleteBlocked(ctx, ls, err) })
 	}
 	if err := dropLegacyFinalizer(ctx, r.Client, ls, ls.Spec.DeleteData); err != nil {
 		return reconcile.Result{}, err
@@ -84,6 +79,16 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 		setReady(&ls.Status.Conditions, ls.Generation, true, "Created", "the snapshot exists on node "+r.NodeID)
 	}
 	return reconcile.Result{}, r.Client.Status().Update(ctx, ls)
+}
+
+// deleteBlocked reports on the LocalSnapshot why its requested delete
+// cannot remove the data yet: phase Deleting, no longer ready to use, and
+// a Ready condition False with reason DeleteBlocked.
+func (r *LocalSnapshotReconciler) deleteBlocked(ctx context.Context, ls *v1.LocalSnapshot, err error) {
+	ls.Status.Phase, ls.Status.ReadyToUse = v1.PhaseDeleting, false
+	setReady(&ls.Status.Conditions, ls.Generation, false, "DeleteBlocked", err.Error())
+	_ = r.Client.Status().Update(ctx, ls)
+	klog.ErrorS(err, "Cannot delete snapshot data yet", "snapshotID", ls.Name)
 }
 
 // finishDelete removes the data of a deleted LocalSnapshot that holds the
