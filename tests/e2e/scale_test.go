@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/localdir-csi/localdir/tests/cpustat"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
@@ -41,7 +42,7 @@ type scaleRun struct {
 	// delete: how long volumes waited for one of its workers.
 	createQueue, removeQueue nodeQueue
 	// CPU time of this machine's processes during the bind and the delete.
-	createCPU, removeCPU cpuSeconds
+	createCPU, removeCPU cpustat.Seconds
 }
 
 // nodeQueue is the node plugins' LocalVolume work between two scrapes of
@@ -265,7 +266,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	before := readAPIRequests(tb)
 	rpcBefore := controllerMetrics(tb)
 	nodesBefore := nodesMetrics(tb)
-	cpuBefore := readCPU(tb)
+	cpuBefore := cpustat.Read(tb)
 	created := make([]time.Time, n)
 	t0 := time.Now()
 	csitest.Each(tb, n, 50, func(i int) error {
@@ -289,7 +290,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		defer mu.Unlock()
 		tb.Fatalf("%d of %d PVCs Bound after 10 minutes", len(boundAt), n)
 	}
-	r.createCPU = readCPU(tb).since(cpuBefore)
+	r.createCPU = cpustat.Read(tb).Since(cpuBefore)
 	r.create = readAPIRequests(tb).since(before)
 	rpcAfter := controllerMetrics(tb)
 	r.createRPC = rpcLatencyOf(rpcBefore, rpcAfter, "CreateVolume")
@@ -329,7 +330,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 	before = readAPIRequests(tb)
 	rpcBefore = controllerMetrics(tb)
 	nodesBefore = nodesMetrics(tb)
-	cpuBefore = readCPU(tb)
+	cpuBefore = cpustat.Read(tb)
 	t1 := time.Now()
 	if err := kc.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		tb.Fatal(err)
@@ -347,7 +348,7 @@ func bindMany(tb testing.TB, ns, class string, n int, pods bool, afterBind func(
 		return true, nil
 	})
 	r.deleted = time.Since(t1)
-	r.removeCPU = readCPU(tb).since(cpuBefore)
+	r.removeCPU = cpustat.Read(tb).Since(cpuBefore)
 	r.remove = readAPIRequests(tb).since(before)
 	r.deleteRPC = rpcLatencyOf(rpcBefore, controllerMetrics(tb), "DeleteVolume")
 	r.removeQueue = nodeQueueOf(nodesBefore, nodesMetrics(tb))

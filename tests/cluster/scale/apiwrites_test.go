@@ -8,24 +8,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/procfs"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
+	"github.com/localdir-csi/localdir/tests/cpustat"
 	"github.com/localdir-csi/localdir/tests/csitest"
 )
 
 // BenchmarkAPIWrites measures what each of the writes a LocalVolume's life
-// costs in cluster mode takes of kube-apiserver's CPU (/proc/<pid>/stat),
-// in milliseconds per request: the controller's create, the node plugin's
+// costs in cluster mode takes of kube-apiserver's CPU (/proc/<pid>/stat,
+// tests/cpustat), in milliseconds per request: the controller's create, the node plugin's
 // status update, the controller's delete intent (a merge patch of
 // spec.deleteData) and the node plugin's delete (with a UID
 // precondition), LOCALDIR_APICOST_VOLUMES (default 1,000) of each, 32 at
@@ -110,9 +109,9 @@ func apiWrites(b *testing.B, n int, crds string) {
 		} else {
 			saved <- nil
 		}
-		cpu0, t0 := apiserverCPU(b), time.Now()
+		cpu0, t0 := cpustat.Read(b), time.Now()
 		csitest.Each(b, n, 32, func(i int) error { return step.do(lvs[i]) })
-		cpu, took := apiserverCPU(b)-cpu0, time.Since(t0)
+		cpu, took := cpustat.Read(b)["kube-apiserver"]-cpu0["kube-apiserver"], time.Since(t0)
 		if err := <-saved; err != nil {
 			b.Fatal(err)
 		}
@@ -171,41 +170,15 @@ func dropRules(s *apiextv1.JSONSchemaProps) {
 	}
 }
 
-// apiserverCPU is the CPU time, in seconds, of the kube-apiserver
-// processes on this machine (envtest's).
-func apiserverCPU(b *testing.B) float64 {
-	fs, err := procfs.NewDefaultFS()
-	if err != nil {
-		b.Fatal(err)
-	}
-	procs, err := fs.AllProcs()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var sum float64
-	for _, p := range procs {
-		if comm, err := p.Comm(); err != nil || comm != "kube-apiserver" {
-			continue
-		}
-		if st, err := p.Stat(); err == nil {
-			sum += st.CPUTime()
-		}
-	}
-	return sum
-}
-
 // profiler returns a function that saves a 4-second CPU profile of the API
 // server of cfg into a file.
 func profiler(cfg *rest.Config) (func(ctx context.Context, file string) error, error) {
-	cfg = rest.CopyConfig(cfg)
-	cfg.GroupVersion = &schema.GroupVersion{}
-	cfg.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
-	rc, err := rest.RESTClientFor(cfg)
+	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, file string) error {
-		raw, err := rc.Get().AbsPath("/debug/pprof/profile").Param("seconds", "4").DoRaw(ctx)
+		raw, err := kc.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "4").DoRaw(ctx)
 		if err != nil {
 			return fmt.Errorf("profile: %w", err)
 		}

@@ -1,6 +1,8 @@
-//go:build e2e
-
-package e2e
+// Package cpustat reads the CPU time of this machine's processes by name
+// (/proc/<pid>/stat, through prometheus/procfs), for the benchmarks that
+// report what each process of a run used (tests/e2e BenchmarkCluster,
+// tests/cluster/scale BenchmarkAPIWrites).
+package cpustat
 
 import (
 	"fmt"
@@ -11,21 +13,21 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-// cpuSeconds is the CPU time (user + system, in seconds) of this machine's
+// Seconds is the CPU time (user + system, in seconds) of this machine's
 // processes by name, from /proc/<pid>/stat: the cluster's processes (the
 // control plane, the kubelets, the sidecars and localdir run here), kernel
 // threads (kworker/… summed as "kworker") and this test. A process that
 // exited between two readings loses its share.
-type cpuSeconds map[string]float64
+type Seconds map[string]float64
 
-// readCPU reads cpuSeconds now.
-func readCPU(tb testing.TB) cpuSeconds {
+// Read reads Seconds now.
+func Read(tb testing.TB) Seconds {
 	tb.Helper()
 	procs, err := procfs.AllProcs()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := cpuSeconds{}
+	c := Seconds{}
 	for _, p := range procs {
 		s, err := p.Stat()
 		if err != nil {
@@ -49,10 +51,10 @@ func readCPU(tb testing.TB) cpuSeconds {
 	return c
 }
 
-// since is the CPU each name used from before to c (names that used less
+// Since is the CPU each name used from before to c (names that used less
 // than 10 ms are left out).
-func (c cpuSeconds) since(before cpuSeconds) cpuSeconds {
-	d := cpuSeconds{}
+func (c Seconds) Since(before Seconds) Seconds {
+	d := Seconds{}
 	for k, v := range c {
 		if v-before[k] >= 0.01 {
 			d[k] = v - before[k]
@@ -62,7 +64,7 @@ func (c cpuSeconds) since(before cpuSeconds) cpuSeconds {
 }
 
 // String lists the total and the eight largest users, largest first.
-func (c cpuSeconds) String() string {
+func (c Seconds) String() string {
 	names := make([]string, 0, len(c))
 	var total float64
 	for k, v := range c {
