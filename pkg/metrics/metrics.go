@@ -8,7 +8,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/klog/v2"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Registry holds every localdir metric (and the Go/process collectors).
@@ -47,10 +45,6 @@ var (
 func init() {
 	Registry.MustRegister(RPCs, RPCDuration, ReconcileErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// Opt-in in controller-runtime: how long API requests took, and how
-	// long each waited for the client's own rate limiter (client-side
-	// throttling; --kube-api-qps, --kube-api-burst).
-	ctrlmetrics.RegisterRESTClientMetrics(ctrlmetrics.MetricRequestLatency, ctrlmetrics.MetricRateLimiterLatency)
 }
 
 // ObserveRPC records one finished RPC.
@@ -127,32 +121,30 @@ func RegisterState(f StateFunc) error {
 	return Registry.Register(state)
 }
 
-// Gatherer is what /metrics serves: Registry, and from controller-runtime's
-// registry the node agent's reconcile and work queue series
-// (controller_runtime_reconcile_total and _time_seconds, workqueue_depth,
-// workqueue_queue_duration_seconds…, labelled controller="localvolume",
-// "localsnapshot" or "localgroupsnapshot") and its API client's
-// (rest_client_requests_total, rest_client_request_duration_seconds,
-// rest_client_rate_limiter_duration_seconds): how long a volume waited for
-// a worker of the node plugin, and how the API server answered it. The
-// rest of that registry (its own Go and process collectors) would repeat
-// Registry's series, which fails the whole scrape, so it is left out.
-var Gatherer = prometheus.Gatherers{Registry, prometheus.GathererFunc(controllerRuntimeFamilies)}
+// Gatherer is what /metrics serves: Registry, then what each AddGatherer
+// added (cluster mode adds controller-runtime's reconcile, work queue and
+// API client series; see pkg/cluster).
+var Gatherer prometheus.Gatherer = prometheus.GathererFunc(gather)
 
-// controllerRuntimeFamilies gathers controller-runtime's registry, keeping
-// the families named in Gatherer.
-func controllerRuntimeFamilies() ([]*dto.MetricFamily, error) {
-	fams, err := ctrlmetrics.Registry.Gather()
-	kept := fams[:0]
-	for _, f := range fams {
-		for _, p := range []string{"controller_runtime_", "workqueue_", "rest_client_"} {
-			if strings.HasPrefix(f.GetName(), p) {
-				kept = append(kept, f)
-				break
-			}
-		}
-	}
-	return kept, err
+var (
+	addedMu sync.Mutex
+	added   []prometheus.Gatherer
+)
+
+// AddGatherer makes /metrics serve g's families too, after Registry's. A
+// family that g shares with Registry (the Go and process collectors are
+// Registry's) fails the whole scrape, so g must leave those out.
+func AddGatherer(g prometheus.Gatherer) {
+	addedMu.Lock()
+	defer addedMu.Unlock()
+	added = append(added, g)
+}
+
+func gather() ([]*dto.MetricFamily, error) {
+	addedMu.Lock()
+	gs := append(prometheus.Gatherers{Registry}, added...)
+	addedMu.Unlock()
+	return gs.Gather()
 }
 
 // Serve serves /metrics (Gatherer) on addr until ctx is done. An empty

@@ -1,36 +1,23 @@
 package metrics
 
 import (
-	"context"
-	"net/url"
 	"testing"
 	"time"
 
-	clientmetrics "k8s.io/client-go/tools/metrics"
-	"k8s.io/client-go/util/workqueue"
-	// As in the node plugin: controller-runtime's controller package
-	// registers its own Go and process collectors and the work queue
-	// metrics provider.
-	_ "sigs.k8s.io/controller-runtime/pkg/controller"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Gatherer serves localdir's series and controller-runtime's work queue
-// series once each: a series in both registries (the Go and process
-// collectors are) fails the whole scrape, as the first version of it did.
-func TestGathererServesEachSeriesOnce(t *testing.T) {
-	q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "localvolume"})
-	defer q.ShutDown()
-	q.Add("vol-1")
-	item, _ := q.Get()
-	q.Done(item)
+// Gatherer serves Registry's families and those of each AddGatherer, and a
+// family served by both fails the scrape (why cluster mode's gatherer
+// leaves out controller-runtime's Go and process collectors).
+func TestGathererAddsGatherers(t *testing.T) {
 	ObserveRPC("Probe", "OK", time.Millisecond)
-	// What client-go reports for each API request, as the node plugin's
-	// client does.
-	u, _ := url.Parse("https://127.0.0.1:6443/apis")
-	clientmetrics.RequestLatency.Observe(context.Background(), "GET", *u, 10*time.Millisecond)
-	clientmetrics.RateLimiterLatency.Observe(context.Background(), "GET", *u, time.Millisecond)
-	clientmetrics.RequestResult.Increment(context.Background(), "200", "GET", "127.0.0.1:6443")
+	extra := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "test_extra_total", Help: "a family of an added gatherer"})
+	c.Inc()
+	extra.MustRegister(c)
+	AddGatherer(extra)
 
 	fams, err := Gatherer.Gather()
 	if err != nil {
@@ -40,11 +27,16 @@ func TestGathererServesEachSeriesOnce(t *testing.T) {
 	for _, f := range fams {
 		seen[f.GetName()]++
 	}
-	for _, name := range []string{"localdir_rpc_requests_total", "go_goroutines", "process_cpu_seconds_total",
-		"workqueue_adds_total", "workqueue_queue_duration_seconds",
-		"rest_client_requests_total", "rest_client_request_duration_seconds", "rest_client_rate_limiter_duration_seconds"} {
+	for _, name := range []string{"localdir_rpc_requests_total", "go_goroutines", "process_cpu_seconds_total", "test_extra_total"} {
 		if seen[name] != 1 {
 			t.Errorf("%s served %d times, want once", name, seen[name])
 		}
+	}
+
+	dup := prometheus.NewRegistry()
+	dup.MustRegister(collectors.NewGoCollector())
+	AddGatherer(dup)
+	if _, err := Gatherer.Gather(); err == nil {
+		t.Error("gather with go_goroutines in two gatherers: no error, want one")
 	}
 }
