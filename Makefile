@@ -10,6 +10,15 @@ GOTEST_FLAGS ?= -count=1
 TOOLS := $(OUT)/tools/bin
 CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
+# Everything of this module built or tested without -race (make build, vet,
+# unit, unit-nobody, e2e, the harness binaries, the tests' driver binaries)
+# uses the image's build configuration, CGO off and -trimpath: one compile of
+# the dependencies serves them all, and as -trimpath keeps the module cache's
+# location out of the build cache's keys, unit-nobody reuses root's entries.
+# Only -race (make test) needs cgo.
+NOCGO := CGO_ENABLED=0
+TRIM := -trimpath
+
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
 .PHONY: deps help build test unit unit-nobody verify-generated sanity test-cluster tools generate bench bench-cluster demo verify clean static image e2e e2e-tools demo-sanity demo-down e2e-k8s
@@ -18,7 +27,7 @@ help: ## show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 build: ## build the driver binary into _output/
-	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/localdir-csi
+	$(NOCGO) $(GO) build $(TRIM) -buildvcs=auto -o $(BIN) ./cmd/localdir-csi
 
 deps: ## install the Debian packages the tests and the demo need (as root; no-op when present)
 	@bash .ci/install-deps
@@ -35,30 +44,37 @@ ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/volume/block ./pkg/volume/cgroup
 
 unit: ## unit tests: pkg/ minus ROOT_ONLY_PKGS; need neither root nor network
 	@pkgs=$$($(GO) list ./pkg/...) && skip=$$($(GO) list $(ROOT_ONLY_PKGS)) && \
-	  $(GO) test $(GOTEST_FLAGS) $$(grep -vxF "$$skip" <<<"$$pkgs")
+	  $(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) $$(grep -vxF "$$skip" <<<"$$pkgs")
 
 # make unit as user nobody with no network (a new network namespace holding
 # only a down loopback, and GOPROXY=off), as CI runs it:
 # root's module cache is under $$HOME (not readable by nobody), so the modules
 # the tests need are copied, from that cache (or the proxy when missing), into
 # a world-readable one under UNIT_NOBODY_DIR, which also keeps nobody's build
-# cache between runs. Run as root.
+# cache between runs. That cache first gets hard links to root's build cache
+# entries (the NOCGO/TRIM configuration makes them the same compiles), so
+# nobody does not compile the dependencies again: the links stay root's files,
+# which nobody can read but not change; only the directories are nobody's, so
+# it can add entries. Run as root.
 UNIT_NOBODY_DIR ?= /var/tmp/localdir-unit-nobody
 unit-nobody: ## make unit as user nobody without network (as root; what CI runs)
-	@set -e; d=$(UNIT_NOBODY_DIR); install -d -m 0755 $$d $$d/mod; install -d -o 65534 -g 65534 $$d/home; \
+	@set -e; d=$(UNIT_NOBODY_DIR); install -d -m 0755 $$d $$d/mod; install -d -o 65534 -g 65534 $$d/home $$d/home/cache; \
+	  c=$$($(GO) env GOCACHE); if ls -d "$$c"/[0-9a-f][0-9a-f] >/dev/null 2>&1; then \
+	    cp -al "$$c"/[0-9a-f][0-9a-f] $$d/home/cache/ 2>/dev/null || echo "unit-nobody: some of root's build cache could not be linked (another filesystem?); nobody compiles the rest"; \
+	    find $$d/home/cache -maxdepth 1 -type d -user 0 -exec chown 65534:65534 {} +; fi; \
 	  GOMODCACHE=$$d/mod GOPROXY="file://$$($(GO) env GOMODCACHE)/cache/download,$$($(GO) env GOPROXY)" GOFLAGS=-mod=readonly $(GO) mod download; \
 	  unshare --net setpriv --reuid=65534 --regid=65534 --clear-groups env -u GOFLAGS HOME=$$d/home GOCACHE=$$d/home/cache \
 	    GOMODCACHE=$$d/mod GOPROXY=off GOTOOLCHAIN=local GOFLAGS=-buildvcs=false $(MAKE) --no-print-directory unit
 
 sanity: ## csi-sanity (csi-test/v5) in all mode, in-process: dir, XFS reflink, btrfs, block
-	$(GO) test $(GOTEST_FLAGS) -v ./tests/sanity/...
+	$(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) -v ./tests/sanity/...
 
 test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (part of make test)
-	$(GO) test $(GOTEST_FLAGS) -v ./tests/cluster/...
+	$(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) -v ./tests/cluster/...
 
 # The control plane for the cluster tests, built from Go modules in their own
 # modules under tests/tools (cached in _output/tools/bin; ~7 min cold).
-tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize $(TOOLS)/helm
+tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm
 
 $(TOOLS)/etcd: tests/tools/etcd/go.mod tests/tools/etcd/main.go
 	cd tests/tools/etcd && $(GO) build -o $@ .
@@ -66,10 +82,7 @@ $(TOOLS)/etcd: tests/tools/etcd/go.mod tests/tools/etcd/main.go
 $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet: tests/tools/k8s/go.mod
 	cd tests/tools/k8s && $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
-# kustomize and helm render deploy/ in tests/cluster/deploy.
-$(TOOLS)/kustomize: tests/tools/kustomize/go.mod
-	cd tests/tools/kustomize && $(GO) build -o $@ sigs.k8s.io/kustomize/kustomize/v5
-
+# kubectl kustomize and helm render deploy/ in tests/cluster/deploy.
 # helm's version and default Kubernetes version (for kubeVersion checks)
 # are stamped as its own Makefile does, from tests/tools/helm/go.mod.
 $(TOOLS)/helm: tests/tools/helm/go.mod
@@ -117,7 +130,7 @@ stress: tools ## long reliability runs (as root): 500 kills in all mode and 500 
 	$(MAKE) fuzz FUZZTIME=60s
 
 bench: ## benchmarks: CO-like client over the driver's socket (as root)
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./tests/bench/
+	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench . -benchtime 1x -count 1 ./tests/bench/
 
 $(CSI_SANITY):
 	GOBIN=$(OUT)/bin $(GO) install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$(CSI_TEST_VERSION)
@@ -139,7 +152,7 @@ SIDECARS := csi-provisioner@github.com/kubernetes-csi/external-provisioner/v6/cm
 SIDECAR_BINS := $(foreach s,$(SIDECARS),$(TOOLS)/$(firstword $(subst @, ,$(s))))
 SNAPSHOT_CRDS := $(OUT)/tools/snapshot-crds
 E2E_CLUSTER := $(OUT)/e2e-cluster
-E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kustomize $(TOOLS)/helm \
+E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm \
 	$(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet \
 	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/livenessprobe $(TOOLS)/pause $(TOOLS)/floor $(SNAPSHOT_CRDS)/.done
 
@@ -160,24 +173,24 @@ $(TOOLS)/registrar $(TOOLS)/livenessprobe &: tests/e2e/standins/go.mod tests/e2e
 	cd tests/e2e/standins && $(GO) build -o $(TOOLS)/registrar ./registrar && $(GO) build -o $(TOOLS)/livenessprobe ./livenessprobe
 
 $(TOOLS)/floor: tests/e2e/floor/main.go
-	$(GO) build -o $@ ./tests/e2e/floor
+	$(NOCGO) $(GO) build $(TRIM) -o $@ ./tests/e2e/floor
 
 $(TOOLS)/pause: tests/e2e/images/pause/main.go
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./tests/e2e/images/pause
+	$(NOCGO) $(GO) build $(TRIM) -ldflags "-s -w" -o $@ ./tests/e2e/images/pause
 
 $(E2E_CLUSTER): FORCE
-	$(GO) build -o $@ ./tests/e2e/cmd/e2e-cluster
+	$(NOCGO) $(GO) build $(TRIM) -o $@ ./tests/e2e/cmd/e2e-cluster
 
 E2E_TIMEOUT ?= 45m
 # make e2e starts two nodes unless E2E_NODES says otherwise; make demo one.
 e2e: deps build e2e-tools $(E2E_CLUSTER) ## end-to-end tests on a real local cluster of two nodes (E2E_NODES): kubelets, containerd, sidecars (as root)
-	@rc=0; E2E_NODES=$${E2E_NODES:-2} $(GO) test $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
+	@rc=0; E2E_NODES=$${E2E_NODES:-2} $(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) -tags e2e -v -timeout $(E2E_TIMEOUT) ./tests/e2e/ || rc=$$?; \
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
 
 BENCH_CLUSTER ?= BenchmarkCluster
 bench-cluster: deps build e2e-tools $(E2E_CLUSTER) ## one node with 5,000 volumes and kube-apiserver's CPU per LocalVolume write (envtest), then many PVCs at once on the local cluster against a stand-in driver (the floor); API requests per volume (as root; ~15 min)
-	$(GO) test -v -run '^$$' -bench . -benchtime 1x -timeout 30m ./tests/cluster/scale/
-	@rc=0; $(GO) test -tags e2e -v -run '^$$' -bench '$(BENCH_CLUSTER)' -benchtime 1x -timeout 60m ./tests/e2e/ || rc=$$?; \
+	$(NOCGO) $(GO) test $(TRIM) -v -run '^$$' -bench . -benchtime 1x -timeout 30m ./tests/cluster/scale/
+	@rc=0; $(NOCGO) $(GO) test $(TRIM) -tags e2e -v -run '^$$' -bench '$(BENCH_CLUSTER)' -benchtime 1x -timeout 60m ./tests/e2e/ || rc=$$?; \
 	  $(E2E_CLUSTER) down --check || rc=1; exit $$rc
 
 demo: deps build e2e-tools $(E2E_CLUSTER) ## the main job: a local Kubernetes cluster, localdir installed, PVCs, pods, snapshots, resize
@@ -210,8 +223,8 @@ FORCE:
 
 verify: verify-generated ## gofmt, go vet, and generated code (deepcopy, CRDs) up to date
 	@test -z "$$(gofmt -l cmd pkg tests)" || { echo "gofmt needed:"; gofmt -l cmd pkg tests; exit 1; }
-	$(GO) vet ./...
-	$(GO) vet -tags e2e ./tests/e2e/
+	$(NOCGO) $(GO) vet $(TRIM) ./...
+	$(NOCGO) $(GO) vet $(TRIM) -tags e2e ./tests/e2e/
 
 # The image's version comes from one place: the driver image tag in
 # deploy/kubernetes/kustomization.yaml (which deploy/helm/localdir/values.yaml
@@ -220,7 +233,7 @@ IMAGE ?= localdir/localdir-csi
 IMAGE_TAG ?= $(shell awk '/name: localdir\/localdir-csi/{getline; print $$2}' deploy/kubernetes/kustomization.yaml)
 
 static: ## the image's static binary (same build command as the Dockerfile) into _output/static/
-	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "-s -w -X github.com/localdir-csi/localdir/pkg/driver.version=$(IMAGE_TAG)" -o $(OUT)/static/localdir-csi ./cmd/localdir-csi
+	$(NOCGO) $(GO) build $(TRIM) -buildvcs=false -ldflags "-s -w -X github.com/localdir-csi/localdir/pkg/driver.version=$(IMAGE_TAG)" -o $(OUT)/static/localdir-csi ./cmd/localdir-csi
 
 image: ## build the container image (needs a Docker engine; none runs on the CI machine)
 	docker build --build-arg VERSION=$(IMAGE_TAG) -t $(IMAGE):$(IMAGE_TAG) .

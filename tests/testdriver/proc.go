@@ -25,7 +25,10 @@ import (
 )
 
 // Binary builds ./cmd/localdir-csi once per test binary, into a temp dir.
-// Declare one as a package variable and call Remove from TestMain.
+// Declare one as a package variable and call Remove from TestMain. Without
+// Race it is built as the Makefile builds the module outside -race (CGO off,
+// -trimpath, the image's configuration), so it reuses the compiled
+// dependencies of make build instead of compiling them once more.
 type Binary struct {
 	TempPattern string // os.MkdirTemp pattern of the dir holding the binary
 	Race        bool   // build with -race
@@ -64,11 +67,16 @@ func (b *Binary) build() {
 	}
 	b.path = filepath.Join(b.dir, "localdir-csi")
 	args := []string{"build", "-o", b.path}
+	env := os.Environ()
 	if b.Race {
 		args = append(args, "-race")
+	} else {
+		args = append(args, "-trimpath")
+		env = append(env, "CGO_ENABLED=0")
 	}
 	cmd := exec.Command("go", append(args, "./cmd/localdir-csi")...)
 	cmd.Dir = filepath.Dir(mod)
+	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.err = fmt.Errorf("go build ./cmd/localdir-csi: %v\n%s", err, out)
 	}

@@ -2,7 +2,7 @@
 // (etcd + kube-apiserver from `make tools`, with the localdir CRDs and, for
 // the VolumeSnapshotClass, the snapshot CRDs):
 //
-//   - `kustomize build deploy/kubernetes` and `helm template
+//   - `kubectl kustomize deploy/kubernetes` and `helm template
 //     deploy/helm/localdir` (attachRequired false and true) pass
 //     `kubectl apply --server-side --dry-run=server`, object by object;
 //   - `helm lint --strict` passes;
@@ -13,8 +13,8 @@
 //   - `kubectl get localvolumes` shows the printer columns and `kubectl
 //     explain localvolume.spec.size` the field's documentation.
 //
-// kustomize, helm and kubectl are built from their Go modules by `make
-// tools` into _output/tools/bin.
+// helm and kubectl (whose kustomize is the one `kubectl apply -k` uses) are
+// built from their Go modules by `make tools` into _output/tools/bin.
 package deploy
 
 import (
@@ -64,9 +64,9 @@ const namespace = "localdir"
 const attacherImage = "registry.k8s.io/sig-storage/csi-attacher"
 
 type tools struct {
-	root, kustomizeBin, helmBin, kubectlBin string
-	kubeconfig                              string
-	home                                    string // helm's and kubectl's cache and config
+	root, helmBin, kubectlBin string
+	kubeconfig                string
+	home                      string // helm's and kubectl's cache and config
 }
 
 func TestDeploy(t *testing.T) {
@@ -96,12 +96,12 @@ func TestDeploy(t *testing.T) {
 	t.Run("HelmUninstallKeepsCRDs", d.helmUninstallKeepsCRDs)
 }
 
-// newTools finds kustomize, helm and kubectl in _output/tools/bin.
+// newTools finds helm and kubectl in _output/tools/bin.
 func newTools(t *testing.T, root string) *tools {
 	t.Helper()
 	bin := filepath.Join(root, "_output", "tools", "bin")
 	tl := &tools{root: root, home: t.TempDir()}
-	for name, p := range map[string]*string{"kustomize": &tl.kustomizeBin, "helm": &tl.helmBin, "kubectl": &tl.kubectlBin} {
+	for name, p := range map[string]*string{"helm": &tl.helmBin, "kubectl": &tl.kubectlBin} {
 		*p = filepath.Join(bin, name)
 		if _, err := os.Stat(*p); err != nil {
 			t.Fatalf("%s is missing: run `make tools` first (builds it from its Go module into %s)", name, bin)
@@ -126,7 +126,7 @@ func (tl *tools) installPrerequisites(t *testing.T) {
 	tl.kubectlOK(t, nil, "create", "namespace", namespace)
 }
 
-// rendered holds the manifests under test: kustomize build, helm template
+// rendered holds the manifests under test: kubectl kustomize, helm template
 // (default values) and helm template with attachRequired=true.
 type rendered struct {
 	tl               *tools
@@ -138,7 +138,7 @@ type rendered struct {
 func (tl *tools) render(t *testing.T, env *clustertest.Env) *rendered {
 	t.Helper()
 	d := &rendered{tl: tl, env: env, chart: filepath.Join(tl.root, "deploy", "helm", "localdir")}
-	d.kz = tl.run(t, nil, tl.kustomizeBin, "build", filepath.Join(tl.root, "deploy", "kubernetes"))
+	d.kz = tl.run(t, nil, tl.kubectlBin, "kustomize", filepath.Join(tl.root, "deploy", "kubernetes"))
 	helmArgs := []string{"template", "localdir", d.chart, "--namespace", namespace, "--include-crds"}
 	d.hm = tl.run(t, nil, tl.helmBin, helmArgs...)
 	d.hmAttach = tl.run(t, nil, tl.helmBin, append(helmArgs, "--set", "attachRequired=true")...)
@@ -160,7 +160,7 @@ func (d *rendered) helmLint(t *testing.T) {
 func (d *rendered) bothShipTheGeneratedCRDs(t *testing.T) {
 	want := crdDocs(t, filepath.Join(d.tl.root, "deploy", "kubernetes", "crds"))
 	for name, manifests := range map[string][]byte{
-		"kustomize build deploy/kubernetes":   d.kz,
+		"kubectl kustomize deploy/kubernetes": d.kz,
 		"helm show crds deploy/helm/localdir": d.tl.run(t, nil, d.tl.helmBin, "show", "crds", d.chart),
 	} {
 		got := crdJSON(t, manifests)
