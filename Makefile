@@ -12,7 +12,8 @@ CONTROLLER_GEN := $(OUT)/bin/controller-gen
 CONTROLLER_TOOLS_VERSION := v0.23.0
 # Everything of this module built or tested without -race (make build, vet,
 # unit, unit-nobody, e2e, the harness binaries, the tests' driver binaries)
-# uses the image's build configuration, CGO off and -trimpath: one compile of
+# uses the image's build configuration (the Dockerfile's command, which make
+# static spells out), CGO off and -trimpath: one compile of
 # the dependencies serves them all, and as -trimpath keeps the module cache's
 # location out of the build cache's keys, unit-nobody reuses root's entries.
 # Only -race (make test) needs cgo.
@@ -32,8 +33,11 @@ build: ## build the driver binary into _output/
 deps: ## install the Debian packages the tests and the demo need (as root; no-op when present)
 	@bash .ci/install-deps
 
+# The longest-running test packages are named first, so go test builds and
+# starts them first and the rest run beside them instead of after them.
+LONG_TEST_PKGS := ./tests/reliability/ ./tests/cluster/datasafety/ ./tests/cluster/multinode/
 test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests (as root: real mounts)
-	$(GO) test $(GOTEST_FLAGS) -race ./...
+	$(GO) test $(GOTEST_FLAGS) -race $(LONG_TEST_PKGS) ./...
 	$(MAKE) fuzz
 
 # Packages whose tests need root (real mounts, loop devices, btrfs, chown,
@@ -233,7 +237,7 @@ IMAGE ?= localdir/localdir-csi
 IMAGE_TAG ?= $(shell awk '/name: localdir\/localdir-csi/{getline; print $$2}' deploy/kubernetes/kustomization.yaml)
 
 static: ## the image's static binary (same build command as the Dockerfile) into _output/static/
-	$(NOCGO) $(GO) build $(TRIM) -buildvcs=false -ldflags "-s -w -X github.com/localdir-csi/localdir/pkg/driver.version=$(IMAGE_TAG)" -o $(OUT)/static/localdir-csi ./cmd/localdir-csi
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "-s -w -X github.com/localdir-csi/localdir/pkg/driver.version=$(IMAGE_TAG)" -o $(OUT)/static/localdir-csi ./cmd/localdir-csi
 
 image: ## build the container image (needs a Docker engine; none runs on the CI machine)
 	docker build --build-arg VERSION=$(IMAGE_TAG) -t $(IMAGE):$(IMAGE_TAG) .

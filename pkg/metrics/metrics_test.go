@@ -12,6 +12,14 @@ import (
 // family served by both fails the scrape (why cluster mode's gatherer
 // leaves out controller-runtime's Go and process collectors).
 func TestGathererAddsGatherers(t *testing.T) {
+	addedMu.Lock()
+	before := added
+	addedMu.Unlock()
+	t.Cleanup(func() {
+		addedMu.Lock()
+		added = before
+		addedMu.Unlock()
+	})
 	ObserveRPC("Probe", "OK", time.Millisecond)
 	extra := prometheus.NewRegistry()
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "test_extra_total", Help: "a family of an added gatherer"})
