@@ -77,7 +77,8 @@ test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (
 	$(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) -v ./tests/cluster/...
 
 # The control plane for the cluster tests, built from Go modules in their own
-# modules under tests/tools (cached in _output/tools/bin; ~7 min cold).
+# modules under tests/tools (cached in _output/tools/bin; ~13 min cold on 2
+# cores, kube-apiserver 9 of them).
 tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm
 
 $(TOOLS)/etcd: tests/tools/etcd/go.mod tests/tools/etcd/main.go
