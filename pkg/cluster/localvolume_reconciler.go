@@ -119,8 +119,15 @@ func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volu
 // ready grows the existing volume local to lv's spec.size if it is
 // smaller and records it Ready in lv.Status (with the expansion's error
 // code if that failed). busy: the expansion met a conflicting operation.
+// A growth the object does not report yet is expanded again even when the
+// node's record has the size already: a node plugin killed between the
+// record and the growth of an image file left the file smaller than its
+// record, and the engine's Expand finishes it (found by the cluster-mode
+// crash storm, TestCrashStormNodeMode).
 func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
-	if size := lv.Spec.Size.Value(); size > local.CapacityBytes {
+	size := lv.Spec.Size.Value()
+	reported := lv.Status.CapacityBytes.Value()
+	if size > local.CapacityBytes || (reported > 0 && size > reported) {
 		if c, err := r.VM.Expand(lv.Name, size); errors.Is(err, contract.ErrBusy) {
 			return true
 		} else if err != nil {

@@ -289,3 +289,43 @@ func TestMutableParameters(t *testing.T) {
 		t.Errorf("after the refused modify: %+v, want Ready, dirMode 0750 in effect", got.Status)
 	}
 }
+
+// A node plugin killed between the engine's record of a growth and the
+// growth of the image file: on restart the record has the new size, the
+// file the old one and the object still reports the old one. The next
+// reconcile finishes the growth instead of reporting the record's size
+// over a smaller file.
+func TestLocalVolumeReconcilerFinishesCutShortGrowth(t *testing.T) {
+	ctx := context.Background()
+	lv := placed("pvc-img-grow", "n", 8*mi, "")
+	lv.Spec.FsType = "ext4"
+	c, vm := nodeFixture(t, lv)
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", VM: vm}
+	reconcileOnce(t, r, lv.Name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil || lv.Status.CapacityBytes.Value() != 8*mi {
+		t.Fatalf("after create: status capacity %s (%v), want 8Mi", &lv.Status.CapacityBytes, err)
+	}
+	// The cut-short growth: the record at 16Mi, the file left at 8Mi.
+	if _, err := vm.Expand(lv.Name, 16*mi); err != nil {
+		t.Fatal(err)
+	}
+	v, err := vm.Get(lv.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := vm.DataPath(v)
+	if err := os.Truncate(img, 8*mi); err != nil {
+		t.Fatal(err)
+	}
+	lv.Spec.Size = quantity(16 * mi)
+	if err := c.Update(ctx, lv); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, r, lv.Name)
+	if fi, err := os.Stat(img); err != nil || fi.Size() != 16*mi {
+		t.Errorf("image after the reconcile: %v (%v), want 16Mi", fi, err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil || lv.Status.CapacityBytes.Value() != 16*mi {
+		t.Errorf("status capacity %s (%v), want 16Mi", &lv.Status.CapacityBytes, err)
+	}
+}
