@@ -359,19 +359,29 @@ func writeImage(dst, src string, size int64) error {
 	return unix.Ftruncate(out, size)
 }
 
-// preallocate allocates disk blocks for the whole image at path
-// (fallocate(2) mode 0: data kept, holes filled, extents shared with a
-// snapshot stay shared). A raw block volume must own its space: with a
-// sparse image the data root can fill up under a pod's loop device, and its
-// writes turn into I/O errors; and a create must fail (ENOSPC) when the disk
-// cannot hold it. Filesystems without fallocate keep the image sparse.
+// preallocate makes the image at path size bytes long with disk blocks
+// allocated for all of it (fallocate(2) mode 0: data kept, holes filled,
+// extents shared with a snapshot stay shared, and the file size raised to
+// size as the blocks are allocated, so an image at its full size is a fully
+// allocated one even after a crash). A raw block volume must own its space:
+// with a sparse image the data root can fill up under a pod's loop device,
+// and its writes turn into I/O errors; and a create or expansion must fail
+// (ENOSPC) when the disk cannot hold it. Filesystems without fallocate get
+// a sparse image of size bytes (ftruncate(2)). An image is never shrunk.
 func preallocate(path string, size int64) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := unix.Fallocate(fd, 0, 0, size); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+	err = unix.Fallocate(fd, 0, 0, size)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		var st unix.Stat_t
+		if err = unix.Fstat(fd, &st); err == nil && st.Size < size {
+			err = unix.Ftruncate(fd, size)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("allocate %d bytes for %s: %w", size, path, err)
 	}
 	return nil

@@ -1,7 +1,9 @@
 package volume
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -35,14 +37,10 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 		return 0, err
 	}
 	if newSize <= v.CapacityBytes {
-		// A retry of an expansion a crash cut short after its record: the
-		// image may still be smaller than the record; grow it now.
-		if v.Image() {
-			if fi, err := os.Stat(m.imagePath(v.ID)); err == nil && fi.Size() < v.CapacityBytes {
-				if err := m.resizeData(v, v.CapacityBytes); err != nil {
-					return 0, mapNoSpace(err)
-				}
-			}
+		// A retry of an expansion a crash cut short after its record
+		// (start-up recovery finishes those too, see finishGrowth).
+		if _, err := m.finishGrowth(v); err != nil {
+			return 0, mapNoSpace(err)
 		}
 		return v.CapacityBytes, nil
 	}
@@ -81,19 +79,45 @@ func (m *Manager) resizeData(v *contract.Volume, size int64) error {
 		if err != nil {
 			return err
 		}
-		if size <= fi.Size() { // never shrink: an image only grows
-			_, err = block.Refresh(img)
-			return err
-		}
-		if err := unix.Truncate(img, size); err != nil {
-			return err
-		}
-		if err := preallocate(img, size); err != nil {
-			_ = unix.Truncate(img, fi.Size()) // give back what was allocated past the old size
-			return err
+		if size > fi.Size() { // never shrink: an image only grows
+			if err := preallocate(img, size); err != nil {
+				_ = unix.Truncate(img, fi.Size()) // give back what was allocated past the old size
+				return err
+			}
 		}
 		_, err = block.Refresh(img)
 		return err
 	}
 	return m.eng.Resize(m.volDir(v.ID), size)
+}
+
+// finishGrowth grows volume v's data to the size of its record when an
+// expansion was cut short between the commit of the record and the growth
+// (Expand commits first): an image file smaller than the record is grown
+// and allocated (attached loop devices refreshed), a btrfs qgroup limit
+// below it is raised. It reports whether anything grew. Data at the
+// record's size costs one stat(2), or one quota tree lookup, and is left
+// alone; missing data too (Health reports it). Errors: the kernel's
+// (ENOSPC when the disk cannot hold the image).
+func (m *Manager) finishGrowth(v *contract.Volume) (bool, error) {
+	var size int64
+	var err error
+	switch {
+	case v.Image():
+		var fi os.FileInfo
+		if fi, err = os.Stat(m.imagePath(v.ID)); err == nil {
+			size = fi.Size()
+		}
+	case m.eng.Enforced() && v.Engine == m.eng.Name():
+		size, err = m.eng.Limit(m.volDir(v.ID))
+	default:
+		return false, nil
+	}
+	if errors.Is(err, fs.ErrNotExist) || err == nil && size >= v.CapacityBytes {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, m.resizeData(v, v.CapacityBytes)
 }

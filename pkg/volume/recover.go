@@ -64,17 +64,20 @@ func (m *Manager) leftover(path string, err error) {
 //   - .deleting-<id>: rolled back when its record exists, else removed;
 //   - <id> without a record: data the driver cannot account for (a state
 //     file older than the data): moved to orphaned/, never deleted;
+//   - a volume whose data is smaller than its record (an expansion cut
+//     short after its commit) is grown to the record's size;
 //   - ephemeral volumes no longer mounted (the node rebooted) are deleted.
 //
 // No single entry stops the start: what cannot be handled is logged and
 // listed in Leftovers. Only an unreadable state file or data root fails.
 func (m *Manager) recover() error {
 	known := map[string]bool{}
-	var ephemeral []*contract.Volume
+	var vols, ephemeral []*contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
 		if err := tx.ForEachVolume("", func(v *contract.Volume) bool {
 			known[v.ID] = true
 			m.use[v.ID] = volUse{size: v.CapacityBytes}
+			vols = append(vols, v)
 			if v.Ephemeral {
 				ephemeral = append(ephemeral, v)
 			}
@@ -97,6 +100,15 @@ func (m *Manager) recover() error {
 		}
 		for _, e := range ents {
 			m.recoverEntry(dir, e.Name(), known)
+		}
+	}
+	for _, v := range vols {
+		grew, err := m.finishGrowth(v)
+		switch {
+		case err != nil:
+			m.leftover(m.dataPath(v), fmt.Errorf("grow volume %s to the %d bytes of its record (an expansion a crash cut short): %w", v.ID, v.CapacityBytes, err))
+		case grew:
+			klog.InfoS("Finished an interrupted expansion: the data grew to the size of its record", "volumeID", v.ID, "size", v.CapacityBytes)
 		}
 	}
 	for _, v := range ephemeral {

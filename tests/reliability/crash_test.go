@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
@@ -122,6 +123,8 @@ type storm struct {
 	cluster bool
 	// images: one create in five makes an ext4 image volume.
 	images bool
+	// limits reads a btrfs volume's qgroup limit (nil on other engines).
+	limits engine.Engine
 
 	kills, startupKills, retried, repeats int
 }
@@ -156,7 +159,7 @@ func TestCrashStorm(t *testing.T) {
 	}
 }
 
-func crashStorm(t *testing.T, fsKind, engine string, kills int) {
+func crashStorm(t *testing.T, fsKind, engineName string, kills int) {
 	nWorkers := 3
 	dir := tempDir(t)
 	base := dir
@@ -164,11 +167,14 @@ func crashStorm(t *testing.T, fsKind, engine string, kills int) {
 		base = loopFS(t, dir, fsKind, 3<<30)
 	}
 	root := filepath.Join(base, "data")
-	extra := []string{"--data-root=" + root, "--engine=" + engine}
+	extra := []string{"--data-root=" + root, "--engine=" + engineName}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d (LOCALDIR_KILLS=%d)", seed, kills)
 	s := newStorm(t, dir, root, nWorkers, seed)
 	s.images = true
+	if engineName == engine.Btrfs {
+		s.limits = btrfsLimits(t, base)
+	}
 
 	var p *proc
 	for s.kills < kills {
@@ -247,11 +253,64 @@ func (s *storm) summary() string {
 		total, s.retried, s.repeats, strings.Join(list, " "))
 }
 
-// afterRestart sends the calls cut short by the kill again, then checks
+// afterRestart checks that the restarted driver's data has the sizes of
+// its records, sends the calls cut short by the kill again, then checks
 // every invariant.
 func (s *storm) afterRestart(p csiClients) {
+	if !s.cluster {
+		s.checkSizesMatchRecords(p)
+	}
 	s.retryPending(p)
 	s.verify(p)
+}
+
+// checkSizesMatchRecords checks, before any call is sent again, that the
+// data of every volume the driver lists has the listed size: an image file
+// of that many bytes, a btrfs qgroup limit of that many. An expansion
+// commits its size before it grows the data, so a kill between the two
+// leaves it to start-up recovery to grow the data; otherwise a pod would
+// get a smaller device, or hit EDQUOT short of the size, until a retry
+// that may never come (the CO retries only while the PVC still asks for
+// more). All mode only: in cluster mode the controller lists what the API
+// server holds, which runs ahead of the node.
+func (s *storm) checkSizesMatchRecords(p csiClients) {
+	t := s.t
+	for id, size := range s.listVolumes(p) {
+		img := filepath.Join(s.root, "block", id+".img")
+		if fi, err := os.Stat(img); err == nil {
+			if fi.Size() != size {
+				t.Errorf("volume %s: image of %d bytes after the restart, its record says %d", id, fi.Size(), size)
+			}
+			continue
+		}
+		if s.limits == nil {
+			continue
+		}
+		if got, err := s.limits.Limit(filepath.Join(s.root, "volumes", id)); err != nil || got != size {
+			t.Errorf("volume %s: qgroup limit %d (%v) after the restart, its record says %d", id, got, err, size)
+		}
+	}
+}
+
+// listVolumes returns the capacity in bytes of each volume ListVolumes
+// lists, by volume_id, paging 5 at a time; a volume listed twice fails.
+func (s *storm) listVolumes(p csiClients) map[string]int64 {
+	t := s.t
+	listed := map[string]int64{}
+	tok := ""
+	for {
+		resp, err := p.controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{MaxEntries: 5, StartingToken: tok})
+		csitest.MustCode(t, err, codes.OK, "ListVolumes")
+		for _, e := range resp.GetEntries() {
+			if _, dup := listed[e.GetVolume().GetVolumeId()]; dup {
+				t.Errorf("ListVolumes returned %s twice", e.GetVolume().GetVolumeId())
+			}
+			listed[e.GetVolume().GetVolumeId()] = e.GetVolume().GetCapacityBytes()
+		}
+		if tok = resp.GetNextToken(); tok == "" {
+			return listed
+		}
+	}
 }
 
 // retryPending sends the calls cut short by a kill again: each must answer
@@ -301,21 +360,7 @@ func (s *storm) verify(p csiClients) {
 	vols, snaps := s.allVols(), s.allSnaps()
 
 	// Records: exactly the acknowledged volumes, with their sizes.
-	listed := map[string]int64{}
-	tok := ""
-	for {
-		resp, err := p.controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{MaxEntries: 5, StartingToken: tok})
-		csitest.MustCode(t, err, codes.OK, "ListVolumes")
-		for _, e := range resp.GetEntries() {
-			if _, dup := listed[e.GetVolume().GetVolumeId()]; dup {
-				t.Errorf("ListVolumes returned %s twice", e.GetVolume().GetVolumeId())
-			}
-			listed[e.GetVolume().GetVolumeId()] = e.GetVolume().GetCapacityBytes()
-		}
-		if tok = resp.GetNextToken(); tok == "" {
-			break
-		}
-	}
+	listed := s.listVolumes(p)
 	want := map[string]bool{}
 	var sum int64
 	for _, v := range vols {
@@ -342,7 +387,7 @@ func (s *storm) verify(p csiClients) {
 		}
 	}
 	snapListed := map[string]int64{}
-	tok = ""
+	tok := ""
 	for {
 		resp, err := p.controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{MaxEntries: 4, StartingToken: tok})
 		csitest.MustCode(t, err, codes.OK, "ListSnapshots")
@@ -395,6 +440,11 @@ func (s *storm) verify(p csiClients) {
 			}
 		} else {
 			wantDirs = append(wantDirs, v.id)
+			if s.limits != nil {
+				if got, err := s.limits.Limit(filepath.Join(s.root, "volumes", v.id)); err != nil || got != v.size {
+					t.Errorf("volume %s (%s): qgroup limit %d (%v), want the acknowledged %d bytes", v.id, v.name, got, err, v.size)
+				}
+			}
 			m, err := os.ReadFile(filepath.Join(s.root, "volumes", v.id, "marker"))
 			switch {
 			case v.marker == nil && !errors.Is(err, fs.ErrNotExist):
@@ -987,4 +1037,14 @@ func assertNoQgroups(t *testing.T, mnt string) {
 			t.Errorf("qgroup left after everything was deleted: %s", l)
 		}
 	}
+}
+
+// btrfsLimits returns the btrfs engine of the filesystem mounted at mnt,
+// to read volumes' qgroup limits with (its quotas are on already).
+func btrfsLimits(t *testing.T, mnt string) engine.Engine {
+	e, err := engine.New(engine.Btrfs, mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

@@ -26,6 +26,7 @@ const (
 	btrfsFirstFreeObjectID = 256 // inode number of every subvolume's root directory
 	btrfsQuotaTreeObjectID = 8
 	btrfsQgroupInfoKey     = 242
+	btrfsQgroupLimitKey    = 244
 	btrfsSubvolRdonly      = 1 << 1
 	btrfsQgroupLimitRfer   = 1 << 0
 	btrfsQuotaCtlEnable    = 1
@@ -247,37 +248,73 @@ func (btrfsEngine) Exclusive(path string) (int64, error) {
 	return excl, err
 }
 
+// Limit reads the limit on referenced bytes of the subvolume's qgroup
+// (its BTRFS_QGROUP_LIMIT item in the quota tree, what Resize sets): 0 when
+// the qgroup has no such limit.
+func (btrfsEngine) Limit(path string) (int64, error) {
+	item, err := qgroupItem(path, btrfsQgroupLimitKey)
+	if err != nil || item == nil {
+		return 0, err
+	}
+	// btrfs_qgroup_limit_item: flags, max_rfer, max_excl, rsv_rfer,
+	// rsv_excl (little endian u64).
+	if binary.LittleEndian.Uint64(item[0:8])&btrfsQgroupLimitRfer == 0 {
+		return 0, nil
+	}
+	return int64(binary.LittleEndian.Uint64(item[8:16])), nil
+}
+
 // qgroupInfo reads the referenced and exclusive bytes of the qgroup of the
-// subvolume at path (BTRFS_IOC_TREE_SEARCH on the quota tree).
+// subvolume at path (its BTRFS_QGROUP_INFO item).
 func qgroupInfo(path string) (rfer, excl int64, err error) {
-	fd, err := openDir(path)
+	item, err := qgroupItem(path, btrfsQgroupInfoKey)
 	if err != nil {
 		return 0, 0, err
+	}
+	if item == nil {
+		return 0, 0, fmt.Errorf("no qgroup for the subvolume at %s: are btrfs quotas enabled?", path)
+	}
+	// btrfs_qgroup_info_item: generation, rfer, rfer_cmpr, excl, excl_cmpr
+	// (little endian u64).
+	rfer = int64(binary.LittleEndian.Uint64(item[8:16]))
+	excl = int64(binary.LittleEndian.Uint64(item[24:32]))
+	return rfer, excl, nil
+}
+
+// qgroupItem returns the item of type key (btrfsQgroupInfoKey or
+// btrfsQgroupLimitKey) of the qgroup of the subvolume at path, read from
+// the quota tree with BTRFS_IOC_TREE_SEARCH; nil when there is none.
+func qgroupItem(path string, key uint32) ([]byte, error) {
+	fd, err := openDir(path)
+	if err != nil {
+		return nil, err
 	}
 	defer unix.Close(fd)
 	id, err := subvolumeID(fd)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	a := searchArgs{
 		TreeID:      btrfsQuotaTreeObjectID,
 		MinObjectID: 0, MaxObjectID: 0,
 		MinOffset: id, MaxOffset: id,
 		MaxTransid: ^uint64(0),
-		MinType:    btrfsQgroupInfoKey, MaxType: btrfsQgroupInfoKey,
+		MinType:    key, MaxType: key,
 		NrItems: 1,
 	}
 	if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
-		return 0, 0, fmt.Errorf("read qgroup of %s: %w", path, err)
+		return nil, fmt.Errorf("read qgroup of %s: %w", path, err)
 	}
 	if a.NrItems < 1 {
-		return 0, 0, fmt.Errorf("no qgroup for subvolume %d (%s): are btrfs quotas enabled?", id, path)
+		return nil, nil
 	}
-	// btrfs_ioctl_search_header (32 bytes), then btrfs_qgroup_info_item:
-	// generation, rfer, rfer_cmpr, excl, excl_cmpr (little endian u64).
-	rfer = int64(binary.LittleEndian.Uint64(a.Buf[32+8 : 32+16]))
-	excl = int64(binary.LittleEndian.Uint64(a.Buf[32+24 : 32+32]))
-	return rfer, excl, nil
+	// A btrfs_ioctl_search_header (32 bytes: transid, objectid, offset,
+	// type, len), then the item.
+	n := binary.LittleEndian.Uint32(a.Buf[28:32])
+	if 32+int(n) > len(a.Buf) || n < 32 {
+		return nil, fmt.Errorf("read qgroup of %s: item of %d bytes", path, n)
+	}
+	return a.Buf[32 : 32+n], nil
 }
 
 // subvolumeID returns the id of the subvolume holding fd.

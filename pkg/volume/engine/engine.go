@@ -36,6 +36,9 @@ type Engine interface {
 	Restore(src, dst string, size int64) error
 	// Resize sets the capacity of the volume at path to size bytes.
 	Resize(path string, size int64) error
+	// Limit returns the capacity in bytes the kernel enforces on the volume
+	// at path (what the last Resize set), or 0 when none is set. dir: 0.
+	Limit(path string) (int64, error)
 	// Usage returns the bytes the volume at path uses and its inode count
 	// (-1 when the engine cannot count inodes cheaply).
 	Usage(path string) (bytes, inodes int64, err error)
@@ -121,6 +124,8 @@ func (dirEngine) Restore(src, dst string, _ int64) error {
 }
 
 func (dirEngine) Resize(string, int64) error { return nil }
+
+func (dirEngine) Limit(string) (int64, error) { return 0, nil }
 
 func (dirEngine) Usage(path string) (int64, int64, error) { return DiskUsage(path) }
 

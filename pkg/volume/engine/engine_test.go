@@ -3,8 +3,12 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +32,7 @@ func TestBtrfsEngineEnforcesAndSnapshots(t *testing.T) {
 	if !isSubvolume(vol) {
 		t.Fatal("volume is not a subvolume")
 	}
+	checkLimit(t, e, vol, 8<<20)
 	data := bytes.Repeat([]byte("x"), 6<<20)
 	if err := os.WriteFile(filepath.Join(vol, "a"), data, 0o644); err != nil {
 		t.Fatalf("write within limit: %v", err)
@@ -64,7 +69,20 @@ func TestBtrfsEngineEnforcesAndSnapshots(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(clone, "b"), data, 0o644); err != nil {
 		t.Fatalf("clone at 16 MiB should take 12 MiB: %v", err)
 	}
-	for _, p := range []string{vol, snap, clone} {
+	checkLimit(t, e, clone, 16<<20)
+	if err := e.Resize(vol, 24<<20); err != nil {
+		t.Fatal(err)
+	}
+	checkLimit(t, e, vol, 24<<20)
+	// btrfs gives a snapshot's qgroup the limits of its source's.
+	checkLimit(t, e, snap, 8<<20)
+	// A subvolume nobody limited: 0.
+	plain := filepath.Join(mnt, "plain")
+	if out, err := exec.Command("btrfs", "subvolume", "create", plain).CombinedOutput(); err != nil {
+		t.Fatalf("btrfs subvolume create: %v: %s", err, out)
+	}
+	checkLimit(t, e, plain, 0)
+	for _, p := range []string{vol, snap, clone, plain} {
 		if err := Remove(p); err != nil {
 			t.Fatal(err)
 		}
@@ -72,4 +90,41 @@ func TestBtrfsEngineEnforcesAndSnapshots(t *testing.T) {
 			t.Fatalf("%s still there", p)
 		}
 	}
+}
+
+// checkLimit checks that Limit of the subvolume at p is want bytes, and
+// that btrfs-progs reports the same max_rfer for its qgroup (0/<subvolume
+// id>; "none" for no limit).
+func checkLimit(t *testing.T, e Engine, p string, want int64) {
+	t.Helper()
+	got, err := e.Limit(p)
+	if err != nil || got != want {
+		t.Fatalf("Limit(%s) = %d, %v; want %d", p, got, err, want)
+	}
+	fd, err := openDir(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := subvolumeID(fd)
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("btrfs", "qgroup", "show", "-r", "--raw", p).CombinedOutput()
+	if err != nil {
+		t.Fatalf("btrfs qgroup show: %v: %s", err, out)
+	}
+	cli := "none"
+	if want > 0 {
+		cli = strconv.FormatInt(want, 10)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 4 && f[0] == fmt.Sprintf("0/%d", id) {
+			if f[3] != cli {
+				t.Fatalf("btrfs qgroup show says max_rfer %s for %s, want %s:\n%s", f[3], p, cli, out)
+			}
+			return
+		}
+	}
+	t.Fatalf("btrfs qgroup show lists no qgroup 0/%d:\n%s", id, out)
 }
