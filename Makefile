@@ -76,22 +76,23 @@ sanity: ## csi-sanity (csi-test/v5) in all mode, in-process: dir, XFS reflink, b
 test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (part of make test)
 	$(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) -v ./tests/cluster/...
 
-# The control plane for the cluster tests, built from Go modules in their own
-# modules under tests/tools (cached in _output/tools/bin; ~13 min cold on 2
-# cores, kube-apiserver 9 of them).
+# The control plane for the cluster tests, built from Go modules in one
+# module of their own, tests/tools/k8s, with the end-to-end cluster's
+# binaries (cached in _output/tools/bin; ~13 min cold on 2 cores,
+# kube-apiserver 9 of them).
 tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm
 
-$(TOOLS)/etcd: tests/tools/etcd/go.mod tests/tools/etcd/main.go
-	cd tests/tools/etcd && $(GO) build -o $@ .
+$(TOOLS)/etcd: tests/tools/k8s/go.mod tests/tools/k8s/etcd/main.go
+	cd tests/tools/k8s && $(GO) build -o $@ ./etcd
 
 $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet: tests/tools/k8s/go.mod
 	cd tests/tools/k8s && $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
 # kubectl kustomize and helm render deploy/ in tests/cluster/deploy.
 # helm's version and default Kubernetes version (for kubeVersion checks)
-# are stamped as its own Makefile does, from tests/tools/helm/go.mod.
-$(TOOLS)/helm: tests/tools/helm/go.mod
-	cd tests/tools/helm && v=$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3) && \
+# are stamped as its own Makefile does, from tests/tools/k8s/go.mod.
+$(TOOLS)/helm: tests/tools/k8s/go.mod
+	cd tests/tools/k8s && v=$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3) && \
 	  minor=$$($(GO) list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2) && \
 	  $(GO) build -ldflags "-X helm.sh/helm/v3/internal/version.version=$$v $(foreach p,pkg/lint/rules pkg/chartutil,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$$minor)" -o $@ helm.sh/helm/v3/cmd/helm
 
@@ -145,10 +146,10 @@ demo-sanity: build $(CSI_SANITY) ## run the driver in all mode (no Kubernetes) a
 
 # ---- End-to-end: a whole local cluster (tests/e2e, docs/e2e.md) ----------
 # The rest of Kubernetes, the CSI sidecars and snapshot-controller (built in
-# tests/tools/sidecars), the stand-ins for node-driver-registrar and
-# livenessprobe (tests/e2e/standins: the module proxy serves neither), the
-# pause binary for the pause image and the snapshot CRDs; cached in
-# _output/ like `tools`.
+# tests/tools/k8s too, so they reuse its compiled dependencies), the
+# stand-ins for node-driver-registrar and livenessprobe (tests/e2e/standins:
+# the module proxy serves neither), the pause binary for the pause image and
+# the snapshot CRDs; cached in _output/ like `tools`.
 SIDECARS := csi-provisioner@github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
 	csi-attacher@github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher \
 	csi-resizer@github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer \
@@ -163,14 +164,14 @@ E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/hel
 
 e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar and livenessprobe stand-ins, pause)
 
-$(SIDECAR_BINS) &: tests/tools/sidecars/go.mod
-	cd tests/tools/sidecars && for s in $(SIDECARS); do \
+$(SIDECAR_BINS) &: tests/tools/k8s/go.mod
+	cd tests/tools/k8s && for s in $(SIDECARS); do \
 	  bin=$${s%%@*}; pkg=$${s#*@}; v=$$($(GO) list -m -f '{{.Version}}' $$(echo $$pkg | sed 's,/cmd/.*,,')) && \
 	  $(GO) build -ldflags "-X main.version=$$v" -o $(TOOLS)/$$bin $$pkg || exit 1; done
 
-$(SNAPSHOT_CRDS)/.done: tests/tools/sidecars/go.mod
+$(SNAPSHOT_CRDS)/.done: tests/tools/k8s/go.mod
 	mkdir -p $(SNAPSHOT_CRDS)
-	cd tests/tools/sidecars && d=$$($(GO) list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8) && \
+	cd tests/tools/k8s && d=$$($(GO) list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8) && \
 	  install -m 0644 $$d/config/crd/*storage.k8s.io_*.yaml $(SNAPSHOT_CRDS)/
 	touch $@
 
