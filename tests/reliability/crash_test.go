@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -507,6 +508,7 @@ func (s *storm) verify(p csiClients) {
 	slices.Sort(gotLoops)
 	if !slices.Equal(gotLoops, wantLoops) {
 		t.Errorf("loop devices of the data root: %v, want %v (one per staged block or image volume)", gotLoops, wantLoops)
+		s.explainLoops(vols)
 	}
 	for _, v := range vols {
 		shown := filepath.Join(s.root, "volumes", v.id)
@@ -1047,4 +1049,33 @@ func btrfsLimits(t *testing.T, mnt string) engine.Engine {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// explainLoops logs, for a failed loop device check, every loop device of
+// the data root with its read-only flag, what the model knows of its
+// volume, and every mount of the device.
+func (s *storm) explainLoops(vols []*svol) {
+	t := s.t
+	byID := map[string]*svol{}
+	for _, v := range vols {
+		byID[v.id] = v
+	}
+	ms, _ := mountinfo.GetMounts(nil)
+	for dev, file := range csitest.LoopsBelow(t, s.root) {
+		ro, _ := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "ro"))
+		what := "no acknowledged volume"
+		if v := byID[strings.TrimSuffix(filepath.Base(file), ".img")]; v != nil {
+			what = fmt.Sprintf("%+v", *v)
+		}
+		var mounts []string
+		var st unix.Stat_t
+		if unix.Stat(dev, &st) == nil {
+			for _, m := range ms {
+				if m.Major == int(unix.Major(st.Rdev)) && m.Minor == int(unix.Minor(st.Rdev)) || m.Source == dev {
+					mounts = append(mounts, m.Mountpoint)
+				}
+			}
+		}
+		t.Logf("%s <- %s: ro=%s, model %s, mounted at %v", dev, file, strings.TrimSpace(string(ro)), what, mounts)
+	}
 }
