@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -983,7 +984,9 @@ func (s *storm) cleanup(p csiClients, settle func()) {
 				csitest.CodeIs(t, err, codes.OK, "NodeUnstageVolume "+v.name)
 			}
 			_, err := p.controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
-			csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+v.name)
+			if !csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+v.name) {
+				s.explainLoops(s.allVols())
+			}
 		}
 		for _, sn := range w.snaps {
 			_, err := p.controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
@@ -1076,6 +1079,37 @@ func (s *storm) explainLoops(vols []*svol) {
 				}
 			}
 		}
-		t.Logf("%s <- %s: ro=%s, model %s, mounted at %v", dev, file, strings.TrimSpace(string(ro)), what, mounts)
+		t.Logf("%s <- %s: ro=%s, model %s, mounted at %v; held by %v", dev, file, strings.TrimSpace(string(ro)), what, mounts, holders(dev, st.Rdev))
 	}
+}
+
+// holders lists the processes that have loop device dev (device number
+// rdev) open, or a filesystem on it mounted in a mount namespace other than
+// the test's.
+func holders(dev string, rdev uint64) []string {
+	var out []string
+	mm := fmt.Sprintf(" %d:%d ", unix.Major(rdev), unix.Minor(rdev))
+	self, _ := os.Readlink("/proc/self/ns/mnt")
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+		who := p.Name() + "/" + strings.TrimSpace(string(comm))
+		fds, _ := os.ReadDir(filepath.Join("/proc", p.Name(), "fd"))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(filepath.Join("/proc", p.Name(), "fd", fd.Name())); l == dev {
+				out = append(out, who+" has it open")
+				break
+			}
+		}
+		if ns, _ := os.Readlink(filepath.Join("/proc", p.Name(), "ns", "mnt")); ns == self {
+			continue // the test's own mount namespace: mounted at is above
+		}
+		if mi, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "mountinfo")); strings.Contains(string(mi), mm) {
+			out = append(out, who+" mounts it in another mount namespace")
+		}
+	}
+	return out
 }

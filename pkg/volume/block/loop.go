@@ -217,8 +217,9 @@ func openLoop(dev string, n int) (int, error) {
 
 // Detach detaches every loop device backed by image, the read-only ones
 // first (so a failure never leaves a read-only device without the
-// read-write one that marks the volume staged). When a device is still
-// open (a pod holds it), the kernel detaches it on last close.
+// read-write one that marks the volume staged), and returns once the
+// kernel has let go of them. A device another process keeps open for more
+// than 5 s (a pod holds it) is detached by the kernel on last close.
 func Detach(image string) error {
 	devs, err := Devices(image)
 	if errors.Is(err, os.ErrNotExist) {
@@ -257,13 +258,18 @@ func DetachReadOnly(image string) error {
 	return clearDev(dev, image)
 }
 
-// clearDev detaches dev (LOOP_CLR_FD), retrying while the kernel is busy.
+// clearDev detaches dev (LOOP_CLR_FD), retrying while the kernel is busy,
+// and waits until the kernel has let go of image. LOOP_CLR_FD only marks a
+// device that another process holds open (blkid or a filesystem scan
+// probing it, a pod) for detaching at its last close: the device stays
+// attached, and a DeleteVolume right after a NodeUnstageVolume would find
+// it staged. A brief opener is waited out (every 10 ms, up to 5 s); after
+// that the kernel detaches it on last close, as the ioctl promises.
 func clearDev(dev, image string) error {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
 	var last error
 	// Every 10 ms for up to 500 ms while the kernel is busy with the device.
 	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 500*time.Millisecond, true,
@@ -272,6 +278,7 @@ func clearDev(dev, image string) error {
 			busy := errors.Is(last, unix.EBUSY) || errors.Is(last, unix.EAGAIN)
 			return !busy, nil
 		})
+	unix.Close(fd) // ours is an opener too: the detach waits for its close
 	if err == nil {
 		err = last
 	}
@@ -281,7 +288,16 @@ func clearDev(dev, image string) error {
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("detach %s from %s: %w", dev, image, err)
 	}
+	_ = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { return !backs(dev, image), nil })
 	return nil
+}
+
+// backs tells whether loop device dev is still attached to image: its
+// backing_file in sysfs (present only while it is attached) may name image.
+func backs(dev, image string) bool {
+	b, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(dev), "loop", "backing_file"))
+	return err == nil && sameFile(image, strings.TrimSuffix(string(b), "\n"))
 }
 
 // Refresh makes every loop device attached to image (the read-write one

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -132,4 +133,49 @@ func clearIfBacking(dev, want string) error {
 		return nil
 	}
 	return clearDev(dev, want)
+}
+
+// A device another process has open when it is detached (blkid probing
+// it, a btrfs device scan) is only marked for detaching by LOOP_CLR_FD; the
+// kernel lets go of it at that process's close. Detach waits for that, so
+// a DeleteVolume right after NodeUnstageVolume does not find the volume
+// still attached (the crash storm met this in CI while other tests ran
+// mkfs and btrfs commands).
+func TestDetachWaitsForABriefOpener(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (loop devices)")
+	}
+	image := filepath.Join(t.TempDir(), "vol-x.img")
+	if err := os.WriteFile(image, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(image, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := Attach(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Detach(image) })
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0) // the other opener
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		unix.Close(fd)
+		close(closed)
+	}()
+	if err := Detach(image); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	default:
+		t.Fatal("Detach returned while another process still had the device open")
+	}
+	if devs, err := Devices(image); err != nil || len(devs) != 0 {
+		t.Fatalf("after Detach: %v attached (%v)", devs, err)
+	}
 }
