@@ -6,12 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
-	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
 func openTest(t *testing.T, root string) *Manager {
@@ -310,78 +306,5 @@ func TestStaleInFlightEntriesNeverReplaceRecordedData(t *testing.T) {
 	}
 	if l := m.Leftovers(); len(l) != 0 {
 		t.Fatalf("leftovers: %v", l)
-	}
-}
-
-// An expansion commits the new size before it grows the data. A kill
-// between the two left a record larger than its data: a raw block image
-// shorter than the volume (the pod's device too small) or a btrfs qgroup
-// limit below it (writes failing with EDQUOT short of the size the CO was
-// told). Start-up recovery grows such data to its record's size: the image
-// fully allocated and its attached loop device refreshed, the limit raised.
-// An expansion sent again (the CO's retry) does the same.
-func TestInterruptedExpansionsAreFinishedAtStart(t *testing.T) {
-	root := filepath.Join(testfs.New(t, testfs.Btrfs, 512<<20), "data")
-	open := func() *Manager {
-		m, err := Open(Config{DataRoot: root, CapacityBytes: 256 << 20, Engine: "btrfs"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	m := open()
-	mk := func(name, access string) *contract.Volume {
-		v, err := m.Create(CreateSpec{Name: name, SizeBytes: 8 << 20, AccessType: access, DirMode: 0o755})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	dir, img := mk("dir", contract.AccessMount), mk("img", contract.AccessBlock)
-	retried := mk("retried", contract.AccessMount)
-	dev, err := block.Attach(m.imagePath(img.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = block.Detach(m.imagePath(img.ID)) })
-	// The crash: each record says 16 MiB, the data is still 8 MiB.
-	for _, v := range []*contract.Volume{dir, img, retried} {
-		v.CapacityBytes = 16 << 20
-		if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	m.Close()
-
-	m = open()
-	defer m.Close()
-	if l := m.Leftovers(); len(l) != 0 {
-		t.Fatalf("leftovers: %v", l)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(m.imagePath(img.ID), &st); err != nil || st.Size != 16<<20 || st.Blocks*512 < 16<<20 {
-		t.Fatalf("image after recovery: %d bytes, %d allocated (%v); want 16 MiB allocated", st.Size, st.Blocks*512, err)
-	}
-	if n, err := block.DeviceSize(dev); err != nil || n != 16<<20 {
-		t.Fatalf("loop device %s after recovery: %d bytes (%v), want 16 MiB", dev, n, err)
-	}
-	if got, err := m.eng.Limit(m.volDir(dir.ID)); err != nil || got != 16<<20 {
-		t.Fatalf("qgroup limit after recovery: %d (%v), want 16 MiB", got, err)
-	}
-	// 12 MiB fit the record's 16 MiB; the old 8 MiB limit refused them.
-	if err := os.WriteFile(filepath.Join(m.volDir(dir.ID), "f"), make([]byte, 12<<20), 0o644); err != nil {
-		t.Fatalf("writing 12 MiB into the 16 MiB volume: %v", err)
-	}
-
-	// The retry path: the limit is put back to 8 MiB as if recovery had not
-	// run, and the expansion to the recorded size is sent again.
-	if err := m.eng.Resize(m.volDir(retried.ID), 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := m.Expand(retried.ID, 16<<20); err != nil || got != 16<<20 {
-		t.Fatalf("Expand sent again: %d, %v", got, err)
-	}
-	if got, err := m.eng.Limit(m.volDir(retried.ID)); err != nil || got != 16<<20 {
-		t.Fatalf("qgroup limit after the retried expansion: %d (%v), want 16 MiB", got, err)
 	}
 }
