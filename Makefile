@@ -79,7 +79,7 @@ test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (
 # The control plane for the cluster tests, built from Go modules in one
 # module of their own, tests/tools/k8s, with the end-to-end cluster's
 # binaries (cached in _output/tools/bin; ~13 min cold on 2 cores,
-# kube-apiserver 9 of them).
+# kube-apiserver 11 of them with the standard library).
 tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm
 
 $(TOOLS)/etcd: tests/tools/k8s/go.mod tests/tools/k8s/etcd/main.go

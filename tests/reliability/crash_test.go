@@ -285,12 +285,18 @@ func (s *storm) checkSizesMatchRecords(p csiClients) {
 			}
 			continue
 		}
-		if s.limits == nil {
-			continue
-		}
-		if got, err := s.limits.Limit(filepath.Join(s.root, "volumes", id)); err != nil || got != size {
-			t.Errorf("volume %s: qgroup limit %d (%v) after the restart, its record says %d", id, got, err, size)
-		}
+		s.checkLimit(id, size, "after the restart, its record says")
+	}
+}
+
+// checkLimit checks, on btrfs, that volume id's qgroup limit is want bytes
+// (what says where want comes from).
+func (s *storm) checkLimit(id string, want int64, what string) {
+	if s.limits == nil {
+		return
+	}
+	if got, err := s.limits.Limit(filepath.Join(s.root, "volumes", id)); err != nil || got != want {
+		s.t.Errorf("volume %s: qgroup limit %d (%v), %s %d bytes", id, got, err, what, want)
 	}
 }
 
@@ -442,11 +448,7 @@ func (s *storm) verify(p csiClients) {
 			}
 		} else {
 			wantDirs = append(wantDirs, v.id)
-			if s.limits != nil {
-				if got, err := s.limits.Limit(filepath.Join(s.root, "volumes", v.id)); err != nil || got != v.size {
-					t.Errorf("volume %s (%s): qgroup limit %d (%v), want the acknowledged %d bytes", v.id, v.name, got, err, v.size)
-				}
-			}
+			s.checkLimit(v.id, v.size, "want the acknowledged")
 			m, err := os.ReadFile(filepath.Join(s.root, "volumes", v.id, "marker"))
 			switch {
 			case v.marker == nil && !errors.Is(err, fs.ErrNotExist):
@@ -973,6 +975,7 @@ func (s *storm) opUnpublish(w *stormWorker, v *svol) *sop {
 // runs after the calls and before the checks (a node plugin catching up).
 func (s *storm) cleanup(p csiClients, settle func()) {
 	t := s.t
+	vols, deleteFailed := s.allVols(), false
 	for _, w := range s.workers {
 		for _, v := range w.vols {
 			if v.publishd {
@@ -985,7 +988,7 @@ func (s *storm) cleanup(p csiClients, settle func()) {
 			}
 			_, err := p.controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.id})
 			if !csitest.CodeIs(t, err, codes.OK, "DeleteVolume "+v.name) {
-				s.explainLoops(s.allVols())
+				deleteFailed = true
 			}
 		}
 		for _, sn := range w.snaps {
@@ -993,6 +996,9 @@ func (s *storm) cleanup(p csiClients, settle func()) {
 			csitest.CodeIs(t, err, codes.OK, "DeleteSnapshot "+sn.name)
 		}
 		w.vols, w.snaps = nil, nil
+	}
+	if deleteFailed {
+		s.explainLoops(vols)
 	}
 	if settle != nil {
 		settle()
