@@ -151,13 +151,12 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 		// Down stopped the previous run's nodes; this run starts its own.
 		c.setNodes(c.Options.Nodes)
 	}
-	if ls := links(); len(ls) > 0 {
-		return fmt.Errorf("network links %s exist (another cluster running? `make demo-down`)", strings.Join(ls, ", "))
+	// A run killed in another checkout leaves bridges, the nftables table
+	// and cgroups that the Down above does not know of.
+	if err := clusterHost.reclaim(c.Logf); err != nil {
+		return err
 	}
-	if hasAPIServiceRule() {
-		return fmt.Errorf("nftables table ip %s exists (another cluster running? `make demo-down`)", apiServiceTable)
-	}
-	for _, port := range []int{EtcdPort, etcdPeerPort, APIServerPort, kcmPort, schedulerPort, snapshotCtlPort} {
+	for _, port := range clusterHost.ports {
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
 		} else {

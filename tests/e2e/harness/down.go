@@ -121,16 +121,7 @@ func (c *Cluster) stopAll() error {
 		detachLoops(c.ourLoops(base), func(string, ...any) {})
 		return len(c.ourLoops(base)) == 0, nil
 	})
-	errs = append(errs, rmCgroupRoot())
-	for _, l := range links() {
-		// A bridge may go by itself once its last port went.
-		if err := run(context.Background(), "ip", "link", "delete", l); err != nil && contains(links(), l) {
-			errs = append(errs, err)
-		}
-	}
-	if hasAPIServiceRule() {
-		errs = append(errs, run(context.Background(), "nft", "delete", "table", "ip", apiServiceTable))
-	}
+	errs = append(errs, clusterHost.remove())
 	return errors.Join(errs...)
 }
 
@@ -185,15 +176,7 @@ func (c *Cluster) Leaks() []string {
 	for _, l := range c.ourLoops(c.baseline()) {
 		out = append(out, "loop device "+l)
 	}
-	for _, l := range links() {
-		out = append(out, "network link "+l)
-	}
-	if hasAPIServiceRule() {
-		out = append(out, "nftables table ip "+apiServiceTable)
-	}
-	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/" + CgroupRoot); len(cg) > 0 {
-		out = append(out, "cgroups "+strings.Join(cg, " "))
-	}
+	out = append(out, clusterHost.left()...)
 	base := c.baseline()
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil && !contains(base.HostPaths, p) {
@@ -370,10 +353,9 @@ func mkCgroupRoot(root string) error {
 	return nil
 }
 
-// rmCgroupRoot removes the cgroupRoot trees, deepest first (a cgroup is
-// removed with rmdir once it has no process and no child).
-func rmCgroupRoot() error {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + CgroupRoot)
+// rmCgroups removes cgroup trees, deepest first (a cgroup is removed with
+// rmdir once it has no process and no child).
+func rmCgroups(roots []string) error {
 	var errs []error
 	for _, r := range roots {
 		var dirs []string

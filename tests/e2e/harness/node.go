@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -563,20 +562,4 @@ func (c *Cluster) addAPIServiceRule(ctx context.Context) error {
 		return fmt.Errorf("nft -f: %v: %s", err, out)
 	}
 	return nil
-}
-
-// hasAPIServiceRule tells whether apiServiceTable exists.
-func hasAPIServiceRule() bool {
-	return exec.Command("nft", "list", "table", "ip", apiServiceTable).Run() == nil
-}
-
-// links are the network links the cluster makes: the nodes' bridge and
-// each node's pod bridge.
-func links() []string {
-	ls, _ := filepath.Glob("/sys/class/net/ldir-e2e*")
-	var out []string
-	for _, l := range ls {
-		out = append(out, filepath.Base(l))
-	}
-	return out
 }
