@@ -16,7 +16,11 @@ CONTROLLER_TOOLS_VERSION := v0.23.0
 # static spells out), CGO off and -trimpath: one compile of
 # the dependencies serves them all, and as -trimpath keeps the module cache's
 # location out of the build cache's keys, unit-nobody reuses root's entries.
-# Only -race (make test) needs cgo.
+# Only -race (make test) needs cgo. The tools of tests/tools/k8s are built
+# the same way (Kubernetes builds its control plane and kubectl without cgo,
+# and kubelet too from v1.38 on), and that module keeps the versions of what
+# this module compiles (client-go, grpc, prometheus…), so the tools reuse
+# this module's compiled dependencies.
 NOCGO := CGO_ENABLED=0
 TRIM := -trimpath
 
@@ -83,10 +87,10 @@ test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (
 tools: $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm
 
 $(TOOLS)/etcd: tests/tools/k8s/go.mod tests/tools/k8s/etcd/main.go
-	cd tests/tools/k8s && $(GO) build -o $@ ./etcd
+	cd tests/tools/k8s && $(NOCGO) $(GO) build $(TRIM) -o $@ ./etcd
 
 $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet: tests/tools/k8s/go.mod
-	cd tests/tools/k8s && $(GO) build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+	cd tests/tools/k8s && $(NOCGO) $(GO) build $(TRIM) -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
 # kubectl kustomize and helm render deploy/ in tests/cluster/deploy.
 # helm's version and default Kubernetes version (for kubeVersion checks)
@@ -94,7 +98,7 @@ $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/kube-controller-manager $(TOOL
 $(TOOLS)/helm: tests/tools/k8s/go.mod
 	cd tests/tools/k8s && v=$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3) && \
 	  minor=$$($(GO) list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2) && \
-	  $(GO) build -ldflags "-X helm.sh/helm/v3/internal/version.version=$$v $(foreach p,pkg/lint/rules pkg/chartutil,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$$minor)" -o $@ helm.sh/helm/v3/cmd/helm
+	  $(NOCGO) $(GO) build $(TRIM) -ldflags "-X helm.sh/helm/v3/internal/version.version=$$v $(foreach p,pkg/lint/rules pkg/chartutil,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$$minor)" -o $@ helm.sh/helm/v3/cmd/helm
 
 $(CONTROLLER_GEN):
 	GOBIN=$(OUT)/bin $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
@@ -167,7 +171,7 @@ e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, 
 $(SIDECAR_BINS) &: tests/tools/k8s/go.mod
 	cd tests/tools/k8s && for s in $(SIDECARS); do \
 	  bin=$${s%%@*}; pkg=$${s#*@}; v=$$($(GO) list -m -f '{{.Version}}' $$(echo $$pkg | sed 's,/cmd/.*,,')) && \
-	  $(GO) build -ldflags "-X main.version=$$v" -o $(TOOLS)/$$bin $$pkg || exit 1; done
+	  $(NOCGO) $(GO) build $(TRIM) -ldflags "-X main.version=$$v" -o $(TOOLS)/$$bin $$pkg || exit 1; done
 
 $(SNAPSHOT_CRDS)/.done: tests/tools/k8s/go.mod
 	mkdir -p $(SNAPSHOT_CRDS)
