@@ -2,7 +2,7 @@
 
 // Package tools pins what the tests run next to localdir, all built from
 // this one module (Makefile targets `tools` and `e2e-tools`): the Kubernetes
-// binaries from k8s.io/kubernetes, the CSI sidecars and snapshot-controller
+// binaries from k8s.io/kubernetes, controller-gen (make generate), the CSI sidecars and snapshot-controller
 // of the end-to-end cluster (tests/e2e), helm, and etcd (./etcd). One module
 // gives them one version of every dependency they share (client-go, grpc,
 // otel, the etcd client…), so a cold build compiles each of those once. The
@@ -23,4 +23,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "sigs.k8s.io/controller-tools/cmd/controller-gen"
 )
