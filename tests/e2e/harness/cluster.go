@@ -102,6 +102,8 @@ type Cluster struct {
 	Nodes []*Node
 
 	imageTars []imageTar
+	// host names the host-wide parts (clusterHost; a test's own in tests).
+	host hostParts
 }
 
 // New returns the cluster of o's work folder without starting anything.
@@ -119,6 +121,7 @@ func New(o Options) *Cluster {
 		Options:    o,
 		Tools:      filepath.Join(o.Root, "_output", "tools", "bin"),
 		Kubeconfig: filepath.Join(o.Work, "kubeconfig"),
+		host:       clusterHost,
 	}
 	c.setNodes(o.Nodes)
 	return c
@@ -153,10 +156,10 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 	}
 	// A run killed in another checkout leaves bridges, the nftables table
 	// and cgroups that the Down above does not know of.
-	if err := clusterHost.reclaim(c.Logf); err != nil {
+	if err := c.host.reclaim(c.Logf); err != nil {
 		return err
 	}
-	for _, port := range clusterHost.ports {
+	for _, port := range c.host.ports {
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
 		} else {

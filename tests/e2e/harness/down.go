@@ -36,6 +36,16 @@ var controlPlane = []string{"floor-provisioner", "floor", "snapshot-controller",
 func (c *Cluster) Down(ctx context.Context, check bool) error {
 	var errs []error
 	if _, err := os.Stat(c.Work); err == nil {
+		// The cgroups, bridges and nftables table have the same names in
+		// every checkout: with nothing of this work folder running, a
+		// cluster that holds them is another checkout's, and stopping
+		// "ours" would kill its pods and take its network.
+		if len(c.ownRunning()) == 0 {
+			if why := c.host.inUse(); len(why) > 0 {
+				return fmt.Errorf("nothing of %s runs, but another cluster does (%s): stop it with `make demo-down` in the checkout that started it",
+					c.Work, strings.Join(why, ", "))
+			}
+		}
 		t0 := time.Now()
 		if n := c.recordedNodes(); n > 0 {
 			c.setNodes(n)
@@ -63,6 +73,19 @@ func (c *Cluster) Down(ctx context.Context, check bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ownRunning names the processes of the work folder's pid files that
+// still run.
+func (c *Cluster) ownRunning() []string {
+	files, _ := filepath.Glob(filepath.Join(c.Work, "pids", "*.pid"))
+	var out []string
+	for _, f := range files {
+		if name := strings.TrimSuffix(filepath.Base(f), ".pid"); c.Running(name) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // allKubeletsRun tells whether every node's kubelet runs (pods can then
@@ -121,7 +144,7 @@ func (c *Cluster) stopAll() error {
 		detachLoops(c.ourLoops(base), func(string, ...any) {})
 		return len(c.ourLoops(base)) == 0, nil
 	})
-	errs = append(errs, clusterHost.remove())
+	errs = append(errs, c.host.remove())
 	return errors.Join(errs...)
 }
 
@@ -176,7 +199,7 @@ func (c *Cluster) Leaks() []string {
 	for _, l := range c.ourLoops(c.baseline()) {
 		out = append(out, "loop device "+l)
 	}
-	out = append(out, clusterHost.left()...)
+	out = append(out, c.host.left()...)
 	base := c.baseline()
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil && !contains(base.HostPaths, p) {

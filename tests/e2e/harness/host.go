@@ -116,7 +116,7 @@ func (h hostParts) reclaim(logf func(string, ...any)) error {
 		return nil
 	}
 	if why := h.inUse(); len(why) > 0 {
-		return fmt.Errorf("another cluster may be running (`make demo-down` stops it): %s; %s",
+		return fmt.Errorf("another cluster may be running (`make demo-down` in the checkout that started it stops it): %s; %s",
 			strings.Join(left, ", "), strings.Join(why, ", "))
 	}
 	logf("· removing what a run that no longer runs left on the host: %s", strings.Join(left, ", "))
