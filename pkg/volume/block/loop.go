@@ -74,14 +74,10 @@ func Devices(image string) ([]Device, error) {
 		if !strings.HasPrefix(name, "loop") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(sysBlock, name, "loop", "backing_file"))
-		if err != nil {
-			continue // not attached
-		}
-		if !sameFile(image, strings.TrimSuffix(string(b), "\n")) {
-			continue
-		}
 		dev := "/dev/" + name
+		if !backs(dev, image) {
+			continue // not attached, or to another file
+		}
 		if info, err := status(dev); err == nil && info.Device == st.Dev && info.Inode == st.Ino {
 			out = append(out, Device{Path: dev, ReadOnly: info.Flags&unix.LO_FLAGS_READ_ONLY != 0})
 		}

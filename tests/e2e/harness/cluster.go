@@ -159,12 +159,8 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 	if err := c.host.reclaim(c.Logf); err != nil {
 		return err
 	}
-	for _, port := range c.host.ports {
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
-			return fmt.Errorf("port 127.0.0.1:%d is taken (another cluster running? `make demo-down`): %v", port, err)
-		} else {
-			l.Close()
-		}
+	if taken := c.host.takenPorts(); len(taken) > 0 {
+		return fmt.Errorf("%s (another cluster running? `make demo-down` in the checkout that started it)", strings.Join(taken, ", "))
 	}
 	if err := c.wipe(); err != nil {
 		return err

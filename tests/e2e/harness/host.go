@@ -73,20 +73,27 @@ func (h hostParts) left() []string {
 // plane port taken, a process in the cgroup tree, an interface attached
 // to a bridge (a node's or a pod's network namespace still there).
 func (h hostParts) inUse() []string {
-	var out []string
-	for _, port := range h.ports {
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
-			out = append(out, fmt.Sprintf("port 127.0.0.1:%d is taken", port))
-		} else {
-			l.Close()
-		}
-	}
+	out := h.takenPorts()
 	if pids := procsIn("", "/"+h.cgroupRoot+"/"); len(pids) > 0 {
 		out = append(out, fmt.Sprintf("processes %v run in its cgroups", pids))
 	}
 	for _, l := range h.links() {
 		if ifs, _ := os.ReadDir(filepath.Join("/sys/class/net", l, "brif")); len(ifs) > 0 {
 			out = append(out, fmt.Sprintf("bridge %s has %d interface(s)", l, len(ifs)))
+		}
+	}
+	return out
+}
+
+// takenPorts describes each control plane port that cannot be listened
+// on, with the error.
+func (h hostParts) takenPorts() []string {
+	var out []string
+	for _, port := range h.ports {
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+			out = append(out, fmt.Sprintf("port 127.0.0.1:%d is taken: %v", port, err))
+		} else {
+			l.Close()
 		}
 	}
 	return out
