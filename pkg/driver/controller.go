@@ -89,7 +89,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	if err := volume.CheckMutableKind(accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
+	if err := volume.CheckMutableKind("", accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
 		return nil, toStatus(err)
 	}
 	srcSnap, srcVol, srcSize, err := s.source(ctx, req.GetVolumeContentSource())
@@ -178,8 +178,9 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 // ValidateVolumeCapabilities confirms the capabilities this volume supports
 // (spec §ValidateVolumeCapabilities): confirmed is set only when every
 // capability is supported, as judgeCaps decides for CreateVolume and the
-// node calls too; otherwise confirmed stays unset and message says why.
-// Codes: INVALID_ARGUMENT (no id, no or a malformed capability), NOT_FOUND.
+// node calls too, and given parameters and volume_context are the
+// volume's; otherwise confirmed stays unset and message says why. Codes:
+// INVALID_ARGUMENT (no id, no or a malformed capability), NOT_FOUND.
 func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -199,6 +200,15 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}
 	if i := judgeCaps(req.GetVolumeCapabilities(), v); i != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s: %s", v.ID, i.msg)}, nil
+	}
+	// Given parameters and volume_context are confirmed only when they are
+	// the volume's: a CreateVolume of its name with those parameters would
+	// be ALREADY_EXISTS.
+	if len(req.GetParameters()) > 0 && !maps.Equal(v.Parameters, userParams(req.GetParameters())) {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s was created with other parameters than %v", v.ID, userParams(req.GetParameters()))}, nil
+	}
+	if vc := req.GetVolumeContext(); len(vc) > 0 && !maps.Equal(vc, s.csiVolume(v).GetVolumeContext()) {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s has another volume_context than the request's", v.ID)}, nil
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
 		VolumeContext:      req.GetVolumeContext(),

@@ -129,12 +129,17 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	return &csi.NodeStageVolumeResponse{}, toStatus(err)
 }
 
-// NodeUnstageVolume unmounts staging_target_path; for a block volume it
-// removes the device node <staging_target_path>/<volume_id> and detaches
-// the volume's loop devices, read-write and read-only (spec
-// §NodeUnstageVolume). Not staged, and unknown volumes, are success. Another
-// call on the volume is waited for until the request's deadline. Codes:
-// INVALID_ARGUMENT, ABORTED (still busy at the deadline).
+// NodeUnstageVolume undoes NodeStageVolume at staging_target_path (spec
+// §NodeUnstageVolume): the mount there is removed; for a block volume the
+// device node <staging_target_path>/<volume_id> too, and its loop devices,
+// read-write and read-only, are detached; an image volume's loop device is
+// detached once its filesystem is mounted nowhere. Not staged at this
+// path, and unknown volumes, are success and change nothing: a wrong
+// staging path never detaches a loop device that a stage or publication
+// elsewhere uses. Another call on the volume is waited for until the
+// request's deadline. Codes: INVALID_ARGUMENT, FAILED_PRECONDITION (an
+// image or block volume staged here is still published), ABORTED (still
+// busy at the deadline).
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -162,7 +167,9 @@ var podUIDPattern = regexp.MustCompile(`^[0-9a-zA-Z][-0-9a-zA-Z_]{0,63}$`)
 // NodeStageVolume), NOT_FOUND, FAILED_PRECONDITION (not staged; a
 // multi-node access mode or the other access type), ALREADY_EXISTS (target
 // holds another mount, or this volume with another readonly or other
-// flags), ABORTED.
+// flags), ABORTED. INVALID_ARGUMENT too when target_path and
+// staging_target_path are the same path or one holds the other. A
+// SINGLE_NODE_READER_ONLY capability publishes read-only, as readonly does.
 func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -182,6 +189,9 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
+	if t, st := req.GetTargetPath(), req.GetStagingTargetPath(); t == st || strings.HasPrefix(t, st+"/") || strings.HasPrefix(st, t+"/") {
+		return nil, invalid("target_path %q and staging_target_path %q must be apart: neither may be or hold the other", t, st)
+	}
 	c := req.GetVolumeCapability()
 	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
 		return nil, err
@@ -194,7 +204,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		StagingPath:  req.GetStagingTargetPath(),
 		TargetPath:   req.GetTargetPath(),
 		AccessType:   accessTypeOf([]*csi.VolumeCapability{c}),
-		ReadOnly:     req.GetReadonly(),
+		ReadOnly:     readOnly(req),
 		SingleWriter: c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
 		MountFlags:   c.GetMount().GetMountFlags(),
 		PodUID:       uid,
@@ -202,11 +212,20 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	return &csi.NodePublishVolumeResponse{}, toStatus(err)
 }
 
+// readOnly is whether a publish is read-only: readonly, or an access mode
+// that allows reading only (SINGLE_NODE_READER_ONLY, CSI spec AccessMode:
+// a volume published read-write under it could be written).
+func readOnly(req *csi.NodePublishVolumeRequest) bool {
+	return req.GetReadonly() || req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+}
+
 // NodeUnpublishVolume unmounts and removes target_path (spec
 // §NodeUnpublishVolume). It succeeds for unknown volumes and paths that are
 // missing or not mounted, so kubelet can always finish. Codes:
-// INVALID_ARGUMENT, FAILED_PRECONDITION (a non-empty directory that is not a
-// mount). An ephemeral inline volume is deleted with its publication; a
+// INVALID_ARGUMENT, FAILED_PRECONDITION (left in place after the unmount: a
+// non-empty directory, a file with data, a FIFO, socket or device node —
+// only what a publish makes, a directory or an empty file, is removed). An
+// ephemeral inline volume is deleted with its publication; a
 // block volume's read-only loop device is detached with its last read-only
 // publication.
 func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {

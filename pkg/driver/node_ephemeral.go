@@ -56,7 +56,7 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 	}, volume.PublishOptions{
 		TargetPath: req.GetTargetPath(),
 		AccessType: contract.AccessMount,
-		ReadOnly:   req.GetReadonly(),
+		ReadOnly:   readOnly(req),
 		MountFlags: req.GetVolumeCapability().GetMount().GetMountFlags(),
 	})
 	if err != nil {

@@ -333,9 +333,13 @@ func fitFsType(size int64, fsType string, limit, maxBytes int64) (int64, error) 
 	if size >= minSize {
 		return size, nil
 	}
-	if (limit > 0 && limit < minSize) || (maxBytes > 0 && maxBytes < minSize) {
-		return 0, status.Errorf(codes.OutOfRange, "an %s volume needs at least %d bytes (the smallest filesystem mkfs.%s makes); limit_bytes %d or the maximum volume size %d is below it",
-			fsType, minSize, fsType, limit, maxBytes)
+	if limit > 0 && limit < minSize {
+		return 0, status.Errorf(codes.OutOfRange, "an %s volume needs at least %d bytes (the smallest filesystem mkfs.%s makes); limit_bytes %d is below it",
+			fsType, minSize, fsType, limit)
+	}
+	if maxBytes > 0 && maxBytes < minSize {
+		return 0, status.Errorf(codes.OutOfRange, "an %s volume needs at least %d bytes (the smallest filesystem mkfs.%s makes); the driver's maximum volume size (--max-volume-size) %d is below it",
+			fsType, minSize, fsType, maxBytes)
 	}
 	return minSize, nil
 }

@@ -150,6 +150,13 @@ func (f *Fake) RemoveDevice(p string) error {
 	return nil
 }
 
+// HasDevice implements Interface.
+func (f *Fake) HasDevice(p, dev string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.devices[p] == dev, nil
+}
+
 // IsMountPoint implements Interface.
 func (f *Fake) IsMountPoint(p string) (bool, error) {
 	if _, err := os.Lstat(p); err != nil {
@@ -185,6 +192,10 @@ func (f *Fake) MountPoints(src string) ([]string, error) {
 	sort.Strings(out)
 	return out, nil
 }
+
+// FSMountPoints implements Interface: the fake mounts made by
+// FormatAndMount of dev.
+func (f *Fake) FSMountPoints(dev string) ([]string, error) { return f.MountPoints(dev) }
 
 // InUse implements Interface.
 func (f *Fake) InUse(dir string) (bool, error) {

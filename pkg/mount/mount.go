@@ -61,6 +61,10 @@ type Interface interface {
 	// RemoveDevice removes the block device node p; anything else there is
 	// left alone.
 	RemoveDevice(p string) error
+	// HasDevice reports whether p is a block device node with the device
+	// number of the device node dev (what PlaceDevice made); a missing p
+	// is false.
+	HasDevice(p, dev string) (bool, error)
 	// IsMountPoint reports whether p is a mount point (os.ErrNotExist when
 	// p does not exist).
 	IsMountPoint(p string) (bool, error)
@@ -81,6 +85,9 @@ type Interface interface {
 	// HoldsFS reports whether p is a mount point of the filesystem on the
 	// block device dev (os.ErrNotExist when p does not exist).
 	HoldsFS(p, dev string) (bool, error)
+	// FSMountPoints lists the mount points of the filesystem on the block
+	// device dev (its mounts and every bind mount of a part of it).
+	FSMountPoints(dev string) ([]string, error)
 	// ResizeFS grows the filesystem on dev, mounted at mountPath, to the
 	// device's size when it is smaller (online).
 	ResizeFS(dev, mountPath string) error

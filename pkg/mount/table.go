@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
+
+	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 const mountInfoPath = "/proc/self/mountinfo"
@@ -23,6 +26,26 @@ const mountInfoPath = "/proc/self/mountinfo"
 func (*Mounter) MountPoints(src string) ([]string, error) {
 	points, _, err := mountsOf(src)
 	return points, err
+}
+
+// FSMountPoints implements Interface: the mountinfo entries whose device
+// number is dev's (st_rdev of the device node).
+func (*Mounter) FSMountPoints(dev string) ([]string, error) {
+	rdev, err := block.Rdev(dev)
+	if err != nil {
+		return nil, err
+	}
+	mis, err := mountutils.ParseMountInfo(mountInfoPath)
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	var points []string
+	for _, mi := range mis {
+		if uint32(mi.Major) == unix.Major(rdev) && uint32(mi.Minor) == unix.Minor(rdev) {
+			points = append(points, mi.MountPoint)
+		}
+	}
+	return points, nil
 }
 
 // InUse implements Interface. It also counts a mount of a part of dir (a

@@ -38,8 +38,24 @@ func (mt *Mounter) Remove(p string) error {
 	return removeUnmounted(p)
 }
 
-// removeUnmounted removes p, which holds no mount any more.
+// removeUnmounted removes p, which holds no mount any more, when it is
+// what a publish makes: a directory (empty: a non-empty one was never a
+// mount target of ours) or an empty regular file (a block volume's target
+// file). Anything else — a file with data, a FIFO, a socket, a device
+// node — is contract.ErrPrecondition and stays: NodeUnpublishVolume
+// deletes what the driver created at target_path, nothing more.
 func removeUnmounted(p string) error {
+	fi, err := os.Lstat(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("lstat %s: %w", p, err)
+	case fi.Mode().IsRegular() && fi.Size() > 0:
+		return fmt.Errorf("%w: %s is not a mount point and holds %d bytes; refusing to remove a file a publish did not create", contract.ErrPrecondition, p, fi.Size())
+	case !fi.IsDir() && !fi.Mode().IsRegular():
+		return fmt.Errorf("%w: %s is not a mount point but a %s; refusing to remove what a publish did not create", contract.ErrPrecondition, p, fileKind(fi.Mode()))
+	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("%w: %s is not a mount point and not empty; refusing to remove it", contract.ErrPrecondition, p)
@@ -47,6 +63,23 @@ func removeUnmounted(p string) error {
 		return fmt.Errorf("remove %s: %w", p, err)
 	}
 	return nil
+}
+
+// fileKind names the type of a file mode for errors.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeSymlink != 0:
+		return "symlink"
+	case m&os.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeCharDevice != 0:
+		return "character device"
+	case m&os.ModeDevice != 0:
+		return "block device"
+	}
+	return "special file"
 }
 
 // unmountTop removes the topmost mount at p, a broken one (a FUSE mount

@@ -69,16 +69,20 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 	return v, nil
 }
 
-// CheckMutableKind tells whether a volume of accessType and fsType can take
-// the mutable parameters params (CreateVolume's mutable_parameters, before
-// it is placed): contract.ErrInvalid naming the one it cannot take. That
-// compression needs a data root on btrfs is only known on the node.
-func CheckMutableKind(accessType, fsType string, params map[string]string) error {
+// CheckMutableKind tells whether volume id ("" for a volume not created
+// yet: CreateVolume's mutable_parameters, before it is placed), of
+// accessType and fsType, can take the mutable parameters params:
+// contract.ErrInvalid naming the one it cannot take. That compression
+// needs a data root on btrfs is only known on the node.
+func CheckMutableKind(id, accessType, fsType string, params map[string]string) error {
 	mut, err := parseMutable(params)
 	if err != nil {
 		return err
 	}
-	return checkMutable(&contract.Volume{ID: "(new)", AccessType: accessType, FsType: fsType}, true, mut)
+	if id == "" {
+		id = "(new)"
+	}
+	return checkMutable(&contract.Volume{ID: id, AccessType: accessType, FsType: fsType}, true, mut)
 }
 
 // applyMutable checks that v can take mut and applies it to its data at

@@ -58,7 +58,7 @@ func TestModify(t *testing.T) {
 	if _, err := m.Modify(blk.ID, map[string]string{"dirMode": "0700"}); !errors.Is(err, contract.ErrInvalid) || !strings.Contains(err.Error(), "raw block") {
 		t.Errorf("dirMode on a raw block volume: %v, want ErrInvalid saying why", err)
 	}
-	if err := CheckMutableKind(contract.AccessMount, "ext4", map[string]string{"compression": "zstd"}); !errors.Is(err, contract.ErrInvalid) {
+	if err := CheckMutableKind("", contract.AccessMount, "ext4", map[string]string{"compression": "zstd"}); !errors.Is(err, contract.ErrInvalid) {
 		t.Errorf("compression for a new image volume: %v, want ErrInvalid", err)
 	}
 	m.Close()

@@ -164,63 +164,131 @@ func matchAccess(v *contract.Volume, accessType string) error {
 	return nil
 }
 
-// Unstage undoes Stage (CSI NodeUnstageVolume): stagingPath is unmounted
-// (the directory itself belongs to the CO and stays); for a block volume
-// the device node <stagingPath>/<id> is removed and its loop devices,
-// read-write and read-only, are detached. Not staged, and unknown volumes,
-// are success. Like Unpublish it waits (bounded by ctx) for another call
-// on the volume to end — a cluster node agent's reconcile, say — before
-// failing with contract.ErrBusy: the CO must be able to finish a teardown.
+// Unstage undoes Stage (CSI NodeUnstageVolume) at stagingPath (the
+// directory itself belongs to the CO and stays): a directory volume's bind
+// mount there is removed; an image volume's filesystem is unmounted there
+// and its loop device detached once no mount shows it; a block volume's
+// device node <stagingPath>/<id> is removed and its loop devices,
+// read-write and read-only, are detached. A volume that is not staged at
+// stagingPath, and an unknown volume, are success and change nothing of
+// the volume: a call with another staging path than the stage's never
+// detaches the loop device under a stage or publication made elsewhere.
+// contract.ErrPrecondition when an image or block volume staged at
+// stagingPath is still published (its publications would be left on a
+// loop device that is free for anyone to attach). Like Unpublish it waits
+// (bounded by ctx) for another call on the volume to end — a cluster node
+// agent's reconcile, say — before failing with contract.ErrBusy: the CO
+// must be able to finish a teardown.
 func (m *Manager) Unstage(ctx context.Context, id, stagingPath string) error {
 	unlock, err := m.locks.Wait(ctx, "volume", id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := m.stillPublished(id, stagingPath); err != nil {
-		return err
-	}
-	if err := m.mnt.Unmount(stagingPath); err != nil {
-		return err
-	}
 	v, err := m.Resolve(id)
-	if errors.Is(err, contract.ErrNotFound) {
+	switch {
+	case errors.Is(err, contract.ErrNotFound):
+		if err := m.mnt.Unmount(stagingPath); err != nil {
+			return err
+		}
 		if ValidVolumeID(id) {
 			return m.mnt.RemoveDevice(stagedDevicePath(stagingPath, id))
 		}
 		return nil
-	}
-	if err != nil {
+	case err != nil:
 		return err
+	case v.AccessType == contract.AccessBlock:
+		return m.unstageBlock(v, stagingPath)
+	case v.FsType != "":
+		return m.unstageImage(v, stagingPath)
 	}
-	if v.Image() {
-		if err := m.mnt.RemoveDevice(stagedDevicePath(stagingPath, v.ID)); err != nil {
-			return err
-		}
-		return block.Detach(m.imagePath(v.ID))
-	}
-	return nil
+	return m.mnt.Unmount(stagingPath)
 }
 
-// stillPublished refuses (contract.ErrPrecondition) to unstage an image
-// volume whose filesystem, staged at stagingPath, is still bind-mounted
-// elsewhere (a publication the CO did not unpublish): unmounting the
-// staging path and detaching the loop device would leave those mounts on a
-// device nobody can find again.
-func (m *Manager) stillPublished(id, stagingPath string) error {
-	v, err := m.Resolve(id)
-	if err != nil || v.FsType == "" {
-		return nil // unknown volumes and the other kinds: as before
+// unstageBlock is Unstage of block volume v. It is staged at stagingPath
+// when the device node there is one of its read-write loop device; with no
+// loop device attached (a retry after the detach) only a device node left
+// there is removed.
+func (m *Manager) unstageBlock(v *contract.Volume, stagingPath string) error {
+	img, node := m.imagePath(v.ID), stagedDevicePath(stagingPath, v.ID)
+	rw, err := block.FindMode(img, false)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
-	if staged, err := m.stagedImage(v, stagingPath); err != nil || !staged {
-		return nil
+	if rw == "" {
+		return m.mnt.RemoveDevice(node)
 	}
-	points, err := m.mnt.MountPoints(stagingPath)
+	if here, err := m.mnt.HasDevice(node, rw); err != nil || !here {
+		if err == nil {
+			klog.V(2).InfoS("Block volume not staged at this path; nothing to unstage", "volumeID", v.ID, "stagingPath", stagingPath, "device", rw)
+		}
+		return err
+	}
+	devs, err := block.Devices(img)
 	if err != nil {
 		return err
 	}
-	if len(points) > 0 {
-		return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, v.ID, points[0])
+	for _, d := range devs {
+		if err := m.unpublishedFirst(v.ID, d.Path); err != nil {
+			return err
+		}
+	}
+	if err := block.Detach(img); err != nil {
+		return err
+	}
+	return m.mnt.RemoveDevice(node)
+}
+
+// unstageImage is Unstage of image volume v (a filesystem on a loop
+// device). Its loop device is detached only when no mount shows the
+// filesystem any more: not staged at stagingPath, a stage elsewhere keeps
+// it; attached but mounted nowhere (a stage whose mount failed, a retry
+// after the unmount), it goes.
+func (m *Manager) unstageImage(v *contract.Volume, stagingPath string) error {
+	img := m.imagePath(v.ID)
+	rw, err := block.FindMode(img, false)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if rw == "" {
+		return nil
+	}
+	staged, err := m.mnt.HoldsFS(stagingPath, rw)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if staged {
+		if err := m.unpublishedFirst(v.ID, stagingPath); err != nil {
+			return err
+		}
+		if err := m.mnt.Unmount(stagingPath); err != nil {
+			return err
+		}
+	}
+	if points, err := m.mnt.FSMountPoints(rw); err != nil || len(points) > 0 {
+		if err == nil {
+			klog.V(2).InfoS("Image volume's filesystem still mounted elsewhere; its loop device stays", "volumeID", v.ID, "stagingPath", stagingPath, "mountedAt", points[0])
+		}
+		return err
+	}
+	return block.Detach(img)
+}
+
+// unpublishedFirst refuses (contract.ErrPrecondition) to unstage volume id
+// while src — the staging path of an image volume, or a loop device node
+// of a block volume — is still shown by a mount other than src itself (a
+// publication the CO did not unpublish): unmounting the stage and
+// detaching the loop device would leave those mounts on a device nobody
+// can find again.
+func (m *Manager) unpublishedFirst(id, src string) error {
+	points, err := m.mnt.MountPoints(src)
+	if err != nil {
+		return err
+	}
+	for _, p := range points {
+		if p != src {
+			return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, id, p)
+		}
 	}
 	return nil
 }

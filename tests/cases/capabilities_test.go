@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
@@ -465,4 +467,42 @@ func TestC39VolumeStatsOnlyWhereTheVolumeIs(t *testing.T) {
 	unpublish(t, in, m, tm)
 	unstage(t, in, m, sm)
 	stats(m, sm, codes.NotFound)
+}
+
+// C38: ValidateVolumeCapabilities confirms parameters and a volume_context
+// only when they are the volume's own: parameters a CreateVolume of the
+// same name would refuse as ALREADY_EXISTS, or a volume_context the volume
+// does not have, leave `confirmed` unset with the reason in `message`.
+func TestC38ValidateConfirmsOnlyTheVolumesParameters(t *testing.T) {
+	in := testdriver.Start(t, nil)
+	created := &csi.CreateVolumeRequest{Name: "c38-params", CapacityRange: csitest.Range(4*csitest.Mi, 0),
+		VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, Parameters: map[string]string{"dirMode": "0750"}}
+	r, err := in.Controller.CreateVolume(csitest.Ctx(t), created)
+	csitest.MustCode(t, err, codes.OK, "CreateVolume")
+	vol := r.GetVolume()
+	validate := func(params, vc map[string]string) *csi.ValidateVolumeCapabilitiesResponse {
+		t.Helper()
+		vr, err := in.Controller.ValidateVolumeCapabilities(csitest.Ctx(t), &csi.ValidateVolumeCapabilitiesRequest{
+			VolumeId: vol.GetVolumeId(), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, Parameters: params, VolumeContext: vc})
+		csitest.MustCode(t, err, codes.OK, "ValidateVolumeCapabilities")
+		return vr
+	}
+	for _, params := range []map[string]string{nil, {"dirMode": "0750"}, {"dirMode": "0750", "csi.storage.k8s.io/pvc/name": "p"}} {
+		if vr := validate(params, vol.GetVolumeContext()); vr.GetConfirmed() == nil {
+			t.Errorf("parameters %v: not confirmed (%q)", params, vr.GetMessage())
+		}
+	}
+	for _, params := range []map[string]string{{"dirMode": "0700"}, {"dirMode": "0755", "csi.storage.k8s.io/pvc/name": "p"}} {
+		vr := validate(params, nil)
+		if vr.GetConfirmed() != nil || !strings.Contains(vr.GetMessage(), "other parameters") {
+			t.Errorf("parameters %v: confirmed %v, message %q; want unconfirmed, created with other parameters", params, vr.GetConfirmed(), vr.GetMessage())
+		}
+		again := proto.Clone(created).(*csi.CreateVolumeRequest)
+		again.Parameters = params
+		_, err := in.Controller.CreateVolume(csitest.Ctx(t), again)
+		csitest.MustCode(t, err, codes.AlreadyExists, "CreateVolume of the same name with those parameters")
+	}
+	if vr := validate(nil, map[string]string{"foo": "bar"}); vr.GetConfirmed() != nil || vr.GetMessage() == "" {
+		t.Errorf("a volume_context the volume does not have: confirmed %v, message %q", vr.GetConfirmed(), vr.GetMessage())
+	}
 }

@@ -575,3 +575,54 @@ func TestStagedImageVolumeIsKept(t *testing.T) {
 		})
 	}
 }
+
+// imageLoops lists the loop devices attached to volume id's image file.
+func imageLoops(t *testing.T, in *testdriver.Instance, id string) []string {
+	t.Helper()
+	img := csitest.RealPath(imagePath(in, id))
+	var devs []string
+	for dev, file := range csitest.Loops(t) {
+		if file == img {
+			devs = append(devs, dev)
+		}
+	}
+	return devs
+}
+
+// A NodeUnstageVolume at a staging path where the image volume is not
+// staged answers OK and changes nothing: its loop device stays attached,
+// without autoclear (before, the call asked the kernel to detach it at its
+// last close, waited for that, and answered OK with the filesystem still
+// mounted), and the publication keeps working. The real unpublish and
+// unstage then detach it.
+func TestUnstageAtAnotherPathKeepsTheVolume(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.fs, func(t *testing.T) {
+			in := start(t, k.dataRoot)
+			v := stagePublish(t, in, create(t, in, "elsewhere", k.fs, k.size, nil), k.fs)
+			devs := imageLoops(t, in, v.id)
+			if len(devs) != 1 {
+				t.Fatalf("loop devices of the staged image: %v, want one", devs)
+			}
+			other := csitest.Mkdir(t, filepath.Join(in.Dir, "other-staging"))
+			_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: other})
+			csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume at a path it is not staged at")
+			if got := imageLoops(t, in, v.id); len(got) != 1 || got[0] != devs[0] {
+				t.Fatalf("loop devices after the unstage elsewhere: %v, want %v", got, devs)
+			}
+			b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(devs[0]), "loop", "autoclear"))
+			if err != nil || string(bytes.TrimSpace(b)) != "0" {
+				t.Errorf("autoclear of %s: %q, %v; want 0", devs[0], b, err)
+			}
+			data := csitest.RandomBytes(7, 64<<10)
+			if err := os.WriteFile(filepath.Join(v.target, "after"), data, 0o600); err != nil {
+				t.Fatalf("write into the publication: %v", err)
+			}
+			csitest.AssertFileBytes(t, filepath.Join(v.staging, "after"), data)
+			unpublishUnstage(t, in, v)
+			if got := imageLoops(t, in, v.id); len(got) != 0 {
+				t.Errorf("loop devices after the real unpublish and unstage: %v, want none", got)
+			}
+		})
+	}
+}

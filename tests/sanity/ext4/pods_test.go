@@ -292,6 +292,11 @@ func TestGroupSnapshotFreezesPods(t *testing.T) {
 		t.Errorf("the freeze record is still there: %v", err)
 	}
 	pod.Kill(t)
+	// The kubelet's teardown order: the pod's device map first, then the
+	// unpublish, then the unstage (which refuses a device still mapped).
+	if err := unix.Unmount(mapped, 0); err != nil {
+		t.Error(err)
+	}
 	for id, target := range map[string]string{a: pubA, b: pubB} {
 		if _, err := in.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 			t.Error(err)
