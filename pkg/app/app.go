@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/rest"
@@ -80,9 +82,31 @@ func serveMetrics(ctx context.Context, g *errgroup.Group, opts driver.Options, s
 	return nil
 }
 
+// endpointDirExists checks, before anything is created, that the
+// directory of the endpoint's socket exists: the driver makes the socket,
+// not its directory (the CO's, e.g. a hostPath volume of the node plugin).
+// A start that fails here has not touched the data root.
+func endpointDirExists(endpoint string) error {
+	p, err := driver.ParseEndpoint(endpoint)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(p)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		if err == nil {
+			err = errors.New("not a directory")
+		}
+		return fmt.Errorf("--endpoint=%q: the socket's directory %s: %w (create it first)", endpoint, dir, err)
+	}
+	return nil
+}
+
 // Run runs the process for opts.Mode until ctx is done.
 func Run(ctx context.Context, opts driver.Options) error {
 	if err := opts.Validate(); err != nil {
+		return err
+	}
+	if err := endpointDirExists(opts.Endpoint); err != nil {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)

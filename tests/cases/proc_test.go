@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,4 +73,24 @@ func (p *proc) kill(t testing.TB) { p.Kill() }
 func (p *proc) stop(t testing.TB) {
 	t.Helper()
 	p.Stop(t, 20*time.Second)
+}
+
+// A start whose endpoint names a socket in a directory that does not exist
+// fails at once, saying so, before it creates anything: the data root is
+// not made.
+func TestStartWithoutTheSocketDirectoryCreatesNothing(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	cmd := exec.Command(driverBinary(t), "--endpoint=unix://"+filepath.Join(dir, "missing", "csi.sock"),
+		"--data-root="+data, "--node-id=n1", "--capacity=1Gi")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the driver started without its socket's directory:\n%s", out)
+	}
+	if !strings.Contains(string(out), "create it first") {
+		t.Errorf("the error does not say what to do:\n%s", out)
+	}
+	if _, err := os.Lstat(data); !os.IsNotExist(err) {
+		t.Errorf("the data root %s was created: %v", data, err)
+	}
 }
