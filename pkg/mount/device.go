@@ -53,20 +53,5 @@ func (*Mounter) RemoveDevice(p string) error {
 	return nil
 }
 
-// HasDevice implements Interface.
-func (*Mounter) HasDevice(p, dev string) (bool, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
-		return false, nil
-	} else if err != nil {
-		return false, fmt.Errorf("lstat %s: %w", p, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return false, nil
-	}
-	rdev, err := block.Rdev(dev)
-	if err != nil {
-		return false, err
-	}
-	return st.Rdev == rdev, nil
-}
+// HasDevice implements Interface with block.NodeOf.
+func (*Mounter) HasDevice(p, dev string) (bool, error) { return block.NodeOf(p, dev) }

@@ -211,9 +211,15 @@ func (m *Manager) Unstage(ctx context.Context, id, stagingPath string) error {
 // there is removed.
 func (m *Manager) unstageBlock(v *contract.Volume, stagingPath string) error {
 	img, node := m.imagePath(v.ID), stagedDevicePath(stagingPath, v.ID)
-	rw, err := block.FindMode(img, false)
+	devs, err := block.Devices(img)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
+	}
+	rw := ""
+	for _, d := range devs {
+		if !d.ReadOnly {
+			rw = d.Path
+		}
 	}
 	if rw == "" {
 		return m.mnt.RemoveDevice(node)
@@ -222,10 +228,6 @@ func (m *Manager) unstageBlock(v *contract.Volume, stagingPath string) error {
 		if err == nil {
 			klog.V(2).InfoS("Block volume not staged at this path; nothing to unstage", "volumeID", v.ID, "stagingPath", stagingPath, "device", rw)
 		}
-		return err
-	}
-	devs, err := block.Devices(img)
-	if err != nil {
 		return err
 	}
 	for _, d := range devs {
@@ -276,7 +278,7 @@ func (m *Manager) unstageImage(v *contract.Volume, stagingPath string) error {
 
 // unpublishedFirst refuses (contract.ErrPrecondition) to unstage volume id
 // while src — the staging path of an image volume, or a loop device node
-// of a block volume — is still shown by a mount other than src itself (a
+// of a block volume — is still shown by another mount (MountPoints: a
 // publication the CO did not unpublish): unmounting the stage and
 // detaching the loop device would leave those mounts on a device nobody
 // can find again.
@@ -285,10 +287,8 @@ func (m *Manager) unpublishedFirst(id, src string) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range points {
-		if p != src {
-			return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, id, p)
-		}
+	if len(points) > 0 {
+		return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, id, points[0])
 	}
 	return nil
 }

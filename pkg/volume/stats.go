@@ -143,15 +143,11 @@ func (m *Manager) blockStats(v *contract.Volume, volumePath string, notHere erro
 // isDeviceOf reports whether p (not followed when it is a symlink) is a
 // block device node of one of devs (only the read-write one when rwOnly).
 func isDeviceOf(p string, devs []block.Device, rwOnly bool) bool {
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return false
-	}
 	for _, d := range devs {
 		if rwOnly && d.ReadOnly {
 			continue
 		}
-		if rdev, err := block.Rdev(d.Path); err == nil && rdev == st.Rdev {
+		if ok, err := block.NodeOf(p, d.Path); err == nil && ok {
 			return true
 		}
 	}

@@ -357,6 +357,26 @@ func Rdev(dev string) (uint64, error) {
 	return st.Rdev, nil
 }
 
+// NodeOf reports whether p (not followed when it is a symlink) is a block
+// device node with the device number of the device node dev; a missing p
+// is false.
+func NodeOf(p, dev string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("lstat %s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return false, nil
+	}
+	rdev, err := Rdev(dev)
+	if err != nil {
+		return false, err
+	}
+	return st.Rdev == rdev, nil
+}
+
 func ioctlPtr(fd int, req uint, p *uint64) error {
 	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(unsafe.Pointer(p)))
 	if e != 0 {
