@@ -28,7 +28,7 @@ STRIP := -s -w
 
 K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v1.37.2 -X $(p).gitMajor=1 -X $(p).gitMinor=37)
 
-.PHONY: deps help build test unit unit-nobody verify-generated sanity test-cluster tools generate bench bench-cluster demo verify clean static image e2e e2e-tools demo-sanity demo-down e2e-k8s
+.PHONY: deps help build test unit unit-nobody verify-generated sanity test-cluster tools generate bench bench-cluster demo verify clean static image image-oci e2e e2e-tools demo-sanity demo-down e2e-k8s
 
 help: ## show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -251,8 +251,15 @@ IMAGE_TAG ?= $(shell awk '/name: localdir\/localdir-csi/{getline; print $$2}' de
 static: ## the image's static binary (same build command as the Dockerfile) into _output/static/
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "-s -w -X github.com/localdir-csi/localdir/pkg/driver.version=$(IMAGE_TAG)" -o $(OUT)/static/localdir-csi ./cmd/localdir-csi
 
-image: ## build the container image (needs a Docker engine; none runs on the CI machine)
+image: ## build the container image with Docker (needs a Docker engine; make image-oci needs none)
 	docker build --build-arg VERSION=$(IMAGE_TAG) -t $(IMAGE):$(IMAGE_TAG) .
+
+# The image the Dockerfile describes, built without Docker or a registry by
+# the end-to-end harness's builder (umoci, this machine's Debian bookworm
+# packages): an OCI archive to push with skopeo (docs/install.md).
+IMAGE_OCI := $(OUT)/image/localdir-csi-$(IMAGE_TAG).tar
+image-oci: deps $(E2E_CLUSTER) ## build the image the Dockerfile describes without Docker, as an OCI archive in _output/image/ (as root, on Debian bookworm)
+	$(E2E_CLUSTER) image --out $(IMAGE_OCI)
 
 clean: ## remove build output
 	rm -rf $(OUT)

@@ -69,19 +69,6 @@ func NodeMetrics(vm *volume.Manager, node string, orphans func() int64) metrics.
 	}
 }
 
-// serveMetrics starts the /metrics server (when opts.MetricsAddress is set)
-// in g.
-func serveMetrics(ctx context.Context, g *errgroup.Group, opts driver.Options, state metrics.StateFunc) error {
-	if opts.MetricsAddress == "" {
-		return nil
-	}
-	if err := metrics.RegisterState(state); err != nil {
-		return err
-	}
-	g.Go(func() error { return metrics.Serve(ctx, opts.MetricsAddress) })
-	return nil
-}
-
 // endpointDirExists checks, before anything is created, that the
 // directory of the endpoint's socket exists: the driver makes the socket,
 // not its directory (the CO's, e.g. a hostPath volume of the node plugin).
@@ -109,6 +96,18 @@ func Run(ctx context.Context, opts driver.Options) error {
 	if err := endpointDirExists(opts.Endpoint); err != nil {
 		return err
 	}
+	// The API server of the cluster modes; all mode has none.
+	var cfg *rest.Config
+	if opts.Mode != driver.ModeAll {
+		var err error
+		if cfg, err = RestConfig(opts); err != nil {
+			return err
+		}
+	}
+	ms, err := NewMetricsServer(opts, cfg)
+	if err != nil {
+		return err
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	switch opts.Mode {
 	case driver.ModeAll:
@@ -116,16 +115,12 @@ func Run(ctx context.Context, opts driver.Options) error {
 		if err != nil {
 			return err
 		}
-		if err := serveMetrics(gctx, g, opts, NodeMetrics(d.VolumeManager(), opts.NodeID, nil)); err != nil {
+		if err := serveMetrics(gctx, g, ms, NodeMetrics(d.VolumeManager(), opts.NodeID, nil)); err != nil {
 			return err
 		}
 		g.Go(func() error { return d.Run(gctx) })
 		return g.Wait()
 	case driver.ModeController:
-		cfg, err := RestConfig(opts)
-		if err != nil {
-			return err
-		}
 		b, err := cluster.NewControllerBackend(gctx, cfg, opts.MaxVolumeBytes)
 		if err != nil {
 			return err
@@ -135,15 +130,11 @@ func Run(ctx context.Context, opts driver.Options) error {
 		if err != nil {
 			return err
 		}
-		if err := serveMetrics(gctx, g, opts, func() []metrics.Sample { return b.MetricSamples(gctx) }); err != nil {
+		if err := serveMetrics(gctx, g, ms, func() []metrics.Sample { return b.MetricSamples(gctx) }); err != nil {
 			return err
 		}
 		g.Go(func() error { return d.Run(gctx) })
 		return g.Wait()
-	}
-	cfg, err := RestConfig(opts)
-	if err != nil {
-		return err
 	}
 	d, err := driver.New(opts)
 	if err != nil {
@@ -151,7 +142,7 @@ func Run(ctx context.Context, opts driver.Options) error {
 	}
 	agent := &cluster.NodeAgent{NodeID: opts.NodeID, VM: d.VolumeManager(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
 		Heartbeat: opts.HeartbeatInterval}
-	if err := serveMetrics(gctx, g, opts, NodeMetrics(d.VolumeManager(), opts.NodeID, agent.Orphans)); err != nil {
+	if err := serveMetrics(gctx, g, ms, NodeMetrics(d.VolumeManager(), opts.NodeID, agent.Orphans)); err != nil {
 		return err
 	}
 	g.Go(func() error { return agent.Start(gctx, cfg) })

@@ -41,7 +41,7 @@ func (b *ControllerBackend) nodeLock(node string) *sync.Mutex {
 // nodeRoom is what one node can still take, in bytes.
 type nodeRoom struct {
 	node      string
-	available int64 // min(capacity − Σ sizes of its LocalVolumes, free)
+	available int64 // min(capacity − Σ sizes of its LocalVolumes, free − headroom − placed since)
 	maxVolume int64 // 0: no cap
 	reason    string
 }

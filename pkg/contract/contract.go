@@ -195,8 +195,8 @@ func parseRate(k, v string) (uint64, error) {
 var Compressions = []string{"none", "zstd", "lzo", "zlib"}
 
 // KnownMutableParameters lists every mutable parameter, for docs and
-// tests. ParamDirMode is one too: the permission of a directory volume's
-// root, changed in place.
+// tests. ParamDirMode is one too: the permission of a filesystem volume's
+// root (a directory volume's, an image volume's filesystem), changed in place.
 var KnownMutableParameters = append([]string{ParamCompression, ParamDirMode}, IOLimitParameters...)
 
 // Mutable is a parsed, validated set of mutable parameters; nil fields

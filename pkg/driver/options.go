@@ -3,9 +3,11 @@ package driver
 import (
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,8 +68,15 @@ type Options struct {
 	// Engine is the storage engine for new mount volumes: auto, dir or btrfs.
 	Engine string
 	// MetricsAddress is the host:port to serve Prometheus /metrics on; empty
-	// serves none.
+	// serves none. Controller and node mode serve HTTPS and let only
+	// requests the API server authenticates and authorizes (get on the
+	// non-resource URL /metrics) through; all mode, which has no API
+	// server, serves plain HTTP and so must listen on a loopback address.
 	MetricsAddress string
+	// MetricsCertDir holds tls.crt and tls.key, the certificate and key of
+	// the HTTPS /metrics server (controller and node mode), reloaded when
+	// they change; empty: a self-signed certificate made at start.
+	MetricsCertDir string
 	// Kubeconfig is the kubeconfig file for controller and node mode; empty
 	// means the in-cluster configuration.
 	Kubeconfig string
@@ -168,7 +177,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	all.StringVar(&o.Mode, "mode", ModeAll, "which CSI services to serve: controller (Identity+Controller, in the cluster Deployment), node (Identity+Node, in the DaemonSet) or all (every service in one process, no Kubernetes)")
 	all.StringVar(&o.Endpoint, "endpoint", "unix:///csi/csi.sock", "gRPC endpoint to listen on, unix:///path/to/csi.sock (the socket is created with mode 0660)")
 	all.StringVar(&o.DriverName, "driver-name", DefaultDriverName, "CSI driver name, as in the StorageClass provisioner field")
-	all.StringVar(&o.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. :9810 (default: off)")
+	all.StringVar(&o.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics (default: off). Controller and node mode: HTTPS, only to a bearer token the API server authenticates and allows get on /metrics (e.g. :9810); all mode: plain HTTP with no authentication, so on a loopback address only (e.g. 127.0.0.1:9810)")
 	ctl := fss.FlagSet(FlagsController)
 	ctl.Var(o.maxVolume, "max-volume-size", "largest volume a CreateVolume may request, in bytes or e.g. 10Gi (default 0: no limit but the capacity)")
 	ctl.Var(o.defaultVolume, "default-volume-size", "size of a new empty volume requested without capacity_range.required_bytes (a restore or clone gets its source's size), in bytes or e.g. 1Gi")
@@ -178,6 +187,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	cl.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "requests the controller or node agent may send to the API server at once, above --kube-api-qps")
 	cl.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 30*time.Second, "node mode: how often the node agent writes its LocalNode status (capacity, free space, heartbeat)")
 	cl.DurationVar(&o.NodeStaleAfter, "node-stale-after", 3*time.Minute, "controller mode: how old a LocalNode heartbeat may be before the node counts as gone (no capacity reported, no volume placed there); keep it several --heartbeat-interval")
+	cl.StringVar(&o.MetricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key (a kubernetes.io/tls Secret, e.g. cert-manager's) for the HTTPS /metrics server, reloaded when they change (default: a self-signed certificate made at start)")
 	node := fss.FlagSet(FlagsNode)
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
 	node.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "absolute directory holding the volumes and the state file")
@@ -246,10 +256,53 @@ func (o *Options) Validate() error {
 	if o.Mode != ModeAll && (o.HeartbeatInterval < time.Second || o.NodeStaleAfter < time.Second) {
 		return fmt.Errorf("--heartbeat-interval=%s, --node-stale-after=%s: both must be at least 1s", o.HeartbeatInterval, o.NodeStaleAfter)
 	}
+	if err := o.validateMetrics(); err != nil {
+		return err
+	}
 	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
 		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")
 	}
 	return nil
+}
+
+// validateMetrics checks --metrics-address and --metrics-cert-dir. All
+// mode serves /metrics over plain HTTP with no authentication (it has no
+// API server to check a token with), so it may listen on a loopback
+// address only: nothing off the host can read it.
+func (o *Options) validateMetrics() error {
+	if o.MetricsAddress != "" {
+		host, port, err := net.SplitHostPort(o.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-address=%q: must be host:port, e.g. :9810 or 127.0.0.1:9810", o.MetricsAddress)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("--metrics-address=%q: the port must be a number from 1 to 65535", o.MetricsAddress)
+		}
+		if o.Mode == ModeAll && !isLoopback(host) {
+			return fmt.Errorf("--metrics-address=%q: all mode serves /metrics over plain HTTP without authentication, so only on a loopback address (127.0.0.1:%s, [::1]:%s or localhost:%s); controller and node mode serve it over HTTPS to tokens the API server allows", o.MetricsAddress, port, port, port)
+		}
+	}
+	if o.MetricsCertDir != "" {
+		switch {
+		case o.Mode == ModeAll:
+			return fmt.Errorf("--metrics-cert-dir=%q: all mode serves /metrics over plain HTTP on loopback; the certificate is for controller and node mode", o.MetricsCertDir)
+		case o.MetricsAddress == "":
+			return fmt.Errorf("--metrics-cert-dir=%q: set --metrics-address too, or no metrics are served", o.MetricsCertDir)
+		case !filepath.IsAbs(o.MetricsCertDir):
+			return fmt.Errorf("--metrics-cert-dir=%q: must be an absolute path", o.MetricsCertDir)
+		}
+	}
+	return nil
+}
+
+// isLoopback tells whether host, of a host:port, names only this host's
+// loopback interface.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // ParseEndpoint returns the socket path of a unix:// endpoint.

@@ -83,6 +83,24 @@ func TestOptionsValidate(t *testing.T) {
 		{"sub-second staleness in controller mode", func(o *Options) { o.Mode = ModeController; o.NodeStaleAfter = time.Millisecond }, "--node-stale-after"},
 		{"all mode has no heartbeat", func(o *Options) { o.HeartbeatInterval, o.NodeStaleAfter = 0, 0 }, ""},
 		{"zero limits are fine", func(o *Options) { o.CapacityBytes, o.MaxVolumeBytes, o.MaxVolumesPerNode = 0, 0, 0 }, ""},
+		// All mode serves /metrics over plain HTTP: loopback only. The
+		// cluster modes serve HTTPS to tokens the API server allows.
+		{"all mode metrics on 127.0.0.1", func(o *Options) { o.MetricsAddress = "127.0.0.1:9810" }, ""},
+		{"all mode metrics on ::1", func(o *Options) { o.MetricsAddress = "[::1]:9810" }, ""},
+		{"all mode metrics on localhost", func(o *Options) { o.MetricsAddress = "localhost:9810" }, ""},
+		{"all mode metrics on every address", func(o *Options) { o.MetricsAddress = ":9810" }, "only on a loopback address"},
+		{"all mode metrics on 0.0.0.0", func(o *Options) { o.MetricsAddress = "0.0.0.0:9810" }, "only on a loopback address"},
+		{"all mode metrics on a LAN address", func(o *Options) { o.MetricsAddress = "192.168.1.5:9810" }, "only on a loopback address"},
+		{"controller metrics on every address", func(o *Options) { o.Mode = ModeController; o.MetricsAddress = ":9810" }, ""},
+		{"node metrics on every address", func(o *Options) { o.Mode = ModeNode; o.MetricsAddress = ":9810" }, ""},
+		{"metrics address without a port", func(o *Options) { o.Mode = ModeNode; o.MetricsAddress = "9810" }, "must be host:port"},
+		{"metrics port 0", func(o *Options) { o.Mode = ModeNode; o.MetricsAddress = ":0" }, "from 1 to 65535"},
+		{"metrics port too large", func(o *Options) { o.Mode = ModeNode; o.MetricsAddress = ":65536" }, "from 1 to 65535"},
+		{"metrics port by name", func(o *Options) { o.Mode = ModeNode; o.MetricsAddress = ":http" }, "from 1 to 65535"},
+		{"metrics cert dir in node mode", func(o *Options) { o.Mode = ModeNode; o.MetricsAddress = ":9810"; o.MetricsCertDir = "/certs" }, ""},
+		{"metrics cert dir in all mode", func(o *Options) { o.MetricsAddress = "127.0.0.1:9810"; o.MetricsCertDir = "/certs" }, "--metrics-cert-dir"},
+		{"metrics cert dir without address", func(o *Options) { o.Mode = ModeController; o.MetricsCertDir = "/certs" }, "set --metrics-address too"},
+		{"relative metrics cert dir", func(o *Options) { o.Mode = ModeController; o.MetricsAddress = ":9810"; o.MetricsCertDir = "certs" }, "absolute path"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 // Package metrics defines localdir's Prometheus metrics (client_golang) and
-// serves them on --metrics-address. Names follow Prometheus conventions:
-// the localdir_ prefix, base units (seconds, bytes), _total for counters.
+// serves them on the listener pkg/app opens on --metrics-address. Names
+// follow Prometheus conventions: the localdir_ prefix, base units (seconds,
+// bytes), _total for counters.
 package metrics
 
 import (
@@ -58,7 +59,7 @@ var (
 	CapacityDesc = prometheus.NewDesc("localdir_capacity_bytes",
 		"Capacity of the node's data root in bytes (--capacity, or its filesystem size).", []string{"node"}, nil)
 	AllocatableDesc = prometheus.NewDesc("localdir_allocatable_bytes",
-		"Bytes new volumes may still reserve on the node: min(capacity - sum of volume sizes, free).", []string{"node"}, nil)
+		"Bytes new volumes may still reserve on the node: min(capacity - sum of volume sizes, free - what those volumes may still write).", []string{"node"}, nil)
 	AllocatedDesc = prometheus.NewDesc("localdir_allocated_bytes",
 		"Sum of the sizes of the node's volumes in bytes.", []string{"node"}, nil)
 	FreeDesc = prometheus.NewDesc("localdir_free_bytes",
@@ -147,18 +148,16 @@ func gather() ([]*dto.MetricFamily, error) {
 	return gs.Gather()
 }
 
-// Serve serves /metrics (Gatherer) on addr until ctx is done. An empty
-// addr serves nothing.
-func Serve(ctx context.Context, addr string) error {
-	if addr == "" {
-		return nil
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
+// Handler serves Gatherer in the Prometheus exposition formats.
+func Handler() http.Handler {
+	return promhttp.HandlerFor(Gatherer, promhttp.HandlerOpts{Registry: Registry})
+}
+
+// Serve serves h at /metrics on lis until ctx is done, then closes lis.
+// The caller picks the transport (plain TCP or TLS) and what guards h.
+func Serve(ctx context.Context, lis net.Listener, h http.Handler) error {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(Gatherer, promhttp.HandlerOpts{Registry: Registry}))
+	mux.Handle("/metrics", h)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -166,7 +165,6 @@ func Serve(ctx context.Context, addr string) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	klog.InfoS("Serving metrics", "address", lis.Addr().String())
 	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -23,7 +23,11 @@ import (
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
 
-// localdirPods checks `kubectl -n localdir get pods`: one controller pod
+// controllerReplicas is the replicas of deploy/'s controller Deployment
+// (and of the chart's default).
+const controllerReplicas = 2
+
+// localdirPods checks `kubectl -n localdir get pods`: the controller pods
 // and one node pod on every node, each Running with every container
 // Ready, running the images deploy/ names (kustomization.yaml `images:`),
 // and carrying the labels of the install that made them (selector).
@@ -64,15 +68,22 @@ func localdirPods(t *testing.T, selector string) []corev1.Pod {
 		exp = append(exp, "node@"+n.Name)
 	}
 	sort.Strings(exp)
-	if len(got) != len(exp)+1 || !strings.HasPrefix(got[0], "controller@") || strings.Join(got[1:], " ") != strings.Join(exp, " ") {
-		t.Fatalf("localdir pods (component@node) %v, want one controller and %v", got, exp)
+	ctrls := 0
+	for _, g := range got {
+		if strings.HasPrefix(g, "controller@") {
+			ctrls++
+		}
+	}
+	if ctrls != controllerReplicas || strings.Join(got[ctrls:], " ") != strings.Join(exp, " ") {
+		t.Fatalf("localdir pods (component@node) %v, want %d controllers and %v", got, controllerReplicas, exp)
 	}
 	return pods.Items
 }
 
 // The cluster's localdir is deploy/kubernetes's Deployment and DaemonSet
-// as pods: the controller and one node pod per node Running, no container
-// ever ended but by a test's SIGKILL, the node plugin privileged as root
+// as pods: the controllers and one node pod per node Running, no container
+// ever ended but by a test's SIGKILL, the node plugin privileged as root,
+// the only container of its pod with an API token,
 // and serving its metrics on its pod's IP on each node, and no localdir
 // process outside the pods.
 func TestDeployRunsAsPods(t *testing.T) {
@@ -89,6 +100,17 @@ func TestDeployRunsAsPods(t *testing.T) {
 		if p.Labels["app.kubernetes.io/component"] == "node" {
 			if !podHasPrivilegedRoot(p, "localdir") {
 				t.Errorf("the node plugin of pod %s is not privileged as root", p.Name)
+			}
+			// Only the driver holds the API token: the registrar and the
+			// livenessprobe do not use the API.
+			for _, c := range p.Spec.Containers {
+				has := false
+				for _, m := range c.VolumeMounts {
+					has = has || m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount"
+				}
+				if has != (c.Name == "localdir") {
+					t.Errorf("container %s of node pod %s: API token mounted %v, want it in the localdir container only", c.Name, p.Name, has)
+				}
 			}
 		}
 	}

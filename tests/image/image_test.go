@@ -30,11 +30,7 @@ import (
 func TestStaticBinaryServesVolumesOnEmptyUserland(t *testing.T) {
 	testdriver.RequireRoot(t)
 	root := clustertest.Root(t)
-	make := exec.Command("make", "-s", "static")
-	make.Dir = root
-	if out, err := make.CombinedOutput(); err != nil {
-		t.Fatalf("make static: %v\n%s", err, out)
-	}
+	makeTarget(t, root, "static")
 	bin := filepath.Join(root, "_output", "static", "localdir-csi")
 
 	f, err := elf.Open(bin)
@@ -172,5 +168,15 @@ func TestStaticBinaryServesVolumesOnEmptyUserland(t *testing.T) {
 	out, _ := exec.Command("losetup", "-a").Output()
 	if strings.Contains(string(out), chroot) {
 		t.Fatalf("loop device left attached: %s", out)
+	}
+}
+
+// makeTarget runs `make -s target` in the repository at root.
+func makeTarget(t *testing.T, root, target string) {
+	t.Helper()
+	cmd := exec.Command("make", "-s", target)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make %s: %v\n%s", target, err, out)
 	}
 }

@@ -94,7 +94,7 @@ func (e *conflictEnv) startAllMode(engine string) {
 func (e *conflictEnv) startCluster() {
 	t := e.t
 	env := clustertest.Start(t)
-	ctrlID, nodeID := env.Identities(t)
+	ctrlID, nodeID := env.ControllerIdentity(t), env.NodeIdentity(t, "n1")
 	dir := tempDir(t)
 	e.root, e.cluster = filepath.Join(dir, "data"), true
 	ctrlEP, nodeEP := "unix://"+filepath.Join(dir, "controller.sock"), "unix://"+filepath.Join(dir, "node.sock")

@@ -63,7 +63,7 @@ type nodeStorm struct {
 func TestCrashStormNodeMode(t *testing.T) {
 	kills := setting("LOCALDIR_NODE_KILLS", 50, 500)
 	env := clustertest.Start(t)
-	ctrlID, nodeID := env.Identities(t)
+	ctrlID, nodeID := env.ControllerIdentity(t), env.NodeIdentity(t, nodeStormNode)
 	dir := tempDir(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d (LOCALDIR_NODE_KILLS=%d)", seed, kills)

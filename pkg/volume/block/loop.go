@@ -1,5 +1,6 @@
 // Package block attaches, finds, resizes and detaches loop devices for
-// localdir's raw block volumes (sparse image files). It uses the loop ioctls
+// localdir's image files (raw block and image volumes; preallocated with
+// fallocate(2) where the filesystem has it). It uses the loop ioctls
 // (linux/loop.h) through golang.org/x/sys/unix, not losetup(8).
 //
 // A loop device is always found again by its backing file — the device

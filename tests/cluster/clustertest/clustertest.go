@@ -5,11 +5,14 @@
 // and node plugins in-process against it.
 //
 // The plugins do not get the admin identity: they run with the permissions
-// deploy/kubernetes gives them. The ServiceAccounts, (Cluster)Roles and
-// (Cluster)RoleBindings of `kubectl kustomize deploy/kubernetes` are created
-// in the API server, and each plugin authenticates (with a client
-// certificate) as the ServiceAccount its Deployment or DaemonSet names
-// (Identities). The admin client stays for the tests' own checks.
+// deploy/kubernetes gives them. The ServiceAccounts, (Cluster)Roles,
+// (Cluster)RoleBindings and the node-scope ValidatingAdmissionPolicy of
+// `kubectl kustomize deploy/kubernetes` are created in the API server. The
+// controller authenticates with a client certificate as the ServiceAccount
+// its Deployment names (ControllerIdentity); a node plugin with the token a
+// kubelet gives its DaemonSet pod: a service-account token bound to a Pod on
+// that node, which carries the node's name (NodeIdentity). The admin client
+// stays for the tests' own checks.
 package clustertest
 
 import (
@@ -21,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -29,16 +33,23 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/localdir-csi/localdir/pkg/cluster"
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/metrics"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
 
@@ -86,7 +97,11 @@ type Identity struct {
 	Kubeconfig string // a kubeconfig file with its client certificate
 }
 
-type identities struct{ controller, node Identity }
+type identities struct {
+	controller Identity
+	nodeUser   string              // system:serviceaccount:<namespace>:<name> of the DaemonSet
+	nodes      map[string]Identity // by node id
+}
 
 // Start brings up etcd and kube-apiserver with the localdir CRDs from
 // deploy/kubernetes/crds, and stops them when the test ends.
@@ -148,37 +163,140 @@ func (e *Env) InstallCRDs(t testing.TB, crdDir string) {
 	}
 }
 
-// rbacKinds are the objects of deploy/kubernetes that make up the
+// accessKinds are the objects of deploy/kubernetes that make up the
 // components' permissions (the Namespace holds the ServiceAccounts and
-// Roles).
-var rbacKinds = map[string]bool{
+// Roles; the admission policy narrows the node plugin's writes to its node).
+var accessKinds = map[string]bool{
 	"Namespace": true, "ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
-	"Role": true, "RoleBinding": true,
+	"Role": true, "RoleBinding": true, "ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 }
 
-// Identities returns the controller's and the node plugin's identities,
-// with exactly the permissions deploy/kubernetes gives them: on first use
-// it renders deploy/kubernetes (kubectl kustomize, kubectl from `make
-// tools`), creates its Namespace, ServiceAccounts, (Cluster)Roles and
-// (Cluster)RoleBindings with the admin client, and issues a client
-// certificate for the ServiceAccount named by the controller Deployment and
-// by the node DaemonSet. The API server authorizes with RBAC only, so any
-// call outside those rules is Forbidden.
-func (e *Env) Identities(t testing.TB) (controller, node Identity) {
+// identitiesLocked renders and applies deploy/kubernetes' permissions on
+// first use. Called with idsMu held.
+func (e *Env) identitiesLocked(t testing.TB) *identities {
 	t.Helper()
-	e.idsMu.Lock()
-	defer e.idsMu.Unlock()
 	if e.ids == nil {
-		ids, err := e.applyRBAC(t)
+		ids, err := e.applyAccess(t)
 		if err != nil {
-			t.Fatalf("deploy/kubernetes RBAC: %v", err)
+			t.Fatalf("deploy/kubernetes RBAC and admission policy: %v", err)
 		}
 		e.ids = ids
 	}
-	return e.ids.controller, e.ids.node
+	return e.ids
 }
 
-func (e *Env) applyRBAC(t testing.TB) (*identities, error) {
+// ControllerIdentity is the controller's identity, with exactly the
+// permissions deploy/kubernetes gives it: on first use deploy/kubernetes
+// is rendered (kubectl kustomize, kubectl from `make tools`), its
+// Namespace, ServiceAccounts, (Cluster)Roles, (Cluster)RoleBindings and
+// admission policy are created with the admin client, and a client
+// certificate is issued for the ServiceAccount the controller Deployment
+// names. The API server authorizes with RBAC only, so any call outside its
+// rules is Forbidden.
+func (e *Env) ControllerIdentity(t testing.TB) Identity {
+	t.Helper()
+	e.idsMu.Lock()
+	defer e.idsMu.Unlock()
+	return e.identitiesLocked(t).controller
+}
+
+// NodeIdentity is the identity of the node plugin of nodeID, as a kubelet
+// gives it to the DaemonSet's pod: a Pod on nodeID running as the
+// DaemonSet's ServiceAccount is created (never run: no kubelet here) and a
+// token bound to it requested, which the API server authenticates as that
+// ServiceAccount with the node's name in the user's extra info
+// (authentication.kubernetes.io/node-name). RBAC and the node-scope policy
+// of deploy/kubernetes apply, as for ControllerIdentity.
+func (e *Env) NodeIdentity(t testing.TB, nodeID string) Identity {
+	t.Helper()
+	e.idsMu.Lock()
+	defer e.idsMu.Unlock()
+	ids := e.identitiesLocked(t)
+	if id, ok := ids.nodes[nodeID]; ok {
+		return id
+	}
+	ns, sa := splitUser(ids.nodeUser)
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "localdir-node-" + dnsLabel(nodeID), Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName: nodeID, ServiceAccountName: sa, AutomountServiceAccountToken: new(bool),
+			Containers: []corev1.Container{{Name: "localdir", Image: "localdir/localdir-csi"}},
+		},
+	}
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod, err = cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("node identity of %s: create its pod: %v", nodeID, err)
+	}
+	id, err := e.tokenIdentity(ctx, ns, sa, &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		"kubeconfig-node-"+dnsLabel(nodeID))
+	if err != nil {
+		t.Fatalf("node identity of %s: %v", nodeID, err)
+	}
+	ids.nodes[nodeID] = id
+	return id
+}
+
+// UnboundNodeToken is a token of the node plugin's ServiceAccount bound to
+// no object: it authenticates as the node plugin but names no node.
+func (e *Env) UnboundNodeToken(t testing.TB) Identity {
+	t.Helper()
+	e.idsMu.Lock()
+	defer e.idsMu.Unlock()
+	ns, sa := splitUser(e.identitiesLocked(t).nodeUser)
+	id, err := e.tokenIdentity(context.Background(), ns, sa, nil, "kubeconfig-node-unbound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// tokenIdentity requests a token of ServiceAccount ns/sa (bound to ref,
+// when set) and returns the identity that uses it, with a kubeconfig file
+// named file.
+func (e *Env) tokenIdentity(ctx context.Context, ns, sa string, ref *authnv1.BoundObjectReference, file string) (Identity, error) {
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return Identity{}, err
+	}
+	// Longer than any test: the kubelet would renew it.
+	exp := int64((6 * time.Hour).Seconds())
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{BoundObjectRef: ref, ExpirationSeconds: &exp},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return Identity{}, fmt.Errorf("token request for %s/%s: %w", ns, sa, err)
+	}
+	cfg := rest.AnonymousClientConfig(e.Config)
+	cfg.BearerToken = tr.Status.Token
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "c"
+	path := filepath.Join(e.dir, file)
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return Identity{}, err
+	}
+	return Identity{User: "system:serviceaccount:" + ns + ":" + sa, Config: cfg, Kubeconfig: path}, nil
+}
+
+// splitUser splits system:serviceaccount:<namespace>:<name>.
+func splitUser(user string) (ns, name string) {
+	parts := strings.Split(user, ":")
+	return parts[2], parts[3]
+}
+
+// dnsLabel is s in lower case with anything but letters, digits and '-'
+// replaced by '-'.
+func dnsLabel(s string) string {
+	return strings.Trim(regexp.MustCompile(`[^a-z0-9-]+`).ReplaceAllString(strings.ToLower(s), "-"), "-")
+}
+
+func (e *Env) applyAccess(t testing.TB) (*identities, error) {
 	root := Root(t)
 	out, err := exec.Command(filepath.Join(ToolsDir(t), "kubectl"), "kustomize", filepath.Join(root, "deploy", "kubernetes")).Output()
 	if err != nil {
@@ -199,7 +317,7 @@ func (e *Env) applyRBAC(t testing.TB) (*identities, error) {
 			return nil, err
 		}
 		switch k := u.GetKind(); {
-		case rbacKinds[k]:
+		case accessKinds[k]:
 			objs = append(objs, u)
 		case k == "Deployment" || k == "DaemonSet":
 			sa, _, _ := unstructured.NestedString(u.Object, "spec", "template", "spec", "serviceAccountName")
@@ -224,27 +342,61 @@ func (e *Env) applyRBAC(t testing.TB) (*identities, error) {
 			}
 		}
 	}
-	ids := &identities{}
-	for kind, id := range map[string]*Identity{"Deployment": &ids.controller, "DaemonSet": &ids.node} {
-		user := accounts[kind]
-		ns := strings.Split(user, ":")[2]
-		au, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{
-			"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated",
-		}}, nil)
-		if err != nil {
-			return nil, err
-		}
-		raw, err := au.KubeConfig()
-		if err != nil {
-			return nil, err
-		}
-		kc := filepath.Join(e.dir, "kubeconfig-"+strings.ToLower(kind))
-		if err := os.WriteFile(kc, raw, 0o600); err != nil {
-			return nil, err
-		}
-		*id = Identity{User: user, Config: au.Config(), Kubeconfig: kc}
+	ids := &identities{nodeUser: accounts["DaemonSet"], nodes: map[string]Identity{}}
+	user := accounts["Deployment"]
+	ns, _ := splitUser(user)
+	au, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{
+		"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated",
+	}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := au.KubeConfig()
+	if err != nil {
+		return nil, err
+	}
+	kc := filepath.Join(e.dir, "kubeconfig-controller")
+	if err := os.WriteFile(kc, raw, 0o600); err != nil {
+		return nil, err
+	}
+	ids.controller = Identity{User: user, Config: au.Config(), Kubeconfig: kc}
+	if err := e.waitNodeScope(ctx, ids.nodeUser); err != nil {
+		return nil, err
 	}
 	return ids, nil
+}
+
+// waitNodeScope waits until the API server enforces the node-scope policy
+// (it loads a new policy within seconds): a write of the node plugin's
+// ServiceAccount with a token that names no node is refused. A probe that
+// got through before then is removed.
+func (e *Env) waitNodeScope(ctx context.Context, nodeUser string) error {
+	ns, sa := splitUser(nodeUser)
+	id, err := e.tokenIdentity(ctx, ns, sa, nil, "kubeconfig-node-probe")
+	if err != nil {
+		return err
+	}
+	c, err := client.New(id.Config, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		probe := &v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "node-scope-probe"}}
+		err := c.Create(ctx, probe)
+		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "no node name") {
+			return nil
+		}
+		if err == nil {
+			if derr := e.Client.Delete(ctx, probe); derr != nil {
+				return derr
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the node-scope admission policy is not enforced after a minute (last probe: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Plugin is a running localdir process (in-process) and a client to it.
@@ -261,7 +413,8 @@ type Plugin struct {
 }
 
 // StartController runs a controller-mode driver against e, as the
-// controller's ServiceAccount (Identities).
+// controller's ServiceAccount (Identities), and serves /metrics as app.Run
+// does when o.MetricsAddress is set.
 func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugin {
 	t.Helper()
 	dir := testdriver.TempDir(t)
@@ -270,8 +423,7 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 	if mutate != nil {
 		mutate(&o)
 	}
-	ctrlID, _ := e.Identities(t)
-	cfg := rest.CopyConfig(ctrlID.Config)
+	cfg := rest.CopyConfig(e.ControllerIdentity(t).Config)
 	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
 	b, err := cluster.NewControllerBackend(t.Context(), cfg, o.MaxVolumeBytes)
 	if err != nil {
@@ -282,7 +434,7 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return run(t, dir, o, d.Run)
+	return run(t, dir, o, withMetrics(t, o, cfg, func() []metrics.Sample { return b.MetricSamples(t.Context()) }, d.Run))
 }
 
 // StartNode runs a node-mode driver (gRPC Node service plus the node
@@ -300,11 +452,11 @@ func (e *Env) StartNode(t testing.TB, nodeID string, mutate func(*driver.Options
 }
 
 // StartNodeWith runs a node plugin with exactly these options (for
-// restarts on the same data root), as the node plugin's ServiceAccount
-// (Identities).
+// restarts on the same data root), as the node plugin of o.NodeID
+// (NodeIdentity).
 func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin {
 	t.Helper()
-	_, nodeID := e.Identities(t)
+	nodeID := e.NodeIdentity(t, o.NodeID)
 	d, err := driver.New(o)
 	if err != nil {
 		t.Fatal(err)

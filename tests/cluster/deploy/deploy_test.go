@@ -90,6 +90,7 @@ func TestDeploy(t *testing.T) {
 	t.Run("BothShipTheGeneratedCRDs", d.bothShipTheGeneratedCRDs)
 	t.Run("SameObjects", d.sameObjects)
 	t.Run("SameImages", d.sameImages)
+	t.Run("MetricsOverHTTPSWithTokens", d.metricsObjects)
 	t.Run("PrinterColumns", d.printerColumns)
 	t.Run("Explain", d.explain)
 	// Last: it installs the chart for real.

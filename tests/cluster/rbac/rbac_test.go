@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -71,7 +72,7 @@ func mustAllow(t *testing.T, err error, what string) {
 
 func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 	env := clustertest.Start(t)
-	ctrlID, nodeID := env.Identities(t)
+	ctrlID, nodeID := env.ControllerIdentity(t), env.NodeIdentity(t, "node-rbac")
 	ctx := context.Background()
 
 	// The identities are the ServiceAccounts deploy/kubernetes runs the
@@ -116,6 +117,12 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 		}
 	}
 
+	// /metrics: both check each scrape with the API server, and scrapers
+	// get their own ClusterRole.
+	mustReviewScrapes(t, "controller", ctrlID.Config)
+	mustReviewScrapes(t, "node", nodeID.Config)
+	mustBeMetricsReader(t, env.Config)
+
 	// Everything else is refused.
 	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "localvolumes.localdir.csi.dev"}}
 	for name, c := range map[string]client.Client{"node": node, "controller": ctrl} {
@@ -150,6 +157,8 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 		Spec:       v1.LocalSnapshotSpec{SourceVolume: lv.Name, Node: "node-rbac", CSIName: "rbac"},
 	}
 	mustAllow(t, ctrl.Create(ctx, ls), "controller: create a LocalSnapshot")
-	mustAllow(t, node.Delete(ctx, ls), "node: delete a LocalSnapshot")
-	mustAllow(t, node.Delete(ctx, lv), "node: delete a LocalVolume")
+	for _, o := range []client.Object{ls, lv} {
+		mustAllow(t, ctrl.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"deleteData":true}}`))), "controller: record a delete")
+		mustAllow(t, node.Delete(ctx, o), fmt.Sprintf("node: delete a %T", o))
+	}
 }

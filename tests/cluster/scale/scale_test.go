@@ -50,7 +50,7 @@ func BenchmarkNodeScale(b *testing.B) {
 
 func nodeScale(b *testing.B, n int) {
 	env := clustertest.Start(b)
-	ctrlID, nodeID := env.Identities(b)
+	ctrlID, nodeID := env.ControllerIdentity(b), env.NodeIdentity(b, node)
 	dir := testdriver.TempDir(b)
 	ctrlEP, nodeEP := "unix://"+filepath.Join(dir, "controller.sock"), "unix://"+filepath.Join(dir, "node.sock")
 	nodeArgs := []string{"--mode=node", "--endpoint=" + nodeEP, "--kubeconfig=" + nodeID.Kubeconfig,

@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -454,11 +455,23 @@ const (
 	NodeStaleAfter    = "30s"
 )
 
-// ControllerMetricsAddress is where the localdir controller pod serves
-// Prometheus metrics (its pod IP, port 9810 of deploy/).
+// ControllerMetricsAddress is where the localdir controller pod whose
+// csi-provisioner leads (the holder of the Lease named after the driver)
+// serves Prometheus metrics: its pod IP, port 9810 of deploy/. That pod's
+// driver answers the CreateVolume calls.
 func (c *Cluster) ControllerMetricsAddress(ctx context.Context) (string, error) {
-	ip, err := c.podIP(ctx, "controller", "")
-	return ip + ":9810", err
+	holder, err := c.Kubectl(ctx, "", "get", "lease", "-n", "localdir", "localdir-csi-dev", "-o", "jsonpath={.spec.holderIdentity}")
+	if err != nil {
+		return "", err
+	}
+	ip, err := c.Kubectl(ctx, "", "get", "pod", "-n", "localdir", strings.TrimSpace(holder), "-o", "jsonpath={.status.podIP}")
+	if err != nil {
+		return "", err
+	}
+	if ip = strings.TrimSpace(ip); ip == "" {
+		return "", fmt.Errorf("the csi-provisioner leader %q has no pod IP", holder)
+	}
+	return ip + ":9810", nil
 }
 
 // podIP is the IP of the running localdir pod of component ("controller"
@@ -582,8 +595,9 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	return nil
 }
 
-// waitPods waits until `kubectl -n localdir get pods` shows the controller
-// pod and one node pod per node, every container Ready.
+// waitPods waits until `kubectl -n localdir get pods` shows as many
+// controller pods as the controller Deployment's replicas and one node pod
+// per node, every container Ready.
 func (c *Cluster) waitPods(ctx context.Context) error {
 	want := map[string]bool{"controller": true}
 	for _, n := range c.Nodes {
@@ -597,6 +611,12 @@ func (c *Cluster) waitPods(ctx context.Context) error {
 			return false, nil
 		}
 		last = out
+		replicas, err := c.Kubectl(ctx, "", "get", "deployments", "-n", "localdir", "-l", "app.kubernetes.io/component=controller",
+			"-o", "jsonpath={.items[*].spec.replicas}")
+		if err != nil || strings.TrimSpace(replicas) == "" {
+			return false, nil
+		}
+		ctrls := 0
 		ready := map[string]bool{}
 		for _, line := range strings.Split(out, "\n") {
 			f := strings.Fields(line)
@@ -606,8 +626,12 @@ func (c *Cluster) waitPods(ctx context.Context) error {
 			key := f[0]
 			if strings.HasPrefix(key, "controller/") {
 				key = "controller"
+				ctrls++
 			}
 			ready[key] = true
+		}
+		if strconv.Itoa(ctrls) != strings.TrimSpace(replicas) {
+			return false, nil
 		}
 		for k := range want {
 			if !ready[k] {

@@ -78,27 +78,77 @@ func (c *Cluster) buildImages(ctx context.Context) error {
 			image{SuiteGlibcImage, [][2]string{{glibc, "/"}}, []string{"--config.cmd=sh", "--config.env=PATH=/bin"}},
 		)
 	}
-	unsafe := regexp.MustCompile(`[^a-zA-Z0-9.-]+`)
 	for _, img := range images {
-		i := strings.LastIndex(img.ref, ":")
-		name, tag := img.ref[:i], img.ref[i+1:]
-		layout := filepath.Join(dir, unsafe.ReplaceAllString(img.ref, "_"))
-		ref := layout + ":" + tag
-		argvs := [][]string{{"umoci", "init", "--layout", layout}, {"umoci", "new", "--image", ref}}
-		for _, in := range img.inserts {
-			argvs = append(argvs, []string{"umoci", "insert", "--image", ref, in[0], in[1]})
+		tar, err := ociArchive(ctx, dir, img)
+		if err != nil {
+			return err
 		}
-		argvs = append(argvs, append([]string{"umoci", "config", "--image", ref}, img.config...),
-			[]string{"tar", "-C", layout, "-cf", layout + ".tar", "."})
-		for _, argv := range argvs {
-			if err := run(ctx, argv...); err != nil {
-				return fmt.Errorf("image %s: %w", img.ref, err)
-			}
-		}
-		c.imageTars = append(c.imageTars, imageTar{img.ref, name, layout + ".tar"})
+		c.imageTars = append(c.imageTars, imageTar{img.ref, img.ref[:strings.LastIndex(img.ref, ":")], tar})
 	}
 	return nil
 }
+
+// ociArchive builds img with umoci as an OCI image layout in dir (its
+// tag the layout's reference name) and tars it: the archive ctr imports
+// and skopeo reads as oci-archive:. It returns the archive's path.
+func ociArchive(ctx context.Context, dir string, img image) (string, error) {
+	tag := img.ref[strings.LastIndex(img.ref, ":")+1:]
+	layout := filepath.Join(dir, regexp.MustCompile(`[^a-zA-Z0-9.-]+`).ReplaceAllString(img.ref, "_"))
+	ref := layout + ":" + tag
+	argvs := [][]string{{"umoci", "init", "--layout", layout}, {"umoci", "new", "--image", ref}}
+	for _, in := range img.inserts {
+		argvs = append(argvs, []string{"umoci", "insert", "--image", ref, in[0], in[1]})
+	}
+	argvs = append(argvs, append([]string{"umoci", "config", "--image", ref}, img.config...),
+		[]string{"tar", "-C", layout, "-cf", layout + ".tar", "."})
+	for _, argv := range argvs {
+		if err := run(ctx, argv...); err != nil {
+			return "", fmt.Errorf("image %s: %w", img.ref, err)
+		}
+	}
+	return layout + ".tar", nil
+}
+
+// BuildDriverImage builds localdir's image as the Dockerfile of the
+// repository at root describes it (driverImage), without Docker, into
+// the OCI archive out: the image deploy/kubernetes names, tagged with its
+// tag there. work is a scratch folder, emptied first.
+func BuildDriverImage(ctx context.Context, root, work, out string) error {
+	images, err := DeployImages(root)
+	if err != nil {
+		return err
+	}
+	var tag string
+	for _, im := range images {
+		if im.Name == DriverImageName {
+			tag = im.NewTag
+		}
+	}
+	if tag == "" {
+		return fmt.Errorf("deploy/kubernetes/kustomization.yaml names no %s image", DriverImageName)
+	}
+	if err := os.RemoveAll(work); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	img, err := driverImage(ctx, root, filepath.Join(work, "rootfs"), DriverImageName+":"+tag, tag)
+	if err != nil {
+		return err
+	}
+	tar, err := ociArchive(ctx, work, img)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tar, out)
+}
+
+// DriverImageName is the name deploy/ gives localdir's own image.
+const DriverImageName = "localdir/localdir-csi"
 
 // imageTar is an image built by buildImages: its reference, the name
 // ctr's --base-name wants, and the OCI layout's tar.
@@ -256,8 +306,8 @@ func (c *Cluster) deployImages(ctx context.Context, dir string) ([]image, error)
 		name := strings.TrimPrefix(im.Name, sigStorage)
 		tool, standIn := name, false
 		switch {
-		case im.Name == "localdir/localdir-csi":
-			img, err := c.driverImage(ctx, filepath.Join(dir, "localdir-rootfs"), ref, im.NewTag)
+		case im.Name == DriverImageName:
+			img, err := driverImage(ctx, c.Root, filepath.Join(dir, "localdir-rootfs"), ref, im.NewTag)
 			if err != nil {
 				return nil, err
 			}
@@ -317,8 +367,8 @@ var basePackages = []string{"mount", "dash"}
 // same Debian release (bookworm), with the shared libraries their
 // programs link; /etc/passwd with the nonroot user (65532), the
 // Dockerfile's USER, LABELs and ENTRYPOINT, and Debian's PATH.
-func (c *Cluster) driverImage(ctx context.Context, rootfs, ref, version string) (image, error) {
-	d, err := readDockerfile(filepath.Join(c.Root, "Dockerfile"))
+func driverImage(ctx context.Context, root, rootfs, ref, version string) (image, error) {
+	d, err := readDockerfile(filepath.Join(root, "Dockerfile"))
 	if err != nil {
 		return image{}, err
 	}
@@ -353,7 +403,7 @@ func (c *Cluster) driverImage(ctx context.Context, rootfs, ref, version string) 
 	// folder) under the image's root.
 	bin := filepath.Join(rootfs, d.Output)
 	cmd := exec.CommandContext(ctx, "sh", "-c", strings.Replace(d.BuildCmd, " -o "+d.Output+" ", " -o '"+bin+"' ", 1))
-	cmd.Dir, cmd.Env = c.Root, append(os.Environ(), "VERSION="+version)
+	cmd.Dir, cmd.Env = root, append(os.Environ(), "VERSION="+version)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return image{}, fmt.Errorf("the Dockerfile's build command: %v: %s", err, out)
 	}

@@ -5,6 +5,8 @@
 //	                          (--suite-images: with the Kubernetes e2e suite's images)
 //	e2e-cluster down [--check] stop it; --check fails if anything is left behind
 //	e2e-cluster env           print KUBECONFIG=… for the running cluster
+//	e2e-cluster image --out F build localdir's image as the Dockerfile describes it,
+//	                          without Docker, into the OCI archive F (make image-oci)
 //
 // The work folder is _output/e2e of the repository (E2E_WORK overrides it);
 // E2E_NODES is the number of nodes `up` starts (default 1).
@@ -31,6 +33,7 @@ func main() {
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	check := fs.Bool("check", false, "down: fail if anything is left behind")
 	suiteImages := fs.Bool("suite-images", false, "up: also build the Kubernetes e2e suite's images (make e2e-k8s)")
+	out := fs.String("out", "", "image: the OCI archive to write")
 	_ = fs.Parse(os.Args[2:])
 	root, err := repoRoot()
 	if err != nil {
@@ -58,6 +61,18 @@ func main() {
 		}
 	case "env":
 		fmt.Printf("export KUBECONFIG=%s\n", c.Kubeconfig)
+	case "image":
+		if *out == "" {
+			usage()
+		}
+		abs, err := filepath.Abs(*out)
+		if err != nil {
+			fail(err)
+		}
+		if err := harness.BuildDriverImage(ctx, root, filepath.Join(root, "_output", "image-build"), abs); err != nil {
+			fail(err)
+		}
+		fmt.Println(abs)
 	default:
 		usage()
 	}
@@ -76,7 +91,7 @@ func repoRoot() (string, error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: e2e-cluster up [--suite-images] | down [--check] | env")
+	fmt.Fprintln(os.Stderr, "usage: e2e-cluster up [--suite-images] | down [--check] | env | image --out FILE")
 	os.Exit(2)
 }
 
