@@ -36,9 +36,10 @@ const (
 // HTTP, which Options.Validate allows on a loopback address only.
 type MetricsServer struct {
 	addr    string
-	certDir string               // "" in all mode, or for a self-signed certificate
-	tls     *tls.Config          // nil: plain HTTP
-	filter  metricsserver.Filter // nil in all mode
+	certDir string                   // "" in all mode, or for a self-signed certificate
+	watcher *certwatcher.CertWatcher // the certificate of certDir, reloaded when it changes
+	tls     *tls.Config              // nil: plain HTTP
+	filter  metricsserver.Filter     // nil in all mode
 }
 
 // NewMetricsServer prepares /metrics for opts, or returns nil when
@@ -60,10 +61,14 @@ func NewMetricsServer(opts driver.Options, cfg *rest.Config) (*MetricsServer, er
 	// rapid-reset attacks of 2023) buy a scraper nothing.
 	s.tls = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
 	if s.certDir != "" {
-		crt, key := filepath.Join(s.certDir, metricsCertFile), filepath.Join(s.certDir, metricsKeyFile)
-		if _, err := tls.LoadX509KeyPair(crt, key); err != nil {
+		// certwatcher.New reads the pair once here, so a missing or bad one
+		// fails the start.
+		w, err := certwatcher.New(filepath.Join(s.certDir, metricsCertFile), filepath.Join(s.certDir, metricsKeyFile))
+		if err != nil {
 			return nil, fmt.Errorf("--metrics-cert-dir=%q: want a certificate %s and its key %s: %w", s.certDir, metricsCertFile, metricsKeyFile, err)
 		}
+		s.watcher = w
+		s.tls.GetCertificate = w.GetCertificate
 	} else {
 		// Encryption without a name anyone can check, as controller-runtime's
 		// metrics server (and kube-controller-manager) does by default; the
@@ -104,22 +109,15 @@ func (s *MetricsServer) Serve(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	if s.tls != nil {
-		cfg := s.tls.Clone()
-		if s.certDir != "" {
-			w, err := certwatcher.New(filepath.Join(s.certDir, metricsCertFile), filepath.Join(s.certDir, metricsKeyFile))
-			if err != nil {
-				_ = lis.Close()
-				return fmt.Errorf("--metrics-cert-dir=%q: %w", s.certDir, err)
-			}
-			cfg.GetCertificate = w.GetCertificate
+		if s.watcher != nil {
 			g.Go(func() error {
-				if err := w.Start(gctx); err != nil {
+				if err := s.watcher.Start(gctx); err != nil {
 					return fmt.Errorf("--metrics-cert-dir=%q: watch for new certificates: %w", s.certDir, err)
 				}
 				return nil
 			})
 		}
-		lis = tls.NewListener(lis, cfg)
+		lis = tls.NewListener(lis, s.tls)
 	}
 	klog.InfoS("Serving metrics", "address", lis.Addr().String(), "https", s.tls != nil, "certDir", s.certDir)
 	g.Go(func() error { return metrics.Serve(gctx, lis, h) })

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +17,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
 
 // Scenarios of a production install: node plugins confined to their own
@@ -116,22 +117,14 @@ func TestNodePluginCannotTouchAnotherNodesVolumes(t *testing.T) {
 	}
 }
 
-// provisionerLeader is the pod holding csi-provisioner's Lease (the one
-// whose name is the driver name's: the other sidecars' start with
-// "external-").
-func provisionerLeader(t *testing.T) (string, *coordinationv1.Lease) {
+// provisionerLeader is the pod holding csi-provisioner's Lease.
+func provisionerLeader(t *testing.T) string {
 	t.Helper()
-	leases, err := kc.CoordinationV1().Leases("localdir").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	l, err := kc.CoordinationV1().Leases("localdir").Get(context.Background(), harness.ProvisionerLease, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil {
+		t.Fatalf("csi-provisioner's Lease %s in namespace localdir: %v (held: %v)", harness.ProvisionerLease, err, err == nil && l.Spec.HolderIdentity != nil)
 	}
-	for i, l := range leases.Items {
-		if l.Name == "localdir-csi-dev" && l.Spec.HolderIdentity != nil {
-			return *l.Spec.HolderIdentity, &leases.Items[i]
-		}
-	}
-	t.Fatalf("no csi-provisioner Lease held in namespace localdir (%d leases)", len(leases.Items))
-	return "", nil
+	return *l.Spec.HolderIdentity
 }
 
 // waitControllerReplicas waits until the controller Deployment has n
@@ -169,7 +162,7 @@ func waitControllerReplicas(t *testing.T, n int) []string {
 func TestControllerLeaderKilledMidBurst(t *testing.T) {
 	needCluster(t)
 	pods := waitControllerReplicas(t, 2)
-	leader, _ := provisionerLeader(t)
+	leader := provisionerLeader(t)
 	t.Logf("controller pods %v, csi-provisioner leader %s", pods, leader)
 	ns := namespace(t, "leaderkill")
 	const n = 20
@@ -187,7 +180,7 @@ func TestControllerLeaderKilledMidBurst(t *testing.T) {
 	start := time.Now()
 	var newLeader string
 	waitFor(t, "another pod to take the csi-provisioner Lease", 2*time.Minute, func() (bool, error) {
-		newLeader, _ = provisionerLeader(t)
+		newLeader = provisionerLeader(t)
 		return newLeader != leader, nil
 	})
 	t.Logf("new leader %s after %s", newLeader, time.Since(start).Round(time.Second))

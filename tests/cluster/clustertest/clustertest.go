@@ -101,6 +101,7 @@ type identities struct {
 	controller Identity
 	nodeUser   string              // system:serviceaccount:<namespace>:<name> of the DaemonSet
 	nodes      map[string]Identity // by node id
+	unbound    Identity            // the DaemonSet's ServiceAccount with a token bound to no object
 }
 
 // Start brings up etcd and kube-apiserver with the localdir CRDs from
@@ -246,12 +247,7 @@ func (e *Env) UnboundNodeToken(t testing.TB) Identity {
 	t.Helper()
 	e.idsMu.Lock()
 	defer e.idsMu.Unlock()
-	ns, sa := splitUser(e.identitiesLocked(t).nodeUser)
-	id, err := e.tokenIdentity(context.Background(), ns, sa, nil, "kubeconfig-node-unbound")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return e.identitiesLocked(t).unbound
 }
 
 // tokenIdentity requests a token of ServiceAccount ns/sa (bound to ref,
@@ -290,10 +286,12 @@ func splitUser(user string) (ns, name string) {
 	return parts[2], parts[3]
 }
 
+var notDNSLabel = regexp.MustCompile(`[^a-z0-9-]+`)
+
 // dnsLabel is s in lower case with anything but letters, digits and '-'
 // replaced by '-'.
 func dnsLabel(s string) string {
-	return strings.Trim(regexp.MustCompile(`[^a-z0-9-]+`).ReplaceAllString(strings.ToLower(s), "-"), "-")
+	return strings.Trim(notDNSLabel.ReplaceAllString(strings.ToLower(s), "-"), "-")
 }
 
 func (e *Env) applyAccess(t testing.TB) (*identities, error) {
@@ -360,7 +358,7 @@ func (e *Env) applyAccess(t testing.TB) (*identities, error) {
 		return nil, err
 	}
 	ids.controller = Identity{User: user, Config: au.Config(), Kubeconfig: kc}
-	if err := e.waitNodeScope(ctx, ids.nodeUser); err != nil {
+	if ids.unbound, err = e.waitNodeScope(ctx, ids.nodeUser); err != nil {
 		return nil, err
 	}
 	return ids, nil
@@ -369,31 +367,31 @@ func (e *Env) applyAccess(t testing.TB) (*identities, error) {
 // waitNodeScope waits until the API server enforces the node-scope policy
 // (it loads a new policy within seconds): a write of the node plugin's
 // ServiceAccount with a token that names no node is refused. A probe that
-// got through before then is removed.
-func (e *Env) waitNodeScope(ctx context.Context, nodeUser string) error {
+// got through before then is removed. It returns that token's identity.
+func (e *Env) waitNodeScope(ctx context.Context, nodeUser string) (Identity, error) {
 	ns, sa := splitUser(nodeUser)
-	id, err := e.tokenIdentity(ctx, ns, sa, nil, "kubeconfig-node-probe")
+	id, err := e.tokenIdentity(ctx, ns, sa, nil, "kubeconfig-node-unbound")
 	if err != nil {
-		return err
+		return Identity{}, err
 	}
 	c, err := client.New(id.Config, client.Options{Scheme: cluster.Scheme()})
 	if err != nil {
-		return err
+		return Identity{}, err
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		probe := &v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "node-scope-probe"}}
 		err := c.Create(ctx, probe)
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "no node name") {
-			return nil
+			return id, nil
 		}
 		if err == nil {
 			if derr := e.Client.Delete(ctx, probe); derr != nil {
-				return derr
+				return Identity{}, derr
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the node-scope admission policy is not enforced after a minute (last probe: %v)", err)
+			return Identity{}, fmt.Errorf("the node-scope admission policy is not enforced after a minute (last probe: %v)", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -413,7 +411,7 @@ type Plugin struct {
 }
 
 // StartController runs a controller-mode driver against e, as the
-// controller's ServiceAccount (Identities), and serves /metrics as app.Run
+// controller's ServiceAccount (ControllerIdentity), and serves /metrics as app.Run
 // does when o.MetricsAddress is set.
 func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugin {
 	t.Helper()

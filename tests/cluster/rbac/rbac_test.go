@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -158,7 +157,7 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 	}
 	mustAllow(t, ctrl.Create(ctx, ls), "controller: create a LocalSnapshot")
 	for _, o := range []client.Object{ls, lv} {
-		mustAllow(t, ctrl.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"deleteData":true}}`))), "controller: record a delete")
+		mustAllow(t, ctrl.Patch(ctx, o, mergePatch(`{"spec":{"deleteData":true}}`)), "controller: record a delete")
 		mustAllow(t, node.Delete(ctx, o), fmt.Sprintf("node: delete a %T", o))
 	}
 }

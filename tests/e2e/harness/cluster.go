@@ -455,12 +455,17 @@ const (
 	NodeStaleAfter    = "30s"
 )
 
+// ProvisionerLease is csi-provisioner's leader-election Lease in namespace
+// localdir: the driver name with '.' as '-' (the other sidecars' start with
+// "external-").
+const ProvisionerLease = "localdir-csi-dev"
+
 // ControllerMetricsAddress is where the localdir controller pod whose
 // csi-provisioner leads (the holder of the Lease named after the driver)
 // serves Prometheus metrics: its pod IP, port 9810 of deploy/. That pod's
 // driver answers the CreateVolume calls.
 func (c *Cluster) ControllerMetricsAddress(ctx context.Context) (string, error) {
-	holder, err := c.Kubectl(ctx, "", "get", "lease", "-n", "localdir", "localdir-csi-dev", "-o", "jsonpath={.spec.holderIdentity}")
+	holder, err := c.Kubectl(ctx, "", "get", "lease", "-n", "localdir", ProvisionerLease, "-o", "jsonpath={.spec.holderIdentity}")
 	if err != nil {
 		return "", err
 	}

@@ -114,18 +114,9 @@ func ociArchive(ctx context.Context, dir string, img image) (string, error) {
 // the OCI archive out: the image deploy/kubernetes names, tagged with its
 // tag there. work is a scratch folder, emptied first.
 func BuildDriverImage(ctx context.Context, root, work, out string) error {
-	images, err := DeployImages(root)
+	tag, err := DriverImageTag(root)
 	if err != nil {
 		return err
-	}
-	var tag string
-	for _, im := range images {
-		if im.Name == DriverImageName {
-			tag = im.NewTag
-		}
-	}
-	if tag == "" {
-		return fmt.Errorf("deploy/kubernetes/kustomization.yaml names no %s image", DriverImageName)
 	}
 	if err := os.RemoveAll(work); err != nil {
 		return err
@@ -149,6 +140,21 @@ func BuildDriverImage(ctx context.Context, root, work, out string) error {
 
 // DriverImageName is the name deploy/ gives localdir's own image.
 const DriverImageName = "localdir/localdir-csi"
+
+// DriverImageTag is the tag deploy/kubernetes/kustomization.yaml (in the
+// repository at root) gives DriverImageName.
+func DriverImageTag(root string) (string, error) {
+	images, err := DeployImages(root)
+	if err != nil {
+		return "", err
+	}
+	for _, im := range images {
+		if im.Name == DriverImageName {
+			return im.NewTag, nil
+		}
+	}
+	return "", fmt.Errorf("deploy/kubernetes/kustomization.yaml names no %s image", DriverImageName)
+}
 
 // imageTar is an image built by buildImages: its reference, the name
 // ctr's --base-name wants, and the OCI layout's tar.
