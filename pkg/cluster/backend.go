@@ -22,7 +22,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // ControllerBackend implements driver.Backend on the API server (controller
@@ -113,7 +112,7 @@ func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeByte
 // cachedVolume is the object cache's LocalVolume id (ErrNotFound when it
 // has none): for the names CreateVolume checks, new ones mostly.
 func (b *ControllerBackend) cachedVolume(id string) (*v1.LocalVolume, error) {
-	if !volume.ValidVolumeID(id) {
+	if !contract.ValidVolumeID(id) {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	lv, ok := get[*v1.LocalVolume](b.cache.volumes, id)
@@ -126,7 +125,7 @@ func (b *ControllerBackend) cachedVolume(id string) (*v1.LocalVolume, error) {
 // getVolume is LocalVolume id from the cache, or from the API server when
 // the cache has none (getOrRead): for ids the CO gave.
 func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
-	if !volume.ValidVolumeID(id) {
+	if !contract.ValidVolumeID(id) {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	lv, ok, err := getOrRead(ctx, b.c, b.cache.volumes, id, &v1.LocalVolume{})
@@ -195,7 +194,7 @@ func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit
 // CreateVolume implements driver.Backend: it places the volume (on the
 // source's node for a restore or clone), records a LocalVolume and waits
 // until that node's plugin reports it Ready or Failed.
-func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
+func (b *ControllerBackend) CreateVolume(ctx context.Context, spec contract.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
 	id := VolumeIDFor(spec.Name)
 	lv, err := b.cachedVolume(id)
 	switch {
@@ -234,7 +233,7 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec volume.Create
 
 // contentSource sets lv's content source from spec and returns the node
 // that holds it ("" for an empty volume).
-func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolume, spec volume.CreateSpec) (string, error) {
+func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolume, spec contract.CreateSpec) (string, error) {
 	switch {
 	case spec.SourceSnapshotID != "":
 		ls, err := b.liveSnapshot(ctx, spec.SourceSnapshotID)
@@ -365,22 +364,22 @@ func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params 
 
 // VolumeHealth implements driver.Backend from the object's status and its
 // node's heartbeat.
-func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (volume.Health, error) {
+func (b *ControllerBackend) VolumeHealth(ctx context.Context, id string) (contract.Health, error) {
 	lv, err := b.liveVolume(ctx, id)
 	if err != nil {
-		return volume.Health{}, err
+		return contract.Health{}, err
 	}
-	var h volume.Health
+	var h contract.Health
 	if lv.Status.Phase != v1.PhaseReady {
-		h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "Not" + v1.PhaseReady, Message: "LocalVolume phase is " + phaseOf(lv.Status.Phase)})
+		h.Problems = append(h.Problems, contract.Problem{Kind: "Inaccessible", Reason: "Not" + v1.PhaseReady, Message: "LocalVolume phase is " + phaseOf(lv.Status.Phase)})
 	}
 	for _, c := range lv.Status.Conditions {
 		if c.Type == "Healthy" && c.Status == metav1.ConditionFalse {
-			h.Problems = append(h.Problems, volume.Problem{Kind: "Degraded", Reason: c.Reason, Message: c.Message})
+			h.Problems = append(h.Problems, contract.Problem{Kind: "Degraded", Reason: c.Reason, Message: c.Message})
 		}
 	}
 	if r, err := b.room(ctx, lv.Spec.Node); err == nil && r.reason != "" {
-		h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NodePluginGone", Message: r.reason})
+		h.Problems = append(h.Problems, contract.Problem{Kind: "Inaccessible", Reason: "NodePluginGone", Message: r.reason})
 	}
 	return h, nil
 }

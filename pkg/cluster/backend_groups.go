@@ -15,7 +15,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // The volume group snapshot calls of ControllerBackend (driver.GroupBackend).
@@ -35,8 +34,8 @@ func memberSnapshotID(gid, volID string) string {
 // Ready on one node (FAILED_PRECONDITION naming the nodes otherwise); it
 // records the LocalGroupSnapshot and waits until the node reports it cut
 // and its members' LocalSnapshots exist.
-func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string, sourceIDs []string) (*volume.GroupSnapshot, error) {
-	gid := volume.GroupSnapshotIDFor(name)
+func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
+	gid := contract.GroupSnapshotIDFor(name)
 	ids := slices.Sorted(slices.Values(sourceIDs))
 	if len(slices.Compact(slices.Clone(ids))) != len(ids) {
 		return nil, fmt.Errorf("%w: a source volume is named twice", contract.ErrInvalid)
@@ -89,7 +88,7 @@ func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string
 // waitGroup waits until group gid is cut and its members' LocalSnapshots
 // are ready (known: it was just created or found), or fails; a Failed
 // group is removed so that a retry starts afresh.
-func (b *ControllerBackend) waitGroup(ctx context.Context, gid string) (*volume.GroupSnapshot, error) {
+func (b *ControllerBackend) waitGroup(ctx context.Context, gid string) (*contract.GroupSnapshot, error) {
 	g := &v1.LocalGroupSnapshot{}
 	err := b.waitFor(ctx, "LocalGroupSnapshot", b.cache.groups, &v1.LocalGroupSnapshot{}, gid, true,
 		func(o client.Object) (bool, error) {
@@ -110,7 +109,7 @@ func (b *ControllerBackend) waitGroup(ctx context.Context, gid string) (*volume.
 		}
 		return nil, err
 	}
-	out := &volume.GroupSnapshot{ID: gid}
+	out := &contract.GroupSnapshot{ID: gid}
 	for _, id := range g.Spec.Snapshots {
 		s, err := b.waitSnapshot(ctx, id, true)
 		if err != nil {
@@ -126,7 +125,7 @@ func (b *ControllerBackend) waitGroup(ctx context.Context, gid string) (*volume.
 
 // GroupSnapshot implements driver.GroupBackend: a group that is cut, with
 // its members (ErrNotFound for one that is not, or not yet).
-func (b *ControllerBackend) GroupSnapshot(ctx context.Context, id string, snapshotIDs []string) (*volume.GroupSnapshot, error) {
+func (b *ControllerBackend) GroupSnapshot(ctx context.Context, id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	g, err := b.getGroup(ctx, id)
 	if err != nil {
 		return nil, err
@@ -137,7 +136,7 @@ func (b *ControllerBackend) GroupSnapshot(ctx context.Context, id string, snapsh
 	if err := b.sameMembers(ctx, g, snapshotIDs); err != nil {
 		return nil, err
 	}
-	out := &volume.GroupSnapshot{ID: id}
+	out := &contract.GroupSnapshot{ID: id}
 	if g.Status.CreationTime != nil {
 		out.CreatedAt = g.Status.CreationTime.UTC()
 	}
@@ -185,7 +184,7 @@ func (b *ControllerBackend) DeleteGroupSnapshot(ctx context.Context, id string, 
 
 // getGroup is LocalGroupSnapshot id from the cache or the API server.
 func (b *ControllerBackend) getGroup(ctx context.Context, id string) (*v1.LocalGroupSnapshot, error) {
-	if !volume.ValidGroupSnapshotID(id) {
+	if !contract.ValidGroupSnapshotID(id) {
 		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
 	}
 	g, ok, err := getOrRead(ctx, b.c, b.cache.groups, id, &v1.LocalGroupSnapshot{})
@@ -199,9 +198,9 @@ func (b *ControllerBackend) getGroup(ctx context.Context, id string) (*v1.LocalG
 }
 
 // sameMembers checks the snapshot_ids a CO gave for group g
-// (volume.CheckGroupMembers).
+// (contract.CheckGroupMembers).
 func (b *ControllerBackend) sameMembers(ctx context.Context, g *v1.LocalGroupSnapshot, snapshotIDs []string) error {
-	return volume.CheckGroupMembers(g.Name, g.Spec.Snapshots, snapshotIDs, func(id string) bool {
+	return contract.CheckGroupMembers(g.Name, g.Spec.Snapshots, snapshotIDs, func(id string) bool {
 		_, err := b.getSnapshot(ctx, id)
 		return err == nil
 	})

@@ -12,7 +12,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // The snapshot calls of ControllerBackend.
@@ -20,7 +19,7 @@ import (
 // getSnapshot is LocalSnapshot id from the cache, or from the API server
 // when the cache has none (getOrRead): for ids the CO gave.
 func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.LocalSnapshot, error) {
-	if !volume.ValidSnapshotID(id) {
+	if !contract.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
 	ls, ok, err := getOrRead(ctx, b.c, b.cache.snapshots, id, &v1.LocalSnapshot{})
@@ -47,7 +46,7 @@ func (b *ControllerBackend) liveSnapshot(ctx context.Context, id string) (*v1.Lo
 // cachedSnapshot is the object cache's LocalSnapshot id (ErrNotFound when
 // it has none): for the names CreateSnapshot checks, new ones mostly.
 func (b *ControllerBackend) cachedSnapshot(id string) (*v1.LocalSnapshot, error) {
-	if !volume.ValidSnapshotID(id) {
+	if !contract.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
 	ls, ok := get[*v1.LocalSnapshot](b.cache.snapshots, id)

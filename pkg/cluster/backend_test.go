@@ -15,7 +15,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // A DeleteVolume records the intent (one write; the node plugin deletes
@@ -75,12 +74,12 @@ func TestPendingDeleteIsGone(t *testing.T) {
 	if err := b.DeleteVolume(ctx, lv.Name); err != nil {
 		t.Fatal(err)
 	}
-	mount := volume.CreateSpec{SizeBytes: mi, AccessType: contract.AccessMount}
+	mount := contract.CreateSpec{SizeBytes: mi, AccessType: contract.AccessMount}
 	restore, clone, again := mount, mount, mount
 	restore.Name, restore.SourceSnapshotID = "restore", ls.Name
 	clone.Name, clone.SourceVolumeID = "clone", lv.Name
 	again.Name = "v"
-	for what, spec := range map[string]volume.CreateSpec{"restore": restore, "clone": clone} {
+	for what, spec := range map[string]contract.CreateSpec{"restore": restore, "clone": clone} {
 		if _, err := b.CreateVolume(ctx, spec, nil); contract.Code(err) != codes.NotFound {
 			t.Errorf("%s from a source whose delete returned: %v, want NOT_FOUND", what, err)
 		}
@@ -180,7 +179,7 @@ func TestRepeatedDeleteOfAGoneVolumeReadsNothing(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	before := writes.Load()
-	if _, err := b.CreateVolume(short, volume.CreateSpec{Name: "v", SizeBytes: mi, AccessType: contract.AccessMount}, nil); err == nil {
+	if _, err := b.CreateVolume(short, contract.CreateSpec{Name: "v", SizeBytes: mi, AccessType: contract.AccessMount}, nil); err == nil {
 		t.Fatal("CreateVolume returned a volume no node plugin made")
 	}
 	if writes.Load() == before {

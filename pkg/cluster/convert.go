@@ -14,14 +14,14 @@ import (
 // bytes; objects of earlier builds hold plain integers, which read the same.
 func quantity(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.BinarySI) }
 
-func accessType(mode string) string {
+func accessType(mode string) contract.AccessType {
 	if mode == v1.VolumeModeBlock {
 		return contract.AccessBlock
 	}
 	return contract.AccessMount
 }
 
-func volumeMode(accessType string) string {
+func volumeMode(accessType contract.AccessType) string {
 	if accessType == contract.AccessBlock {
 		return v1.VolumeModeBlock
 	}
@@ -37,7 +37,7 @@ func toVolume(lv *v1.LocalVolume) *contract.Volume {
 		FsType:            lv.Spec.FsType,
 		Parameters:        lv.Spec.Parameters,
 		MutableParameters: lv.Status.MutableParameters,
-		Engine:            lv.Spec.Engine,
+		Engine:            contract.Engine(lv.Spec.Engine),
 		CreatedAt:         lv.CreationTimestamp.UTC(),
 		Node:              lv.Spec.Node,
 	}

@@ -44,7 +44,7 @@ func (r *LocalGroupSnapshotReconciler) Reconcile(ctx context.Context, req reconc
 	if g.Spec.Node != r.NodeID || g.DeletionTimestamp != nil || g.Status.ReadyToUse || g.Status.Phase == v1.PhaseFailed {
 		return reconcile.Result{}, nil
 	}
-	if g.Name != volume.GroupSnapshotIDFor(g.Spec.CSIName) {
+	if g.Name != contract.GroupSnapshotIDFor(g.Spec.CSIName) {
 		return reconcile.Result{}, r.failed(ctx, g, fmt.Errorf("%w: the object's name is not the group_snapshot_id of its csiName", contract.ErrInvalid))
 	}
 	cut, err := r.VM.CreateGroupSnapshotWithIDs(g.Spec.CSIName, g.Spec.Volumes, g.Spec.Snapshots)

@@ -77,7 +77,7 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 	}
 	patch := client.MergeFrom(ln.DeepCopy())
 	ln.Status = v1.LocalNodeStatus{
-		Engine:           h.VM.Engine(),
+		Engine:           string(h.VM.Engine()),
 		CapacityBytes:    quantity(ci.Total),
 		AllocatableBytes: quantity(ci.Available),
 		AllocatedBytes:   quantity(ci.Allocated),

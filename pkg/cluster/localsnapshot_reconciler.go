@@ -40,7 +40,7 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	} else if err != nil {
 		return reconcile.Result{}, err
 	}
-	if ls.Spec.Node != r.NodeID || !volume.ValidSnapshotID(ls.Name) {
+	if ls.Spec.Node != r.NodeID || !contract.ValidSnapshotID(ls.Name) {
 		return reconcile.Result{}, nil
 	}
 	if ls.DeletionTimestamp != nil {
@@ -66,7 +66,7 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 			return reconcile.Result{}, r.Client.Status().Update(ctx, ls)
 		}
 	}
-	snap, err := r.VM.CreateSnapshot(volume.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
+	snap, err := r.VM.CreateSnapshot(contract.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
 	if errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil // its source is being expanded or deleted
 	}

@@ -42,7 +42,7 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	} else if err != nil {
 		return reconcile.Result{}, err
 	}
-	if lv.Spec.Node != r.NodeID || !volume.ValidVolumeID(lv.Name) {
+	if lv.Spec.Node != r.NodeID || !contract.ValidVolumeID(lv.Name) {
 		return reconcile.Result{}, nil
 	}
 	if lv.DeletionTimestamp != nil {
@@ -182,12 +182,12 @@ func (r *LocalVolumeReconciler) modify(lv *v1.LocalVolume, local *contract.Volum
 // controller's CreateVolume parsed them (contract.ParseParams); a value it
 // refuses (an object written by hand) fails the create with
 // INVALID_ARGUMENT instead of falling back to a default.
-func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (volume.CreateSpec, error) {
+func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (contract.CreateSpec, error) {
 	params, err := contract.ParseParams(lv.Spec.Parameters)
 	if err != nil {
-		return volume.CreateSpec{}, err
+		return contract.CreateSpec{}, err
 	}
-	spec := volume.CreateSpec{
+	spec := contract.CreateSpec{
 		ID:                lv.Name,
 		Name:              lv.Spec.CSIName,
 		SizeBytes:         lv.Spec.Size.Value(),

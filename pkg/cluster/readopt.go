@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -28,13 +29,13 @@ type nodeData struct {
 func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
 	var path string
 	switch {
-	case kind == "Volume" && volume.ValidVolumeID(id):
+	case kind == "Volume" && contract.ValidVolumeID(id):
 		v, err := d.vm.Get(id)
 		if err != nil || v.Ephemeral {
 			return nil
 		}
 		path = d.vm.DataPath(v)
-	case kind == "Snapshot" && volume.ValidSnapshotID(id):
+	case kind == "Snapshot" && contract.ValidSnapshotID(id):
 		s, err := d.vm.GetSnapshot(id)
 		if err != nil {
 			return nil
@@ -71,7 +72,7 @@ func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.O
 				ObjectMeta: metav1.ObjectMeta{Name: v.ID, Labels: labels},
 				Spec: v1.LocalVolumeSpec{
 					Node: d.node, Size: quantity(v.CapacityBytes), VolumeMode: volumeMode(v.AccessType),
-					FsType: v.FsType, Engine: v.Engine, Parameters: v.Parameters, MutableParameters: v.MutableParameters, CSIName: v.Name,
+					FsType: v.FsType, Engine: string(v.Engine), Parameters: v.Parameters, MutableParameters: v.MutableParameters, CSIName: v.Name,
 				},
 			}
 			if v.SourceSnapshotID != "" || v.SourceVolumeID != "" {

@@ -184,7 +184,7 @@ func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
 	}
 
 	// Data no object claims: the heartbeat re-adopts it.
-	if _, err := vm.Create(volume.CreateSpec{ID: VolumeIDFor("pvc-lost"), Name: "pvc-lost", SizeBytes: 2 * mi, AccessType: contract.AccessMount}); err != nil {
+	if _, err := vm.Create(contract.CreateSpec{ID: VolumeIDFor("pvc-lost"), Name: "pvc-lost", SizeBytes: 2 * mi, AccessType: contract.AccessMount}); err != nil {
 		t.Fatal(err)
 	}
 	h := &LocalNodeHeartbeat{Client: c, NodeID: "n", VM: vm, Version: "test", MaxVolumeBytes: 512 * mi}

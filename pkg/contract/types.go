@@ -2,11 +2,26 @@ package contract
 
 import "time"
 
-// AccessType values of Volume.AccessType and Snapshot.AccessType, after the
-// access_type oneof of CSI VolumeCapability.
+// AccessType is how a volume is used, after the access_type oneof of CSI
+// VolumeCapability: AccessMount or AccessBlock.
+type AccessType string
+
+// The access types.
 const (
-	AccessMount = "mount"
-	AccessBlock = "block"
+	AccessMount AccessType = "mount"
+	AccessBlock AccessType = "block"
+)
+
+// Engine is the storage engine that lays out a volume's data on its node
+// (recorded with each volume, chosen with --engine).
+type Engine string
+
+// The engines; EngineAuto is only a choice (btrfs where the data root is on
+// btrfs, else dir), never recorded.
+const (
+	EngineDir   Engine = "dir"
+	EngineBtrfs Engine = "btrfs"
+	EngineAuto  Engine = "auto"
 )
 
 // FsTypes are the filesystems an image volume can be made with
@@ -31,7 +46,7 @@ type Volume struct {
 	// CapacityBytes is the provisioned size in bytes.
 	CapacityBytes int64
 	// AccessType is AccessMount or AccessBlock.
-	AccessType string
+	AccessType AccessType
 	// FsType is an image volume's filesystem (a key of FsTypes): a mount
 	// volume whose data is an image file formatted with it. "" for a
 	// directory volume and for raw block.
@@ -50,7 +65,7 @@ type Volume struct {
 	Ephemeral   bool
 	EphemeralID string
 	// Engine is the storage engine holding the data ("dir", "btrfs").
-	Engine string
+	Engine Engine
 	// CreatedAt is when the create was committed (UTC).
 	CreatedAt time.Time
 	// Node is the node id holding the volume (filled in by the controller
@@ -69,11 +84,11 @@ type Snapshot struct {
 	// SizeBytes is the source volume's capacity in bytes when it was taken.
 	SizeBytes int64
 	// AccessType is the source volume's access type.
-	AccessType string
+	AccessType AccessType
 	// FsType is the source volume's FsType.
 	FsType string
 	// Engine is the storage engine holding the data.
-	Engine string
+	Engine Engine
 	// CreatedAt is when the snapshot was cut (UTC).
 	CreatedAt time.Time
 	// GroupSnapshotID is the group_snapshot_id of the volume group

@@ -26,7 +26,7 @@ type Backend interface {
 	// CreateVolume places and creates a volume; topology is the request's
 	// accessibility_requirements (ErrNoSpace when no admissible node has
 	// room, or the content source lives on a node they exclude).
-	CreateVolume(ctx context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error)
+	CreateVolume(ctx context.Context, spec contract.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error)
 	// DeleteVolume deletes a volume; unknown ids succeed.
 	DeleteVolume(ctx context.Context, id string) error
 	// ExpandVolume grows a volume to size bytes; returns the new capacity.
@@ -38,7 +38,7 @@ type Backend interface {
 	// segment (nil: the whole backend), and the largest single volume.
 	Capacity(ctx context.Context, segment *csi.Topology) (available, largest int64, err error)
 	// VolumeHealth checks one volume.
-	VolumeHealth(ctx context.Context, id string) (volume.Health, error)
+	VolumeHealth(ctx context.Context, id string) (contract.Health, error)
 
 	// SnapshotByName returns the snapshot created for a CSI name, or nil.
 	SnapshotByName(ctx context.Context, name string) (*contract.Snapshot, error)
@@ -98,7 +98,7 @@ func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) (
 }
 
 // CreateVolume implements Backend.
-func (b *LocalBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
+func (b *LocalBackend) CreateVolume(_ context.Context, spec contract.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", contract.ErrNoSpace, b.NodeID)
 	}
@@ -136,7 +136,7 @@ func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64
 }
 
 // VolumeHealth implements Backend.
-func (b *LocalBackend) VolumeHealth(_ context.Context, id string) (volume.Health, error) {
+func (b *LocalBackend) VolumeHealth(_ context.Context, id string) (contract.Health, error) {
 	return b.VM.Health(id)
 }
 
@@ -164,7 +164,7 @@ func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topol
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", contract.ErrNoSpace, b.NodeID)
 	}
-	return b.s(b.VM.CreateSnapshot(volume.SnapshotSpec{Name: name, SourceVolumeID: src}))
+	return b.s(b.VM.CreateSnapshot(contract.SnapshotSpec{Name: name, SourceVolumeID: src}))
 }
 
 // DeleteSnapshot implements Backend.

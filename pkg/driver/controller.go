@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // controller is the CSI Controller service (spec §Controller Service RPC).
@@ -89,7 +88,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	if err := volume.CheckMutableKind("", accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
+	if err := contract.CheckMutableKind("", accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
 		return nil, toStatus(err)
 	}
 	srcSnap, srcVol, srcSize, err := s.source(ctx, req.GetVolumeContentSource())
@@ -112,7 +111,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		defer release()
 	}
-	v, err := s.d.backend.CreateVolume(ctx, volume.CreateSpec{
+	v, err := s.d.backend.CreateVolume(ctx, contract.CreateSpec{
 		Name:              req.GetName(),
 		SizeBytes:         size,
 		AccessType:        accessTypeOf(req.GetVolumeCapabilities()),
@@ -161,7 +160,7 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if id == "" {
 		return nil, invalid("volume_id is required")
 	}
-	if !volume.ValidVolumeID(id) {
+	if !contract.ValidVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // never issued by us: nothing to delete
 	}
 	release, err := s.d.ids.Acquire("volume", id)
@@ -240,7 +239,7 @@ func (s *controller) volumePage(ctx context.Context, maxEntries int32, token str
 	if maxEntries < 0 {
 		return nil, "", invalid("max_entries must not be negative")
 	}
-	after, err := decodeToken(token, volume.ValidVolumeID)
+	after, err := decodeToken(token, contract.ValidVolumeID)
 	if err != nil {
 		return nil, "", err
 	}

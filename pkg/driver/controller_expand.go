@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/localdir-csi/localdir/pkg/volume"
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Volume expansion of the Controller service (EXPAND_VOLUME: spec
@@ -94,7 +94,7 @@ func (s *controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if err := volume.CheckMutableKind(v.ID, v.AccessType, v.FsType, req.GetMutableParameters()); err != nil {
+	if err := contract.CheckMutableKind(v.ID, v.AccessType, v.FsType, req.GetMutableParameters()); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := s.d.backend.ModifyVolume(ctx, v.ID, req.GetMutableParameters()); err != nil {

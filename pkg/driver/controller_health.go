@@ -5,14 +5,14 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/localdir-csi/localdir/pkg/volume"
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Volume health of the Controller service (GET_VOLUME_HEALTH,
 // LIST_VOLUME_HEALTH: spec §ControllerGetVolume, §ControllerListVolumeHealth).
 
 // csiHealth converts volume id's problems to the CSI VolumeHealth message.
-func csiHealth(id string, h volume.Health) *csi.VolumeHealth {
+func csiHealth(id string, h contract.Health) *csi.VolumeHealth {
 	out := &csi.VolumeHealth{VolumeId: id}
 	kinds := map[string]csi.VolumeHealthErrorType{
 		"Degraded":     csi.VolumeHealthErrorType_DEGRADED,

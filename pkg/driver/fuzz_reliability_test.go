@@ -21,7 +21,6 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/keylock"
 	"github.com/localdir-csi/localdir/pkg/mount"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // Fuzz targets for the parts of request validation fuzz_test.go does not
@@ -57,7 +56,7 @@ func FuzzParseEphemeral(f *testing.F) {
 		}
 		// Accepted: an id that can never be a path nor a driver id, a
 		// positive size within the maximum, only known attributes.
-		if block || id == "" || strings.ContainsAny(id, "/\x00") || strings.Contains(id, "..") || filepath.Base(id) != id || volume.ValidVolumeID(id) {
+		if block || id == "" || strings.ContainsAny(id, "/\x00") || strings.Contains(id, "..") || filepath.Base(id) != id || contract.ValidVolumeID(id) {
 			t.Fatalf("parseEphemeral accepted id %q (block %v)", id, block)
 		}
 		if size <= 0 || (maxBytes > 0 && size > maxBytes) {
@@ -183,7 +182,7 @@ func (b *memBackend) ListVolumes(_ context.Context, after string, limit int) ([]
 	return nil, "", nil
 }
 
-func (b *memBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, _ *csi.TopologyRequirement) (*contract.Volume, error) {
+func (b *memBackend) CreateVolume(_ context.Context, spec contract.CreateSpec, _ *csi.TopologyRequirement) (*contract.Volume, error) {
 	if spec.SizeBytes <= 0 || checkName("name", spec.Name) != nil || (spec.AccessType != contract.AccessMount && spec.AccessType != contract.AccessBlock) ||
 		spec.DirMode > 0o7777 || (spec.SourceSnapshotID != "" && spec.SourceVolumeID != "") {
 		return nil, fmt.Errorf("memBackend: the controller passed an invalid spec %+v", spec)
@@ -193,7 +192,7 @@ func (b *memBackend) CreateVolume(_ context.Context, spec volume.CreateSpec, _ *
 	if _, ok := b.byName[spec.Name]; ok {
 		return nil, fmt.Errorf("memBackend: a second create for name %q", spec.Name)
 	}
-	v := &contract.Volume{ID: volume.NewVolumeID(), Name: spec.Name, CapacityBytes: spec.SizeBytes, AccessType: spec.AccessType,
+	v := &contract.Volume{ID: contract.NewVolumeID(), Name: spec.Name, CapacityBytes: spec.SizeBytes, AccessType: spec.AccessType,
 		Parameters: spec.Parameters, SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID}
 	b.vols[v.ID], b.byName[v.Name] = v, v.ID
 	c := *v
@@ -239,9 +238,9 @@ func (b *memBackend) Capacity(context.Context, *csi.Topology) (int64, int64, err
 	return 1 << 40, 1 << 40, nil
 }
 
-func (b *memBackend) VolumeHealth(ctx context.Context, id string) (volume.Health, error) {
+func (b *memBackend) VolumeHealth(ctx context.Context, id string) (contract.Health, error) {
 	_, err := b.Volume(ctx, id)
-	return volume.Health{}, err
+	return contract.Health{}, err
 }
 
 func (b *memBackend) SnapshotByName(_ context.Context, name string) (*contract.Snapshot, error) {
@@ -275,7 +274,7 @@ func (b *memBackend) CreateSnapshot(ctx context.Context, name, src string, _ *cs
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := &contract.Snapshot{ID: volume.NewSnapshotID(), Name: name, SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes, AccessType: v.AccessType}
+	s := &contract.Snapshot{ID: contract.NewSnapshotID(), Name: name, SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes, AccessType: v.AccessType}
 	b.snaps[s.ID], b.snapByName[name] = s, s.ID
 	c := *s
 	return &c, nil
@@ -336,7 +335,7 @@ func FuzzControllerRequest(f *testing.F) {
 			if err == nil {
 				v := resp.GetVolume()
 				cr := req.GetCapacityRange()
-				if !volume.ValidVolumeID(v.GetVolumeId()) || v.GetCapacityBytes() <= 0 || v.GetCapacityBytes() < cr.GetRequiredBytes() ||
+				if !contract.ValidVolumeID(v.GetVolumeId()) || v.GetCapacityBytes() <= 0 || v.GetCapacityBytes() < cr.GetRequiredBytes() ||
 					(cr.GetLimitBytes() > 0 && v.GetCapacityBytes() > cr.GetLimitBytes()) {
 					t.Fatalf("CreateVolume(%v) = %v", req, v)
 				}

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/localdir-csi/localdir/pkg/volume"
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 func FuzzCheckName(f *testing.F) {
@@ -47,17 +47,17 @@ func FuzzCheckName(f *testing.F) {
 }
 
 func FuzzDecodeToken(f *testing.F) {
-	vid := volume.NewVolumeID()
+	vid := contract.NewVolumeID()
 	b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
 	for _, s := range []string{
-		"", encodeToken(vid), encodeToken(volume.NewSnapshotID()), vid, b64(vid), b64("v1:"),
+		"", encodeToken(vid), encodeToken(contract.NewSnapshotID()), vid, b64(vid), b64("v1:"),
 		b64("v1:../../etc/passwd"), b64("v1:/" + vid), b64("v1:" + strings.ToUpper(vid)),
 		b64("v1:" + vid + "\n"), b64("v1:" + vid + "\x00"), encodeToken(vid) + "=", "!!!", "A",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, tok string) {
-		id, err := decodeToken(tok, volume.ValidVolumeID)
+		id, err := decodeToken(tok, contract.ValidVolumeID)
 		if err != nil {
 			if id != "" {
 				t.Fatalf("decodeToken(%q) returned id %q with error %v", tok, id, err)
@@ -73,11 +73,11 @@ func FuzzDecodeToken(f *testing.F) {
 			}
 			return
 		}
-		if !volume.ValidVolumeID(id) {
+		if !contract.ValidVolumeID(id) {
 			t.Fatalf("decodeToken(%q) = %q without error, not a valid volume id", tok, id)
 		}
 		// What decodes re-encodes to a token that decodes the same way.
-		again, err := decodeToken(encodeToken(id), volume.ValidVolumeID)
+		again, err := decodeToken(encodeToken(id), contract.ValidVolumeID)
 		if err != nil || again != id {
 			t.Fatalf("round trip of %q: %q, %v", id, again, err)
 		}
@@ -85,17 +85,17 @@ func FuzzDecodeToken(f *testing.F) {
 }
 
 func FuzzTokenRoundTrip(f *testing.F) {
-	for _, s := range []string{"", volume.NewVolumeID(), "vol-", "../x", "/abs", "v1:vol-x"} {
+	for _, s := range []string{"", contract.NewVolumeID(), "vol-", "../x", "/abs", "v1:vol-x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
-		got, err := decodeToken(encodeToken(id), volume.ValidVolumeID)
+		got, err := decodeToken(encodeToken(id), contract.ValidVolumeID)
 		switch {
 		case id == "":
 			if got != "" || err != nil {
 				t.Fatalf(`empty id: %q, %v`, got, err)
 			}
-		case volume.ValidVolumeID(id):
+		case contract.ValidVolumeID(id):
 			if got != id || err != nil {
 				t.Fatalf("round trip of %q: %q, %v", id, got, err)
 			}

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/localdir-csi/localdir/pkg/volume"
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // GroupBackend is a Backend that also takes volume group snapshots (the
@@ -17,21 +17,21 @@ import (
 type GroupBackend interface {
 	// CreateGroupSnapshot cuts one snapshot of each source volume at one
 	// point in time for the CSI name (volume.Manager.CreateGroupSnapshot).
-	CreateGroupSnapshot(ctx context.Context, name string, sourceVolumeIDs []string) (*volume.GroupSnapshot, error)
+	CreateGroupSnapshot(ctx context.Context, name string, sourceVolumeIDs []string) (*contract.GroupSnapshot, error)
 	// GroupSnapshot returns a group (ErrNotFound); snapshotIDs, when given,
 	// must be its members (ErrInvalid).
-	GroupSnapshot(ctx context.Context, id string, snapshotIDs []string) (*volume.GroupSnapshot, error)
+	GroupSnapshot(ctx context.Context, id string, snapshotIDs []string) (*contract.GroupSnapshot, error)
 	// DeleteGroupSnapshot deletes a group's snapshots; unknown ids succeed.
 	DeleteGroupSnapshot(ctx context.Context, id string, snapshotIDs []string) error
 }
 
 // CreateGroupSnapshot implements GroupBackend.
-func (b *LocalBackend) CreateGroupSnapshot(_ context.Context, name string, ids []string) (*volume.GroupSnapshot, error) {
+func (b *LocalBackend) CreateGroupSnapshot(_ context.Context, name string, ids []string) (*contract.GroupSnapshot, error) {
 	return b.g(b.VM.CreateGroupSnapshot(name, ids))
 }
 
 // GroupSnapshot implements GroupBackend.
-func (b *LocalBackend) GroupSnapshot(_ context.Context, id string, snapshotIDs []string) (*volume.GroupSnapshot, error) {
+func (b *LocalBackend) GroupSnapshot(_ context.Context, id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	return b.g(b.VM.GetGroupSnapshot(id, snapshotIDs))
 }
 
@@ -40,7 +40,7 @@ func (b *LocalBackend) DeleteGroupSnapshot(_ context.Context, id string, snapsho
 	return b.VM.DeleteGroupSnapshot(id, snapshotIDs)
 }
 
-func (b *LocalBackend) g(g *volume.GroupSnapshot, err error) (*volume.GroupSnapshot, error) {
+func (b *LocalBackend) g(g *contract.GroupSnapshot, err error) (*contract.GroupSnapshot, error) {
 	if g != nil {
 		for _, s := range g.Snapshots {
 			s.Node = b.NodeID
@@ -114,7 +114,7 @@ func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *cs
 		return nil, invalid("unknown group snapshot parameter %q=%q (the driver takes none besides the %s* ones, and %s Delete or Retain, which changes nothing); remove it from the VolumeGroupSnapshotClass", k, v, reservedPrefix, groupDeletionPolicyKey)
 	}
 	for _, id := range req.GetSourceVolumeIds() {
-		if !volume.ValidVolumeID(id) {
+		if !contract.ValidVolumeID(id) {
 			return nil, status.Errorf(codes.NotFound, "source volume %q not found", id)
 		}
 	}
@@ -170,7 +170,7 @@ func (s *groupController) DeleteVolumeGroupSnapshot(ctx context.Context, req *cs
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }
 
-func (s *groupController) csiGroup(g *volume.GroupSnapshot) *csi.VolumeGroupSnapshot {
+func (s *groupController) csiGroup(g *contract.GroupSnapshot) *csi.VolumeGroupSnapshot {
 	c := &controller{d: s.d}
 	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: true}
 	for _, snap := range g.Snapshots {

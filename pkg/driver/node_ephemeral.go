@@ -45,8 +45,8 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 	if err != nil {
 		return nil, err
 	}
-	err = s.d.vm.PublishEphemeral(volume.CreateSpec{
-		Name:        volume.EphemeralName(coID),
+	err = s.d.vm.PublishEphemeral(contract.CreateSpec{
+		Name:        contract.EphemeralName(coID),
 		SizeBytes:   size,
 		AccessType:  contract.AccessMount,
 		Parameters:  attrs,
@@ -75,7 +75,7 @@ func parseEphemeral(coID string, block bool, vc map[string]string, maxBytes int6
 	if !ephemeralIDPattern.MatchString(coID) || strings.Contains(coID, "..") {
 		return 0, nil, volumeParams{}, invalid("volume_id %q is not a valid ephemeral volume id ([A-Za-z0-9._-], at most 128 characters)", coID)
 	}
-	if volume.ValidVolumeID(coID) {
+	if contract.ValidVolumeID(coID) {
 		// NodeUnpublishVolume, stats and health would take it for a
 		// persistent volume and the inline volume would never be deleted.
 		return 0, nil, volumeParams{}, invalid("volume_id %q has the form of a volume id this driver issues; an ephemeral volume needs another id", coID)

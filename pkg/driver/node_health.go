@@ -7,7 +7,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // Volume and storage health of the Node service (VOLUME_CONDITION: spec
@@ -25,7 +24,7 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 	}
 	if p := req.GetVolumePublishPath(); p != "" {
 		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, contract.ErrNotFound) {
-			h.Problems = append(h.Problems, volume.Problem{Kind: "Inaccessible", Reason: "NotPublished",
+			h.Problems = append(h.Problems, contract.Problem{Kind: "Inaccessible", Reason: "NotPublished",
 				Message: "the volume is not mounted at volume_publish_path " + p})
 		}
 	}

@@ -19,11 +19,14 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Modes of --mode.
+// Mode is which CSI services one process serves (--mode).
+type Mode string
+
+// The modes.
 const (
-	ModeController = "controller"
-	ModeNode       = "node"
-	ModeAll        = "all"
+	ModeController Mode = "controller"
+	ModeNode       Mode = "node"
+	ModeAll        Mode = "all"
 )
 
 // DefaultDriverName is the CSI driver name (CSIDriver object, StorageClass
@@ -43,7 +46,7 @@ const TopologyKey = contract.TopologyKey
 // flags.
 type Options struct {
 	// Mode is ModeController, ModeNode or ModeAll.
-	Mode string
+	Mode Mode
 	// Endpoint is the gRPC listen address, unix:///path/to/csi.sock.
 	Endpoint string
 	// DriverName is the CSI plugin name (GetPluginInfo.name).
@@ -66,7 +69,7 @@ type Options struct {
 	// MaxVolumesPerNode is NodeGetInfo.max_volumes_per_node (0 = unlimited).
 	MaxVolumesPerNode int64
 	// Engine is the storage engine for new mount volumes: auto, dir or btrfs.
-	Engine string
+	Engine contract.Engine
 	// MetricsAddress is the host:port to serve Prometheus /metrics on; empty
 	// serves none. Controller and node mode serve HTTPS and let only
 	// requests the API server authenticates and authorizes (get on the
@@ -174,7 +177,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	o.defaultVolume = quantityFlag{&o.DefaultVolumeBytes}
 	fss := &cliflag.NamedFlagSets{}
 	all := fss.FlagSet(FlagsAllModes)
-	all.StringVar(&o.Mode, "mode", ModeAll, "which CSI services to serve: controller (Identity+Controller, in the cluster Deployment), node (Identity+Node, in the DaemonSet) or all (every service in one process, no Kubernetes)")
+	all.StringVar((*string)(&o.Mode), "mode", string(ModeAll), "which CSI services to serve: controller (Identity+Controller, in the cluster Deployment), node (Identity+Node, in the DaemonSet) or all (every service in one process, no Kubernetes)")
 	all.StringVar(&o.Endpoint, "endpoint", "unix:///csi/csi.sock", "gRPC endpoint to listen on, unix:///path/to/csi.sock (the socket is created with mode 0660)")
 	all.StringVar(&o.DriverName, "driver-name", DefaultDriverName, "CSI driver name, as in the StorageClass provisioner field")
 	all.StringVar(&o.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics (default: off). Controller and node mode: HTTPS, only to a bearer token the API server authenticates and allows get on /metrics (e.g. :9810); all mode: plain HTTP with no authentication, so on a loopback address only (e.g. 127.0.0.1:9810)")
@@ -192,7 +195,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
 	node.StringVar(&o.DataRoot, "data-root", "/var/lib/localdir", "absolute directory holding the volumes and the state file")
 	node.Var(o.capacity, "capacity", "bytes all volumes together may reserve, e.g. 100Gi (default 0: the size of the data root's filesystem)")
-	node.StringVar(&o.Engine, "engine", "auto", "storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
+	node.StringVar((*string)(&o.Engine), "engine", string(contract.EngineAuto), "storage engine for mount volumes: auto (btrfs when the data root is on btrfs, else dir), dir (plain directories, capacity tracked) or btrfs (subvolumes, capacity enforced by qgroups)")
 	node.StringVar(&o.KubeletRoot, "kubelet-root", "", "the kubelet's root directory: staging and target paths not below it (symlinks resolved) are refused with INVALID_ARGUMENT (default "+DefaultKubeletRoot+" in node mode, no check in all mode; --kubelet-root= turns the check off)")
 	node.StringVar(&o.CgroupRoot, "cgroup-root", "/sys/fs/cgroup", "where the node's cgroup hierarchy (v1 or v2) is mounted: the I/O limits of image volumes and the pod freezes of group snapshots act on the cgroups of the pods that use volumes (--cgroup-root= turns both off)")
 	node.Int64Var(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "NodeGetInfo max_volumes_per_node, a count (default 0: unlimited)")

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // Controller RPCs for snapshots.
@@ -70,7 +69,7 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		}
 		return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(existing)}, nil
 	}
-	if !volume.ValidVolumeID(req.GetSourceVolumeId()) {
+	if !contract.ValidVolumeID(req.GetSourceVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "source volume %q not found", req.GetSourceVolumeId())
 	}
 	releaseSrc, err := s.d.ids.Acquire("volume", req.GetSourceVolumeId())
@@ -93,7 +92,7 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	if id == "" {
 		return nil, invalid("snapshot_id is required")
 	}
-	if !volume.ValidSnapshotID(id) {
+	if !contract.ValidSnapshotID(id) {
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
 	release, err := s.d.ids.Acquire("snapshot", id)
@@ -111,7 +110,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	if req.GetMaxEntries() < 0 {
 		return nil, invalid("max_entries must not be negative")
 	}
-	after, err := decodeToken(req.GetStartingToken(), volume.ValidSnapshotID)
+	after, err := decodeToken(req.GetStartingToken(), contract.ValidSnapshotID)
 	if err != nil {
 		return nil, err
 	}

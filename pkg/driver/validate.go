@@ -222,7 +222,7 @@ func checkNodeCap(c *csi.VolumeCapability, vol *contract.Volume) error {
 }
 
 // accessTypeOf is contract.AccessBlock when any capability asks for block.
-func accessTypeOf(caps []*csi.VolumeCapability) string {
+func accessTypeOf(caps []*csi.VolumeCapability) contract.AccessType {
 	for _, c := range caps {
 		if c.GetBlock() != nil {
 			return contract.AccessBlock

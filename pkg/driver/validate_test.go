@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 const (
@@ -340,9 +339,9 @@ func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
 const sw = csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 
 func TestCompatible(t *testing.T) {
-	srcVol := volume.NewVolumeID()
+	srcVol := contract.NewVolumeID()
 	existing := func() *contract.Volume {
-		return &contract.Volume{ID: volume.NewVolumeID(), Name: "pvc-1", CapacityBytes: gib, AccessType: contract.AccessMount,
+		return &contract.Volume{ID: contract.NewVolumeID(), Name: "pvc-1", CapacityBytes: gib, AccessType: contract.AccessMount,
 			Parameters: map[string]string{"dirMode": "0770"}}
 	}
 	base := func() *csi.CreateVolumeRequest {
@@ -381,14 +380,14 @@ func TestCompatible(t *testing.T) {
 		}, ""},
 		{"nil vs empty parameters", func(v *contract.Volume) { v.Parameters = nil }, func(r *csi.CreateVolumeRequest) { r.Parameters = map[string]string{} }, ""},
 		{"snapshot source requested", nil, func(r *csi.CreateVolumeRequest) {
-			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: volume.NewSnapshotID()}}}
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: contract.NewSnapshotID()}}}
 		}, "another content source"},
 		{"volume source matches", func(v *contract.Volume) { v.SourceVolumeID = srcVol }, func(r *csi.CreateVolumeRequest) {
 			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: srcVol}}}
 		}, ""},
 		{"volume source missing from request", func(v *contract.Volume) { v.SourceVolumeID = srcVol }, nil, "another content source"},
 		{"other volume source", func(v *contract.Volume) { v.SourceVolumeID = srcVol }, func(r *csi.CreateVolumeRequest) {
-			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: volume.NewVolumeID()}}}
+			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: contract.NewVolumeID()}}}
 		}, "another content source"},
 	}
 	for _, tc := range tests {
@@ -529,30 +528,30 @@ func TestTokens(t *testing.T) {
 	if got := encodeToken(""); got != "" {
 		t.Fatalf(`encodeToken("") = %q, want ""`, got)
 	}
-	if id, err := decodeToken("", volume.ValidVolumeID); err != nil || id != "" {
+	if id, err := decodeToken("", contract.ValidVolumeID); err != nil || id != "" {
 		t.Fatalf(`decodeToken("") = %q, %v; want "", nil`, id, err)
 	}
 	for i := 0; i < 100; i++ {
-		id := volume.NewVolumeID()
+		id := contract.NewVolumeID()
 		tok := encodeToken(id)
 		if strings.Contains(tok, id) || strings.ContainsAny(tok, "+/=") {
 			t.Fatalf("token %q is not opaque base64url", tok)
 		}
-		got, err := decodeToken(tok, volume.ValidVolumeID)
+		got, err := decodeToken(tok, contract.ValidVolumeID)
 		if err != nil || got != id {
 			t.Fatalf("decodeToken(encodeToken(%q)) = %q, %v", id, got, err)
 		}
 		// A volume token is no snapshot token.
-		if _, err := decodeToken(tok, volume.ValidSnapshotID); status.Code(err) != codes.Aborted {
+		if _, err := decodeToken(tok, contract.ValidSnapshotID); status.Code(err) != codes.Aborted {
 			t.Fatalf("volume token accepted as snapshot token: %v", err)
 		}
 	}
-	snap := volume.NewSnapshotID()
-	if got, err := decodeToken(encodeToken(snap), volume.ValidSnapshotID); err != nil || got != snap {
+	snap := contract.NewSnapshotID()
+	if got, err := decodeToken(encodeToken(snap), contract.ValidSnapshotID); err != nil || got != snap {
 		t.Fatalf("snapshot token round trip: %q, %v", got, err)
 	}
 
-	vid := volume.NewVolumeID()
+	vid := contract.NewVolumeID()
 	b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
 	bad := []struct{ name, tok string }{
 		{"not base64", "!!!not a token!!!"},
@@ -573,13 +572,13 @@ func TestTokens(t *testing.T) {
 		{"trailing newline", b64("v1:" + vid + "\n")},
 		{"NUL inside", b64("v1:" + vid + "\x00")},
 		{"leading space", b64("v1: " + vid)},
-		{"snapshot id", b64("v1:" + volume.NewSnapshotID())},
+		{"snapshot id", b64("v1:" + contract.NewSnapshotID())},
 		{"truncated base64", b64("v1:" + vid)[:5]},
 		{"one char", "A"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
-			id, err := decodeToken(tc.tok, volume.ValidVolumeID)
+			id, err := decodeToken(tc.tok, contract.ValidVolumeID)
 			wantCode(t, err, codes.Aborted)
 			if id != "" {
 				t.Fatalf("decodeToken returned id %q with its error", id)
@@ -601,7 +600,7 @@ func volOf(t string) *contract.Volume {
 		return nil
 	}
 	at, fs, _ := strings.Cut(t, "/")
-	return &contract.Volume{AccessType: at, FsType: fs}
+	return &contract.Volume{AccessType: contract.AccessType(at), FsType: fs}
 }
 
 func TestJudgeCapsAccessModes(t *testing.T) {
@@ -659,8 +658,8 @@ func TestJudgeCaps(t *testing.T) {
 		{"malformed beats unsupported later in the list", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), nil}, "", "malformed", "required"},
 		{"mount", []*csi.VolumeCapability{mnt}, "", "", ""},
 		{"block", []*csi.VolumeCapability{blk}, "", "", ""},
-		{"mount for a mount volume", []*csi.VolumeCapability{mnt}, contract.AccessMount, "", ""},
-		{"block for a block volume", []*csi.VolumeCapability{blk}, contract.AccessBlock, "", ""},
+		{"mount for a mount volume", []*csi.VolumeCapability{mnt}, string(contract.AccessMount), "", ""},
+		{"block for a block volume", []*csi.VolumeCapability{blk}, string(contract.AccessBlock), "", ""},
 		{"two mount modes", []*csi.VolumeCapability{mnt, mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY)}, "", "", ""},
 		{"fs_type ext4 makes an image volume", []*csi.VolumeCapability{mountCapFlags("ext4", "ro")}, "", "", ""},
 		{"fs_type xfs makes an image volume", []*csi.VolumeCapability{mountCapFlags("xfs")}, "", "", ""},
@@ -669,15 +668,15 @@ func TestJudgeCaps(t *testing.T) {
 		{"its own fs_type", []*csi.VolumeCapability{mountCapFlags("ext4")}, "mount/ext4", "", ""},
 		{"no fs_type for an image volume", []*csi.VolumeCapability{mountCapFlags("")}, "mount/xfs", "", ""},
 		{"another fs_type for an image volume", []*csi.VolumeCapability{mountCapFlags("xfs")}, "mount/ext4", "exceeds", `holds an ext4 filesystem; a capability asks for fs_type "xfs"`},
-		{"any fs_type for a directory volume (PVs made before image volumes)", []*csi.VolumeCapability{mountCapFlags("btrfs")}, contract.AccessMount, "", ""},
+		{"any fs_type for a directory volume (PVs made before image volumes)", []*csi.VolumeCapability{mountCapFlags("btrfs")}, string(contract.AccessMount), "", ""},
 		{"applicable flags", []*csi.VolumeCapability{mountCapFlags("", "nosuid,nodev", "noexec", "noatime")}, "", "", ""},
 		{"flags accepted without effect", []*csi.VolumeCapability{mountCapFlags("", "rw", "defaults")}, "", "", ""},
 		{"sync", []*csi.VolumeCapability{mountCapFlags("", "sync")}, "", "invalid", `"sync"`},
 		{"sync in a comma list", []*csi.VolumeCapability{mountCapFlags("", "nosuid,sync")}, "", "invalid", `"sync"`},
 		{"conflicting atime flags", []*csi.VolumeCapability{mountCapFlags("", "noatime", "strictatime")}, "", "invalid", "atime"},
 		{"mount and block", []*csi.VolumeCapability{mnt, blk}, "", "invalid", "both a mount and a block"},
-		{"mount for a block volume", []*csi.VolumeCapability{mnt}, contract.AccessBlock, "exceeds", "block volume"},
-		{"block for a mount volume", []*csi.VolumeCapability{blk}, contract.AccessMount, "exceeds", "mount volume"},
+		{"mount for a block volume", []*csi.VolumeCapability{mnt}, string(contract.AccessBlock), "exceeds", "block volume"},
+		{"block for a mount volume", []*csi.VolumeCapability{blk}, string(contract.AccessMount), "exceeds", "mount volume"},
 		{"multi-node", []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY)}, "", "exceeds", "MULTI_NODE_READER_ONLY"},
 	}
 	for _, tc := range tests {

@@ -7,13 +7,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 // PlaceDevice implements Interface.
 func (*Mounter) PlaceDevice(p, dev string) error {
-	rdev, err := block.Rdev(dev)
+	rdev, err := blockdev.Rdev(dev)
 	if err != nil {
 		return err
 	}
@@ -53,5 +53,5 @@ func (*Mounter) RemoveDevice(p string) error {
 	return nil
 }
 
-// HasDevice implements Interface with block.NodeOf.
-func (*Mounter) HasDevice(p, dev string) (bool, error) { return block.NodeOf(p, dev) }
+// HasDevice implements Interface with blockdev.NodeOf.
+func (*Mounter) HasDevice(p, dev string) (bool, error) { return blockdev.NodeOf(p, dev) }

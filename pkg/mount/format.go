@@ -10,8 +10,8 @@ import (
 	mountutils "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 // FormatAndMount implements Interface with k8s.io/mount-utils'
@@ -65,7 +65,7 @@ func growExtOffline(sfm *mountutils.SafeFormatAndMount, dev string) error {
 			blockSize, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	size, err := block.DeviceSize(dev)
+	size, err := blockdev.DeviceSize(dev)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 
-	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 )
 
 const mountInfoPath = "/proc/self/mountinfo"
@@ -31,7 +31,7 @@ func (*Mounter) MountPoints(src string) ([]string, error) {
 // FSMountPoints implements Interface: the mountinfo entries whose device
 // number is dev's (st_rdev of the device node).
 func (*Mounter) FSMountPoints(dev string) ([]string, error) {
-	rdev, err := block.Rdev(dev)
+	rdev, err := blockdev.Rdev(dev)
 	if err != nil {
 		return nil, err
 	}

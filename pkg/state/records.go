@@ -15,33 +15,33 @@ import (
 // conversion between the two ignores the tags), named in JSON. Changing a
 // tag changes the file format.
 type volumeJSON struct {
-	ID            string            `json:"id"`
-	Name          string            `json:"name,omitempty"`
-	CapacityBytes int64             `json:"capacityBytes"`
-	AccessType    string            `json:"accessType"`
-	FsType        string            `json:"fsType,omitempty"`
-	Parameters    map[string]string `json:"parameters,omitempty"`
+	ID            string              `json:"id"`
+	Name          string              `json:"name,omitempty"`
+	CapacityBytes int64               `json:"capacityBytes"`
+	AccessType    contract.AccessType `json:"accessType"`
+	FsType        string              `json:"fsType,omitempty"`
+	Parameters    map[string]string   `json:"parameters,omitempty"`
 	// MutableParameters: added after format 2; older records lack it.
 	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
 	SourceSnapshotID  string            `json:"sourceSnapshotID,omitempty"`
 	SourceVolumeID    string            `json:"sourceVolumeID,omitempty"`
 	Ephemeral         bool              `json:"ephemeral,omitempty"`
 	EphemeralID       string            `json:"ephemeralID,omitempty"`
-	Engine            string            `json:"engine,omitempty"`
+	Engine            contract.Engine   `json:"engine,omitempty"`
 	CreatedAt         time.Time         `json:"createdAt"`
 	Node              string            `json:"-"`
 }
 
 // snapshotJSON is how a contract.Snapshot is stored.
 type snapshotJSON struct {
-	ID             string    `json:"id"`
-	Name           string    `json:"name"`
-	SourceVolumeID string    `json:"sourceVolumeID"`
-	SizeBytes      int64     `json:"sizeBytes"`
-	AccessType     string    `json:"accessType"`
-	FsType         string    `json:"fsType,omitempty"`
-	Engine         string    `json:"engine,omitempty"`
-	CreatedAt      time.Time `json:"createdAt"`
+	ID             string              `json:"id"`
+	Name           string              `json:"name"`
+	SourceVolumeID string              `json:"sourceVolumeID"`
+	SizeBytes      int64               `json:"sizeBytes"`
+	AccessType     contract.AccessType `json:"accessType"`
+	FsType         string              `json:"fsType,omitempty"`
+	Engine         contract.Engine     `json:"engine,omitempty"`
+	CreatedAt      time.Time           `json:"createdAt"`
 	// GroupSnapshotID: added after format 2; older records lack it.
 	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
 	Node            string `json:"-"`

@@ -17,44 +17,6 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// CreateSpec describes a new volume.
-type CreateSpec struct {
-	// ID is the volume_id to use; empty means a fresh random one. The
-	// cluster controller chooses ids, and a node creating an id it already
-	// holds gets the existing volume back (the reconciler's idempotency).
-	ID string
-	// Name is the CSI name (stored, never used in a path).
-	Name string
-	// SizeBytes is the capacity to reserve, in bytes (> 0).
-	SizeBytes int64
-	// AccessType is contract.AccessMount or contract.AccessBlock.
-	AccessType string
-	// FsType makes a mount volume an image volume: an image file of
-	// SizeBytes (at least contract.FsTypes[FsType]) that the node formats
-	// with this filesystem when it is first staged. "" for a directory.
-	FsType string
-	// Parameters are stored with the record.
-	Parameters map[string]string
-	// MutableParameters (contract.ParseMutable) are applied to the new
-	// volume's data before its record is committed, and stored with it.
-	MutableParameters map[string]string
-	// DirMode is the permission of a mount volume's root directory (chmod(2)
-	// bits, e.g. 0o2770).
-	DirMode uint32
-	// SourceSnapshotID / SourceVolumeID fill the new volume with a copy of
-	// a snapshot or another volume (at most one is set).
-	SourceSnapshotID, SourceVolumeID string
-	// Ephemeral marks a CSI ephemeral inline volume created for the
-	// CO-chosen EphemeralID; Name must be EphemeralName(EphemeralID).
-	Ephemeral   bool
-	EphemeralID string
-}
-
-// EphemeralName is the name key under which the ephemeral volume for a
-// CO-chosen volume_id is recorded. It starts with a NUL byte, which no CSI
-// name may contain, so it never collides with a CreateVolume name.
-func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
-
 // Create makes a new volume, filled from a snapshot or volume when the spec
 // names one, and commits its record durably before it returns. The source
 // is held for the whole copy: deleting it meanwhile fails with contract.ErrBusy, and
@@ -66,7 +28,7 @@ func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
 // Errors: contract.ErrNoSpace (capacity or disk full), contract.ErrNotFound (source),
 // contract.ErrInvalid (source of another access type), contract.ErrOutOfRange (size below the
 // source's), contract.ErrExists (name taken by a concurrent create), contract.ErrBusy.
-func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
+func (m *Manager) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 	given := spec.ID != ""
 	if err := checkCreateSpec(&spec); err != nil {
 		return nil, err
@@ -114,7 +76,7 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 		return fail(fmt.Errorf("create volume data: %w", err))
 	}
 	if len(spec.MutableParameters) > 0 {
-		mut, err := parseMutable(spec.MutableParameters)
+		mut, err := contract.MutableOf(spec.MutableParameters)
 		if err != nil {
 			return fail(err)
 		}
@@ -146,7 +108,7 @@ func (m *Manager) Create(spec CreateSpec) (*contract.Volume, error) {
 
 // checkCreateSpec refuses a size or access type no create can make
 // (contract.ErrInvalid) and gives a spec without an id a fresh one.
-func checkCreateSpec(spec *CreateSpec) error {
+func checkCreateSpec(spec *contract.CreateSpec) error {
 	if spec.SizeBytes <= 0 {
 		return fmt.Errorf("%w: size %d", contract.ErrInvalid, spec.SizeBytes)
 	}
@@ -157,8 +119,8 @@ func checkCreateSpec(spec *CreateSpec) error {
 		return err
 	}
 	if spec.ID == "" {
-		spec.ID = NewVolumeID()
-	} else if !ValidVolumeID(spec.ID) {
+		spec.ID = contract.NewVolumeID()
+	} else if !contract.ValidVolumeID(spec.ID) {
 		return fmt.Errorf("%w: volume id %q", contract.ErrInvalid, spec.ID)
 	}
 	return nil
@@ -183,7 +145,7 @@ func (m *Manager) cloneImage(v *contract.Volume, tmp, srcPath string) error {
 // not in contract.FsTypes or whose mkfs is not installed, or one with a
 // block volume (contract.ErrInvalid); a size below what its mkfs accepts
 // (contract.ErrOutOfRange).
-func checkFsType(fsType, accessType string, size int64) error {
+func checkFsType(fsType string, accessType contract.AccessType, size int64) error {
 	if fsType == "" {
 		return nil
 	}
@@ -209,7 +171,7 @@ func fsTypeList() string {
 
 // newRecord is the record a create of spec commits once its data is
 // written.
-func (m *Manager) newRecord(spec CreateSpec) *contract.Volume {
+func (m *Manager) newRecord(spec contract.CreateSpec) *contract.Volume {
 	v := &contract.Volume{
 		ID:               spec.ID,
 		Name:             spec.Name,
@@ -273,7 +235,7 @@ func (m *Manager) land(tmp, dst string) error {
 // from, checks it, and returns its data path and the release func (a no-op
 // without a source). Errors: contract.ErrBusy (being deleted or changed),
 // contract.ErrNotFound, contract.ErrInvalid, contract.ErrOutOfRange.
-func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
+func (m *Manager) holdSource(spec contract.CreateSpec) (string, func(), error) {
 	nop := func() {}
 	if spec.SourceSnapshotID == "" && spec.SourceVolumeID == "" {
 		return "", nop, nil
@@ -286,7 +248,8 @@ func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	if err != nil {
 		return "", nop, err
 	}
-	var p, accessType, fsType string
+	var p, fsType string
+	var accessType contract.AccessType
 	var size int64
 	if kind == "snapshot" {
 		var s *contract.Snapshot
@@ -309,7 +272,7 @@ func (m *Manager) holdSource(spec CreateSpec) (string, func(), error) {
 	return p, release, nil
 }
 
-func checkSource(kind, id, accessType, fsType string, size int64, spec CreateSpec) error {
+func checkSource(kind, id string, accessType contract.AccessType, fsType string, size int64, spec contract.CreateSpec) error {
 	if accessType != spec.AccessType {
 		return fmt.Errorf("%w: source %s %s holds a %s volume, the request asks for %s", contract.ErrInvalid, kind, id, accessType, spec.AccessType)
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
@@ -133,7 +134,7 @@ func (m *Manager) imageMounts(id string) ([]string, error) {
 	if err != nil || dev == "" {
 		return nil, err
 	}
-	rdev, err := block.Rdev(dev)
+	rdev, err := blockdev.Rdev(dev)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +173,7 @@ func (m *Manager) thawFrozen() {
 			}
 			continue
 		}
-		if !ValidVolumeID(id) {
+		if !contract.ValidVolumeID(id) {
 			klog.ErrorS(nil, "Not a freeze record; left alone", "path", p)
 			continue
 		}

@@ -1,12 +1,9 @@
 package volume
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -35,31 +32,9 @@ import (
 // use it are frozen instead (their freezer cgroup, pods.go). One used
 // otherwise than by a known pod is refused with FAILED_PRECONDITION.
 
-var groupSnapshotIDPattern = regexp.MustCompile(`^group-[0-9a-f]{32}$`)
-
-// ValidGroupSnapshotID tells whether id has the shape of a
-// group_snapshot_id.
-func ValidGroupSnapshotID(id string) bool { return groupSnapshotIDPattern.MatchString(id) }
-
-// GroupSnapshotIDFor is the group_snapshot_id of the group snapshot of a
-// CSI name: "group-" and 32 hex digits of its SHA-256, so that a retried
-// create finds its group by id.
-func GroupSnapshotIDFor(name string) string {
-	sum := sha256.Sum256([]byte(name))
-	return "group-" + hex.EncodeToString(sum[:16])
-}
-
 // memberName is the record name of group gid's snapshot of volume volID:
 // it starts with a NUL byte, which no CSI name may contain.
 func memberName(gid, volID string) string { return "\x00group/" + gid + "/" + volID }
-
-// GroupSnapshot is a volume group snapshot: its id, its member snapshots
-// (by source volume id order) and when they were cut.
-type GroupSnapshot struct {
-	ID        string
-	Snapshots []*contract.Snapshot
-	CreatedAt time.Time
-}
 
 // CreateGroupSnapshot cuts one snapshot of each of the volumes
 // sourceIDs at one point in time for the CSI name, and commits their
@@ -73,7 +48,7 @@ type GroupSnapshot struct {
 // contract.ErrPrecondition (a directory or raw block volume in use),
 // contract.ErrBusy (a change of a member or of the group is running),
 // contract.ErrNoSpace. Nothing is left behind on failure.
-func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*GroupSnapshot, error) {
+func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
 	return m.CreateGroupSnapshotWithIDs(name, sourceIDs, nil)
 }
 
@@ -82,8 +57,8 @@ func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*GroupSn
 // snapshotIDs[i] is the snapshot of sourceIDs[i]; nil for fresh ones.
 // Errors as CreateGroupSnapshot, and contract.ErrInvalid for ids of the
 // wrong shape or number.
-func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*GroupSnapshot, error) {
-	gid := GroupSnapshotIDFor(name)
+func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+	gid := contract.GroupSnapshotIDFor(name)
 	if len(sourceIDs) == 0 {
 		return nil, fmt.Errorf("%w: a group snapshot needs source volumes", contract.ErrInvalid)
 	}
@@ -93,8 +68,8 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 	memberID := map[string]string{}
 	for i, id := range sourceIDs {
 		if snapshotIDs == nil {
-			memberID[id] = NewSnapshotID()
-		} else if memberID[id] = snapshotIDs[i]; !ValidSnapshotID(snapshotIDs[i]) {
+			memberID[id] = contract.NewSnapshotID()
+		} else if memberID[id] = snapshotIDs[i]; !contract.ValidSnapshotID(snapshotIDs[i]) {
 			return nil, fmt.Errorf("%w: snapshot id %q", contract.ErrInvalid, snapshotIDs[i])
 		}
 	}
@@ -147,7 +122,7 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 	}
 
 	now := time.Now().UTC()
-	g := &GroupSnapshot{ID: gid, CreatedAt: now}
+	g := &contract.GroupSnapshot{ID: gid, CreatedAt: now}
 	var tmps []string
 	cleanup := func() {
 		for _, t := range tmps {
@@ -280,15 +255,15 @@ func (m *Manager) cutGroup(vols []*contract.Volume, pods, tmps []string) error {
 // must be its members' ids (contract.ErrInvalid otherwise). Errors:
 // contract.ErrNotFound (no member left, or not an id of the driver's
 // shape).
-func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*GroupSnapshot, error) {
-	if !ValidGroupSnapshotID(id) {
+func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+	if !contract.ValidGroupSnapshotID(id) {
 		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
 	}
 	all, _, err := m.ListSnapshots("", 0, "")
 	if err != nil {
 		return nil, err
 	}
-	g := &GroupSnapshot{ID: id}
+	g := &contract.GroupSnapshot{ID: id}
 	for _, s := range all {
 		if s.GroupSnapshotID == id {
 			g.Snapshots = append(g.Snapshots, s)
@@ -304,33 +279,10 @@ func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*GroupSnaps
 		members = append(members, s.ID)
 	}
 	exists := func(id string) bool { _, err := m.GetSnapshot(id); return err == nil }
-	if err := CheckGroupMembers(id, members, snapshotIDs, exists); err != nil {
+	if err := contract.CheckGroupMembers(id, members, snapshotIDs, exists); err != nil {
 		return nil, err
 	}
 	return g, nil
-}
-
-// CheckGroupMembers checks the snapshot_ids a CO gave for group gid
-// (none: no check) against members, the group's snapshot ids: every
-// member that still exists is named, and every id named is a member or a
-// snapshot that no longer exists (one a delete cut short removed already).
-// exists tells whether a snapshot id exists. Errors: contract.ErrInvalid
-// naming the snapshot.
-func CheckGroupMembers(gid string, members, given []string, exists func(id string) bool) error {
-	if len(given) == 0 {
-		return nil
-	}
-	for _, id := range members {
-		if !slices.Contains(given, id) && exists(id) {
-			return fmt.Errorf("%w: snapshot_ids lack %s, a snapshot of group %s", contract.ErrInvalid, id, gid)
-		}
-	}
-	for _, id := range given {
-		if !slices.Contains(members, id) && exists(id) {
-			return fmt.Errorf("%w: snapshot %s is not part of group %s", contract.ErrInvalid, id, gid)
-		}
-	}
-	return nil
 }
 
 // DeleteGroupSnapshot deletes every member snapshot of group id (each as
@@ -339,7 +291,7 @@ func CheckGroupMembers(gid string, members, given []string, exists func(id strin
 // contract.ErrBusy (a restore reads a member, or another call on the
 // group runs).
 func (m *Manager) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
-	if !ValidGroupSnapshotID(id) {
+	if !contract.ValidGroupSnapshotID(id) {
 		return nil
 	}
 	unlock, err := m.lock(id)

@@ -25,7 +25,7 @@ func (m *Manager) LookupByName(name string) (*contract.Volume, error) {
 // Get returns the volume with this id. Errors: contract.ErrNotFound (also for any id
 // that is not of the driver's shape).
 func (m *Manager) Get(id string) (*contract.Volume, error) {
-	if !ValidVolumeID(id) {
+	if !contract.ValidVolumeID(id) {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
 	var v *contract.Volume
@@ -43,10 +43,10 @@ func (m *Manager) Get(id string) (*contract.Volume, error) {
 // Resolve returns the volume a node call names: a driver-issued volume_id,
 // or the CO-chosen id of an ephemeral inline volume. Errors: contract.ErrNotFound.
 func (m *Manager) Resolve(id string) (*contract.Volume, error) {
-	if ValidVolumeID(id) {
+	if contract.ValidVolumeID(id) {
 		return m.Get(id)
 	}
-	v, err := m.LookupByName(EphemeralName(id))
+	v, err := m.LookupByName(contract.EphemeralName(id))
 	if err == nil && v == nil {
 		err = fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}

@@ -53,7 +53,7 @@ type Config struct {
 	// the size of the filesystem holding DataRoot.
 	CapacityBytes int64
 	// Engine is engine.Auto (default), engine.Dir or engine.Btrfs.
-	Engine string
+	Engine contract.Engine
 	// Mounter does the node mounts and answers what is mounted where
 	// (stage, publish, delete's in-use check); nil means mount.New(), the
 	// real one. Unit tests give a mount.Fake.
@@ -149,8 +149,8 @@ func Open(cfg Config) (*Manager, error) {
 	m.thawFrozen()
 	statePath := filepath.Join(root, state.FileName)
 	if _, err := os.Stat(statePath); errors.Is(err, os.ErrNotExist) {
-		n := countIDs(m.volRoot, ValidVolumeID) + countIDs(m.blockRoot, validImage(ValidVolumeID)) +
-			countIDs(m.snapRoot, ValidSnapshotID) + countIDs(m.snapRoot, validImage(ValidSnapshotID))
+		n := countIDs(m.volRoot, contract.ValidVolumeID) + countIDs(m.blockRoot, validImage(contract.ValidVolumeID)) +
+			countIDs(m.snapRoot, contract.ValidSnapshotID) + countIDs(m.snapRoot, validImage(contract.ValidSnapshotID))
 		if n > 0 {
 			return nil, fmt.Errorf("state file %s is missing but %s holds %d volume(s) or snapshot(s); refusing to start with empty state. "+
 				"Restore the state file from a backup, or move the data away if it is not needed", statePath, root, n)
@@ -181,7 +181,7 @@ func (m *Manager) Close() error { return m.st.Close() }
 func (m *Manager) Root() string { return m.root }
 
 // Engine is the name of the engine new mount volumes are made with.
-func (m *Manager) Engine() string { return m.eng.Name() }
+func (m *Manager) Engine() contract.Engine { return m.eng.Name() }
 
 // AttachedLoopDevices counts the loop devices attached to this data root's
 // block volume images.
@@ -240,7 +240,7 @@ func (m *Manager) dataPath(v *contract.Volume) string {
 }
 
 func mustVolumeID(id string) {
-	if !ValidVolumeID(id) {
+	if !contract.ValidVolumeID(id) {
 		panic(fmt.Sprintf("volume: path requested for invalid volume id %q", id))
 	}
 }
@@ -251,7 +251,7 @@ func mustVolumeID(id string) {
 // volume is mounted or attached anywhere on this node, contract.ErrBusy while a
 // clone, snapshot or stage reads it or another call changes it.
 func (m *Manager) Delete(id string) error {
-	if !ValidVolumeID(id) {
+	if !contract.ValidVolumeID(id) {
 		return nil
 	}
 	unlock, err := m.lock(id)

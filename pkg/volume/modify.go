@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"strings"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
@@ -31,7 +29,7 @@ import (
 // volume cannot take, named), contract.ErrBusy (a snapshot, clone or other
 // change of it is in progress).
 func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume, error) {
-	mut, err := parseMutable(params)
+	mut, err := contract.MutableOf(params)
 	if err != nil {
 		return nil, err
 	}
@@ -69,26 +67,10 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 	return v, nil
 }
 
-// CheckMutableKind tells whether volume id ("" for a volume not created
-// yet: CreateVolume's mutable_parameters, before it is placed), of
-// accessType and fsType, can take the mutable parameters params:
-// contract.ErrInvalid naming the one it cannot take. That compression
-// needs a data root on btrfs is only known on the node.
-func CheckMutableKind(id, accessType, fsType string, params map[string]string) error {
-	mut, err := parseMutable(params)
-	if err != nil {
-		return err
-	}
-	if id == "" {
-		id = "(new)"
-	}
-	return checkMutable(&contract.Volume{ID: id, AccessType: accessType, FsType: fsType}, true, mut)
-}
-
 // applyMutable checks that v can take mut and applies it to its data at
 // path.
 func (m *Manager) applyMutable(v *contract.Volume, path string, mut contract.Mutable) error {
-	if err := checkMutable(v, engine.OnBtrfs(path), mut); err != nil {
+	if err := contract.CheckMutable(v, engine.OnBtrfs(path), mut); err != nil {
 		return err
 	}
 	if mut.DirMode != nil {
@@ -120,43 +102,6 @@ func (m *Manager) applyMutable(v *contract.Volume, path string, mut contract.Mut
 		}
 	}
 	return nil
-}
-
-// checkMutable refuses (contract.ErrInvalid) a mutable parameter the kind
-// of volume v cannot take; onBtrfs: its data is on btrfs.
-func checkMutable(v *contract.Volume, onBtrfs bool, mut contract.Mutable) error {
-	kind := "a directory volume"
-	switch {
-	case v.AccessType == contract.AccessBlock:
-		kind = "a raw block volume"
-	case v.FsType != "":
-		kind = "an image volume (" + v.FsType + ")"
-	}
-	if mut.DirMode != nil && v.AccessType == contract.AccessBlock {
-		return fmt.Errorf("%w: mutable parameter %s applies to filesystem volumes; volume %s is %s", contract.ErrInvalid, contract.ParamDirMode, v.ID, kind)
-	}
-	if mut.IO != nil && !v.Image() {
-		return fmt.Errorf("%w: mutable parameters %s apply to image volumes (raw block, or csi.storage.k8s.io/fstype ext4 or xfs), whose loop device they limit; volume %s is %s", contract.ErrInvalid, strings.Join(contract.IOLimitParameters, ", "), v.ID, kind)
-	}
-	if mut.Compression != nil && (v.Image() || !onBtrfs) {
-		where := ""
-		if !v.Image() {
-			where = " on a data root that is not btrfs (engine " + v.Engine + ")"
-		}
-		return fmt.Errorf("%w: mutable parameter %s applies to directory volumes on btrfs; volume %s is %s%s", contract.ErrInvalid, contract.ParamCompression, v.ID, kind, where)
-	}
-	return nil
-}
-
-// parseMutable is contract.ParseMutable with its INVALID_ARGUMENT status
-// turned into contract.ErrInvalid (the message kept), as pkg/volume's
-// errors are.
-func parseMutable(params map[string]string) (contract.Mutable, error) {
-	mut, err := contract.ParseMutable(params)
-	if err != nil {
-		return mut, fmt.Errorf("%w: %s", contract.ErrInvalid, status.Convert(err).Message())
-	}
-	return mut, nil
 }
 
 // chmodRoot sets the permission bits of the directory at root (opened

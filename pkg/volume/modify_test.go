@@ -51,14 +51,14 @@ func TestModify(t *testing.T) {
 	if _, err := m.Modify("vol-0123456789abcdef0123456789abcdef", map[string]string{"dirMode": "0700"}); !errors.Is(err, contract.ErrNotFound) {
 		t.Errorf("Modify of an unknown volume: %v, want ErrNotFound", err)
 	}
-	blk, err := m.Create(CreateSpec{Name: "blk", SizeBytes: 1 << 20, AccessType: contract.AccessBlock})
+	blk, err := m.Create(contract.CreateSpec{Name: "blk", SizeBytes: 1 << 20, AccessType: contract.AccessBlock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.Modify(blk.ID, map[string]string{"dirMode": "0700"}); !errors.Is(err, contract.ErrInvalid) || !strings.Contains(err.Error(), "raw block") {
 		t.Errorf("dirMode on a raw block volume: %v, want ErrInvalid saying why", err)
 	}
-	if err := CheckMutableKind("", contract.AccessMount, "ext4", map[string]string{"compression": "zstd"}); !errors.Is(err, contract.ErrInvalid) {
+	if err := contract.CheckMutableKind("", contract.AccessMount, "ext4", map[string]string{"compression": "zstd"}); !errors.Is(err, contract.ErrInvalid) {
 		t.Errorf("compression for a new image volume: %v, want ErrInvalid", err)
 	}
 	m.Close()

@@ -35,7 +35,7 @@ import (
 // contract.ErrInvalid, contract.ErrExists, contract.ErrPrecondition
 // (capability of the other access type), contract.ErrBusy (another call on
 // the volume is in flight, or it is being deleted or expanded).
-func (m *Manager) Stage(id, stagingPath, accessType string, flags []string) error {
+func (m *Manager) Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error {
 	unlock, err := m.lock(id)
 	if err != nil {
 		return err
@@ -157,7 +157,7 @@ func stagedDevicePath(stagingPath, id string) string {
 	return filepath.Join(stagingPath, id)
 }
 
-func matchAccess(v *contract.Volume, accessType string) error {
+func matchAccess(v *contract.Volume, accessType contract.AccessType) error {
 	if v.AccessType != accessType {
 		return fmt.Errorf("%w: volume %s is a %s volume; the capability asks for %s", contract.ErrPrecondition, v.ID, v.AccessType, accessType)
 	}
@@ -191,7 +191,7 @@ func (m *Manager) Unstage(ctx context.Context, id, stagingPath string) error {
 		if err := m.mnt.Unmount(stagingPath); err != nil {
 			return err
 		}
-		if ValidVolumeID(id) {
+		if contract.ValidVolumeID(id) {
 			return m.mnt.RemoveDevice(stagedDevicePath(stagingPath, id))
 		}
 		return nil
@@ -300,7 +300,7 @@ type PublishOptions struct {
 	StagingPath, TargetPath string
 	// AccessType is what the request's capability asks for
 	// (contract.AccessMount or contract.AccessBlock).
-	AccessType string
+	AccessType contract.AccessType
 	// ReadOnly publishes read-only.
 	ReadOnly bool
 	// SingleWriter (SINGLE_NODE_SINGLE_WRITER): the volume may be published
@@ -469,7 +469,7 @@ func (m *Manager) releaseReadOnly(img string) error {
 // o.TargetPath, created as for Publish. A repeated publish finds the same
 // volume; a volume this call created is deleted again when the mount
 // fails. It holds the lock of the CO id. Errors as for Create and Publish.
-func (m *Manager) PublishEphemeral(spec CreateSpec, o PublishOptions) error {
+func (m *Manager) PublishEphemeral(spec contract.CreateSpec, o PublishOptions) error {
 	unlock, err := m.lock(spec.EphemeralID)
 	if err != nil {
 		return err
@@ -536,7 +536,7 @@ func (m *Manager) Unpublish(ctx context.Context, id, targetPath string) error {
 	if err := m.forgetPublication(v, targetPath); err != nil {
 		return err
 	}
-	if v.Ephemeral && !ValidVolumeID(id) {
+	if v.Ephemeral && !contract.ValidVolumeID(id) {
 		return m.Delete(v.ID)
 	}
 	if v.AccessType != contract.AccessBlock {

@@ -12,6 +12,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/klog/v2"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/pkg/state"
@@ -125,7 +126,7 @@ func (m *Manager) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) 
 	}
 	var nums []uint64
 	for _, d := range devs {
-		n, err := block.Rdev(d.Path)
+		n, err := blockdev.Rdev(d.Path)
 		if err != nil {
 			return err
 		}

@@ -133,7 +133,7 @@ func entryID(name string) (id, prefix string, ok bool) {
 		}
 	}
 	id = strings.TrimSuffix(name, ".img")
-	return id, prefix, ValidVolumeID(id) || ValidSnapshotID(id)
+	return id, prefix, contract.ValidVolumeID(id) || contract.ValidSnapshotID(id)
 }
 
 func (m *Manager) recoverEntry(dir, name string, known map[string]bool) {

@@ -21,7 +21,7 @@ func openTest(t *testing.T, root string) *Manager {
 
 func create(t *testing.T, m *Manager, name string) *contract.Volume {
 	t.Helper()
-	v, err := m.Create(CreateSpec{Name: name, SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
+	v, err := m.Create(contract.CreateSpec{Name: name, SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestUnclaimedDataOfTheSameIDTwice(t *testing.T) {
 				t.Fatalf("the first attempt's data was not moved aside: %v", err)
 			}
 		}
-		v, err := m.Create(CreateSpec{ID: id, Name: "same", SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
+		v, err := m.Create(contract.CreateSpec{ID: id, Name: "same", SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +139,7 @@ func TestInterruptedCreatesAreFinishedOrRemoved(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "data")
 	m := openTest(t, root)
 	done := create(t, m, "committed")
-	snap, err := m.CreateSnapshot(SnapshotSpec{Name: "s", SourceVolumeID: done.ID})
+	snap, err := m.CreateSnapshot(contract.SnapshotSpec{Name: "s", SourceVolumeID: done.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,15 +152,15 @@ func TestInterruptedCreatesAreFinishedOrRemoved(t *testing.T) {
 	}
 	// Crashes before the commit: data under the prefix, no record.
 	unacked := []string{
-		inFlight(creatingPrefix, m.volDir(NewVolumeID())),
-		inFlight(creatingPrefix, filepath.Join(root, "snapshots", NewSnapshotID())),
+		inFlight(creatingPrefix, m.volDir(contract.NewVolumeID())),
+		inFlight(creatingPrefix, filepath.Join(root, "snapshots", contract.NewSnapshotID())),
 	}
 	for _, p := range unacked {
 		if err := os.MkdirAll(filepath.Join(p, "sub"), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	img := inFlight(creatingPrefix, m.imagePath(NewVolumeID()))
+	img := inFlight(creatingPrefix, m.imagePath(contract.NewVolumeID()))
 	if err := os.WriteFile(img, make([]byte, 4096), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	m := openTest(t, root)
 	defer m.Close()
 	v := create(t, m, "src")
-	snap, err := m.CreateSnapshot(SnapshotSpec{Name: "s", SourceVolumeID: v.ID})
+	snap, err := m.CreateSnapshot(contract.SnapshotSpec{Name: "s", SourceVolumeID: v.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceSnapshotID: snap.ID}); !errors.Is(err, contract.ErrBusy) {
+	if _, err := m.Create(contract.CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceSnapshotID: snap.ID}); !errors.Is(err, contract.ErrBusy) {
 		t.Errorf("restore during DeleteSnapshot: %v, want contract.ErrBusy", err)
 	}
 	release()
@@ -253,10 +253,10 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(CreateSpec{Name: "c", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
+	if _, err := m.Create(contract.CreateSpec{Name: "c", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
 		t.Errorf("clone during Delete: %v, want contract.ErrBusy", err)
 	}
-	if _, err := m.CreateSnapshot(SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
+	if _, err := m.CreateSnapshot(contract.SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
 		t.Errorf("snapshot during Delete: %v, want contract.ErrBusy", err)
 	}
 	release()
@@ -266,7 +266,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 		}
 	}
 	// Free again: both succeed.
-	r, err := m.Create(CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceSnapshotID: snap.ID})
+	r, err := m.Create(contract.CreateSpec{Name: "r", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceSnapshotID: snap.ID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ func (m *Manager) SnapshotPath(s *contract.Snapshot) string { return m.snapPath(
 
 // snapPath is where snapshot s's data lives.
 func (m *Manager) snapPath(s *contract.Snapshot) string {
-	if !ValidSnapshotID(s.ID) {
+	if !contract.ValidSnapshotID(s.ID) {
 		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))
 	}
 	if s.Image() {
@@ -46,7 +46,7 @@ func (m *Manager) LookupSnapshotByName(name string) (*contract.Snapshot, error) 
 // GetSnapshot returns the snapshot with this id. Errors: contract.ErrNotFound (also
 // for ids not of the driver's shape).
 func (m *Manager) GetSnapshot(id string) (*contract.Snapshot, error) {
-	if !ValidSnapshotID(id) {
+	if !contract.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
 	var s *contract.Snapshot
@@ -61,15 +61,6 @@ func (m *Manager) GetSnapshot(id string) (*contract.Snapshot, error) {
 	return s, err
 }
 
-// SnapshotSpec describes a new snapshot.
-type SnapshotSpec struct {
-	// ID is the snapshot_id to use; empty means a fresh random one. An id
-	// the node already holds returns the existing snapshot.
-	ID string
-	// Name is the CSI name; SourceVolumeID the volume to snapshot.
-	Name, SourceVolumeID string
-}
-
 // CreateSnapshot takes a snapshot of volume spec.SourceVolumeID for the CSI
 // name and commits its record before it returns. btrfs volumes get a
 // read-only subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents
@@ -81,12 +72,12 @@ type SnapshotSpec struct {
 // usable. Its size is the source's capacity (the restore size). Errors:
 // contract.ErrNotFound (source), contract.ErrNoSpace, contract.ErrExists (name taken by a concurrent
 // call), contract.ErrBusy.
-func (m *Manager) CreateSnapshot(spec SnapshotSpec) (*contract.Snapshot, error) {
+func (m *Manager) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, error) {
 	name := spec.Name
 	given := spec.ID != ""
 	if !given {
-		spec.ID = NewSnapshotID()
-	} else if !ValidSnapshotID(spec.ID) {
+		spec.ID = contract.NewSnapshotID()
+	} else if !contract.ValidSnapshotID(spec.ID) {
 		return nil, fmt.Errorf("%w: snapshot id %q", contract.ErrInvalid, spec.ID)
 	}
 	unlock, err := m.lock(spec.ID, spec.SourceVolumeID)
@@ -190,7 +181,7 @@ func (m *Manager) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*co
 // succeed. Volumes restored from it are independent and stay. Errors:
 // contract.ErrBusy while a restore reads it (case C34).
 func (m *Manager) DeleteSnapshot(id string) error {
-	if !ValidSnapshotID(id) {
+	if !contract.ValidSnapshotID(id) {
 		return nil
 	}
 	unlock, err := m.lock(id)

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
@@ -147,7 +148,7 @@ func isDeviceOf(p string, devs []block.Device, rwOnly bool) bool {
 		if rwOnly && d.ReadOnly {
 			continue
 		}
-		if ok, err := block.NodeOf(p, d.Path); err == nil && ok {
+		if ok, err := blockdev.NodeOf(p, d.Path); err == nil && ok {
 			return true
 		}
 	}

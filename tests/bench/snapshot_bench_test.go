@@ -54,6 +54,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
@@ -178,7 +179,7 @@ func startSnapshotDriver(b *testing.B, fsKind, engine string) *testdriver.Instan
 		fsRoot = testfs.New(b, fsKind, snapFSSize)
 	}
 	in := testdriver.Start(b, func(o *driver.Options) {
-		o.Engine = engine
+		o.Engine = contract.Engine(engine)
 		if fsRoot != "" {
 			o.DataRoot = filepath.Join(fsRoot, "data")
 		}

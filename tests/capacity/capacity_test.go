@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -47,7 +48,7 @@ func start(t *testing.T, fs, engine string) *testdriver.Instance {
 	root := testfs.New(t, fs, 320*mib)
 	return testdriver.Start(t, func(o *driver.Options) {
 		o.DataRoot = root + "/data"
-		o.Engine = engine
+		o.Engine = contract.Engine(engine)
 		o.CapacityBytes = 0 // the filesystem's size: the free space decides
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -520,7 +521,7 @@ var mountEngines = []engineCase{
 func startEngine(t *testing.T, ec engineCase, mutate func(*driver.Options)) *env {
 	t.Helper()
 	return start(t, ec.fs, 1<<30, func(o *driver.Options) {
-		o.Engine = ec.engine
+		o.Engine = contract.Engine(ec.engine)
 		o.CapacityBytes = 256 * csitest.Mi
 		if mutate != nil {
 			mutate(o)

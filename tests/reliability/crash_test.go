@@ -174,7 +174,7 @@ func crashStorm(t *testing.T, fsKind, engineName string, kills int) {
 	t.Logf("seed %d (LOCALDIR_KILLS=%d)", seed, kills)
 	s := newStorm(t, dir, root, nWorkers, seed)
 	s.images = true
-	if engineName == engine.Btrfs {
+	if engineName == string(engine.Btrfs) {
 		s.limits = btrfsLimits(t, base)
 	}
 

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/volume"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
@@ -34,8 +35,8 @@ func TestInterruptedExpansionsAreFinishedAtStart(t *testing.T) {
 	}
 	limits := btrfsLimits(t, mnt)
 	m := open()
-	mk := func(name, access string) string {
-		v, err := m.Create(volume.CreateSpec{Name: name, SizeBytes: 8 << 20, AccessType: access, DirMode: 0o755})
+	mk := func(name string, access contract.AccessType) string {
+		v, err := m.Create(contract.CreateSpec{Name: name, SizeBytes: 8 << 20, AccessType: access, DirMode: 0o755})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +75,7 @@ func TestInterruptedExpansionsAreFinishedAtStart(t *testing.T) {
 	if err := unix.Stat(imgPath, &st); err != nil || st.Size != 16<<20 || st.Blocks*512 < 16<<20 {
 		t.Fatalf("image after recovery: %d bytes, %d allocated (%v); want 16 MiB allocated", st.Size, st.Blocks*512, err)
 	}
-	if n, err := block.DeviceSize(dev); err != nil || n != 16<<20 {
+	if n, err := blockdev.DeviceSize(dev); err != nil || n != 16<<20 {
 		t.Fatalf("loop device %s after recovery: %d bytes (%v), want 16 MiB", dev, n, err)
 	}
 	for _, p := range []string{dirPath, retriedPath} {

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
@@ -184,7 +184,7 @@ func hostileIDs(e *hostileEnv) []string {
 		strings.Repeat("a", 128), strings.Repeat("a", 129), strings.Repeat("a", 4096), strings.Repeat("/..", 2000),
 		strings.Repeat("a", 124) + emoji, strings.Repeat("a", 125) + emoji, strings.Repeat(emoji, 32), strings.Repeat(emoji, 33),
 		"vol-0123456789abcdef0123456789abcdef", "vol-ffffffffffffffffffffffffffffffff",
-		"snap-0123456789abcdef0123456789abcdef", volume.NewVolumeID(), volume.NewSnapshotID(),
+		"snap-0123456789abcdef0123456789abcdef", contract.NewVolumeID(), contract.NewSnapshotID(),
 		"csi-0123456789abcdef", "pvc-0a1b2c3d", "*", "vol-*", "%2e%2e%2f", "..%2f..%2f", "\\..\\..",
 	}
 	return ids
@@ -201,7 +201,7 @@ func validName(s string) bool {
 
 // validEphemeralID: what kubelet-style inline volume ids the driver takes.
 func validEphemeralID(s string) bool {
-	if len(s) == 0 || len(s) > 128 || strings.Contains(s, "..") || volume.ValidVolumeID(s) {
+	if len(s) == 0 || len(s) > 128 || strings.Contains(s, "..") || contract.ValidVolumeID(s) {
 		return false
 	}
 	for i, r := range s {
@@ -290,7 +290,7 @@ func (e *hostileEnv) idCases(ids []string) {
 				if made == "" {
 					return
 				}
-				if !volume.ValidVolumeID(made) {
+				if !contract.ValidVolumeID(made) {
 					t.Errorf("CreateVolume name=%s returned id %q, not of the driver's shape", q, made)
 					return
 				}
@@ -312,7 +312,7 @@ func (e *hostileEnv) idCases(ids []string) {
 				if snapMade == "" {
 					return
 				}
-				if !volume.ValidSnapshotID(snapMade) {
+				if !contract.ValidSnapshotID(snapMade) {
 					t.Errorf("CreateSnapshot name=%s returned id %q", q, snapMade)
 				}
 				_, err := c.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snapMade})
@@ -423,7 +423,7 @@ func (e *hostileEnv) idCases(ids []string) {
 		// driver never issued (the right-shaped ids excepted: those are
 		// valid positions to continue after).
 		tokWant := codes.Aborted
-		if volume.ValidVolumeID(id) {
+		if contract.ValidVolumeID(id) {
 			tokWant = codes.OK
 		}
 		tok := base64.RawURLEncoding.EncodeToString([]byte("v1:" + id))
@@ -436,7 +436,7 @@ func (e *hostileEnv) idCases(ids []string) {
 			return err
 		}})
 		snapTokWant := codes.Aborted
-		if volume.ValidSnapshotID(id) {
+		if contract.ValidSnapshotID(id) {
 			snapTokWant = codes.OK
 		}
 		e.run(hcase{rpc: "ListSnapshots", input: "starting_token=b64(v1:" + q + ")", want: snapTokWant, call: func(cx context.Context) error {

@@ -39,6 +39,7 @@ import (
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"google.golang.org/grpc"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
@@ -49,7 +50,7 @@ type Config struct {
 	// FS is "" for the machine's disk, else a testfs kind.
 	FS string
 	// Engine is the --engine value.
-	Engine string
+	Engine contract.Engine
 	// Block runs the suite with block volumes.
 	Block bool
 	// FsType makes every volume an image volume with this filesystem.

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
 	"github.com/localdir-csi/localdir/tests/testcgroup"
@@ -29,7 +30,7 @@ func loopDevice(t *testing.T) (string, uint64) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = block.Detach(img) })
-	rdev, err := block.Rdev(dev)
+	rdev, err := blockdev.Rdev(dev)
 	if err != nil {
 		t.Fatal(err)
 	}

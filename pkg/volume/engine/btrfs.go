@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // The btrfs engine keeps each volume as a subvolume with a qgroup limit on
@@ -146,8 +148,8 @@ func newBtrfs(root string) (Engine, error) {
 	return btrfsEngine{}, nil
 }
 
-func (btrfsEngine) Name() string   { return Btrfs }
-func (btrfsEngine) Enforced() bool { return true }
+func (btrfsEngine) Name() contract.Engine { return Btrfs }
+func (btrfsEngine) Enforced() bool        { return true }
 
 // Create makes a subvolume at path and limits it to size bytes.
 func (e btrfsEngine) Create(path string, size int64, mode uint32) error {

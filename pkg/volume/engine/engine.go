@@ -6,13 +6,15 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // Names of the engines (--engine, and the engine recorded with each volume).
 const (
-	Dir   = "dir"
-	Btrfs = "btrfs"
-	Auto  = "auto"
+	Dir   = contract.EngineDir
+	Btrfs = contract.EngineBtrfs
+	Auto  = contract.EngineAuto
 )
 
 // Engine lays out mount volumes (directory trees) on the data root's
@@ -20,7 +22,7 @@ const (
 // pkg/volume from validated ids.
 type Engine interface {
 	// Name is Dir or Btrfs.
-	Name() string
+	Name() contract.Engine
 	// Create makes an empty volume directory at path (which must not exist)
 	// with permission mode and a capacity of size bytes.
 	Create(path string, size int64, mode uint32) error
@@ -55,7 +57,7 @@ type Engine interface {
 // New returns the engine called name for the data root root. Auto picks
 // btrfs when root is on btrfs, else dir. The btrfs engine enables quotas
 // (qgroups) on the filesystem if they are off.
-func New(name, root string) (Engine, error) {
+func New(name contract.Engine, root string) (Engine, error) {
 	switch name {
 	case Dir:
 		return dirEngine{}, nil
@@ -98,8 +100,8 @@ func Remove(path string) error {
 // share extents where the filesystem has reflinks.
 type dirEngine struct{}
 
-func (dirEngine) Name() string   { return Dir }
-func (dirEngine) Enforced() bool { return false }
+func (dirEngine) Name() contract.Engine { return Dir }
+func (dirEngine) Enforced() bool        { return false }
 
 func (dirEngine) Create(path string, _ int64, mode uint32) error {
 	if err := unix.Mkdir(path, 0o700); err != nil {

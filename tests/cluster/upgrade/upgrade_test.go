@@ -29,7 +29,6 @@ import (
 	"github.com/localdir-csi/localdir/pkg/cluster"
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
 )
 
@@ -240,7 +239,7 @@ func TestIntegerSizesReadAfterUpgrade(t *testing.T) {
 		// then waits for a node plugin, which this test does not run.
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		_, err := b.CreateVolume(wctx, volume.CreateSpec{Name: "pvc-new", SizeBytes: 2 * gi, AccessType: contract.AccessMount}, nil)
+		_, err := b.CreateVolume(wctx, contract.CreateSpec{Name: "pvc-new", SizeBytes: 2 * gi, AccessType: contract.AccessMount}, nil)
 		if contract.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("CreateVolume without a node plugin: %v, want DEADLINE_EXCEEDED", err)
 		}

@@ -1,6 +1,7 @@
-package volume
+package contract
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"regexp"
 
@@ -43,3 +44,17 @@ func NewVolumeID() string { return newID("vol-") }
 
 // NewSnapshotID returns a fresh snapshot_id (time-ordered, 74 random bits).
 func NewSnapshotID() string { return newID("snap-") }
+
+var groupSnapshotIDPattern = regexp.MustCompile(`^group-[0-9a-f]{32}$`)
+
+// ValidGroupSnapshotID tells whether id has the shape of a
+// group_snapshot_id.
+func ValidGroupSnapshotID(id string) bool { return groupSnapshotIDPattern.MatchString(id) }
+
+// GroupSnapshotIDFor is the group_snapshot_id of the group snapshot of a
+// CSI name: "group-" and 32 hex digits of its SHA-256, so that a retried
+// create finds its group by id.
+func GroupSnapshotIDFor(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "group-" + hex.EncodeToString(sum[:16])
+}
