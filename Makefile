@@ -50,11 +50,15 @@ test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests 
 # mknod, cgroups): they fail, never skip, without it, so make unit leaves them out and
 # make test (as root) runs them. Naming a package that no longer exists makes
 # make unit fail rather than quietly run more or less than it says.
-ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/volume/block ./pkg/volume/cgroup
+ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/publish/loop ./pkg/publish/cgroup
 
-unit: ## unit tests: pkg/ minus ROOT_ONLY_PKGS; need neither root nor network
+# UNPRIVILEGED_PKGS are the tests outside pkg/ that make unit runs too:
+# csi-sanity over mount.Fake and the dir engine on a temporary directory.
+UNPRIVILEGED_PKGS := ./tests/sanity/unprivileged
+
+unit: ## unit tests: pkg/ minus ROOT_ONLY_PKGS, and csi-sanity over mount.Fake; need neither root nor network
 	@pkgs=$$($(GO) list ./pkg/...) && skip=$$($(GO) list $(ROOT_ONLY_PKGS)) && \
-	  $(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) $$(grep -vxF "$$skip" <<<"$$pkgs")
+	  $(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) $$(grep -vxF "$$skip" <<<"$$pkgs") $(UNPRIVILEGED_PKGS)
 
 # make unit as user nobody with no network (a new network namespace holding
 # only a down loopback, and GOPROXY=off), as CI runs it:

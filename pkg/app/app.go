@@ -1,6 +1,8 @@
-// Package app wires a localdir process for its mode: the CSI gRPC server,
-// and in cluster modes the API-server side (controller backend or node
-// agent). cmd/localdir-csi only parses flags and handles signals.
+// Package app wires a localdir process for its mode: on a node the Store
+// and Publisher, opened and recovered before anything is served (OpenNode),
+// the CSI gRPC server, and in cluster modes the API-server side (controller
+// backend or node agent). cmd/localdir-csi only parses flags and handles
+// signals.
 package app
 
 import (
@@ -13,10 +15,13 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/cluster"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/pkg/metrics"
+	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/publish"
 	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
@@ -41,9 +46,59 @@ func RestConfig(opts driver.Options) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// Node is a node's storage and node side, as OpenNode opens them.
+type Node struct {
+	Store     *volume.Store
+	Publisher *publish.Publisher
+}
+
+// OpenNode opens the node's data root (opts.DataRoot, --capacity,
+// --engine, --cgroup-root) in the order a start after a crash needs, each
+// step logged: it thaws what a killed process left frozen (before anything
+// that could fail), opens the state file, and recovers the data root
+// (interrupted creates, deletes and expansions; data no record claims is
+// moved aside). mounter is the Publisher's mount.Interface (nil: the real
+// one). On failure nothing stays open.
+func OpenNode(opts driver.Options, mounter mount.Interface) (*Node, error) {
+	klog.InfoS("Thawing what a killed driver left frozen", "dataRoot", opts.DataRoot)
+	publish.ThawFrozen(opts.DataRoot, opts.CgroupRoot)
+	store, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine})
+	if err != nil {
+		return nil, err
+	}
+	pub, err := publish.New(store, publish.Config{Mounter: mounter, CgroupRoot: opts.CgroupRoot})
+	if err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
+	klog.InfoS("Recovering the data root", "dataRoot", store.Root())
+	if err := store.Recover(pub); err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
+	klog.InfoS("Data root ready", "dataRoot", store.Root(), "engine", store.Engine(), "leftovers", len(store.Leftovers()))
+	return &Node{Store: store, Publisher: pub}, nil
+}
+
+// NewDriver opens the node (OpenNode) and returns the node- or all-mode
+// driver over it.
+func NewDriver(opts driver.Options, mounter mount.Interface, with ...driver.Option) (*driver.Driver, *Node, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, nil, err
+	}
+	n, err := OpenNode(opts, mounter)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := driver.New(opts, n.Store, n.Publisher, with...)
+	if err != nil {
+		return nil, nil, errors.Join(err, n.Store.Close())
+	}
+	return d, n, nil
+}
+
 // NodeMetrics reports the localdir_* gauges of one node's data root.
 // orphans may be nil (all mode has no objects to claim data).
-func NodeMetrics(vm *volume.Manager, node string, orphans func() int64) metrics.StateFunc {
+func NodeMetrics(n *Node, node string, orphans func() int64) metrics.StateFunc {
+	vm := n.Store
 	return func() []metrics.Sample {
 		var out []metrics.Sample
 		l := []string{node}
@@ -60,7 +115,7 @@ func NodeMetrics(vm *volume.Manager, node string, orphans func() int64) metrics.
 		if snaps, _, err := vm.ListSnapshots("", 0, ""); err == nil {
 			out = append(out, metrics.Sample{Desc: metrics.SnapshotsDesc, Value: float64(len(snaps)), Labels: []string{node, "Ready"}})
 		}
-		out = append(out, metrics.Sample{Desc: metrics.LoopDevicesDesc, Value: float64(vm.AttachedLoopDevices()), Labels: l})
+		out = append(out, metrics.Sample{Desc: metrics.LoopDevicesDesc, Value: float64(n.Publisher.AttachedLoopDevices()), Labels: l})
 		out = append(out, metrics.Sample{Desc: metrics.LeftoversDesc, Value: float64(len(vm.Leftovers())), Labels: l})
 		if orphans != nil {
 			out = append(out, metrics.Sample{Desc: metrics.OrphansDesc, Value: float64(orphans()), Labels: l})
@@ -111,11 +166,11 @@ func Run(ctx context.Context, opts driver.Options) error {
 	g, gctx := errgroup.WithContext(ctx)
 	switch opts.Mode {
 	case driver.ModeAll:
-		d, err := driver.New(opts)
+		d, n, err := NewDriver(opts, nil)
 		if err != nil {
 			return err
 		}
-		if err := serveMetrics(gctx, g, ms, NodeMetrics(d.VolumeManager(), opts.NodeID, nil)); err != nil {
+		if err := serveMetrics(gctx, g, ms, NodeMetrics(n, opts.NodeID, nil)); err != nil {
 			return err
 		}
 		g.Go(func() error { return d.Run(gctx) })
@@ -136,13 +191,13 @@ func Run(ctx context.Context, opts driver.Options) error {
 		g.Go(func() error { return d.Run(gctx) })
 		return g.Wait()
 	}
-	d, err := driver.New(opts)
+	d, n, err := NewDriver(opts, nil)
 	if err != nil {
 		return err
 	}
-	agent := &cluster.NodeAgent{NodeID: opts.NodeID, VM: d.VolumeManager(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
+	agent := &cluster.NodeAgent{NodeID: opts.NodeID, Store: n.Store, Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
 		Heartbeat: opts.HeartbeatInterval}
-	if err := serveMetrics(gctx, g, ms, NodeMetrics(d.VolumeManager(), opts.NodeID, agent.Orphans)); err != nil {
+	if err := serveMetrics(gctx, g, ms, NodeMetrics(n, opts.NodeID, agent.Orphans)); err != nil {
 		return err
 	}
 	g.Go(func() error { return agent.Start(gctx, cfg) })

@@ -14,19 +14,18 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // LocalGroupSnapshotReconciler cuts the LocalGroupSnapshots of one node:
 // one snapshot of each volume at one point in time
-// (volume.Manager.CreateGroupSnapshotWithIDs, with the member ids the
+// (NodeStore.CreateGroupSnapshotWithIDs, with the member ids the
 // controller chose), then a LocalSnapshot for each member, then the
 // group's status. Deleting a group is the controller's: it deletes the
 // members like any snapshot.
 type LocalGroupSnapshotReconciler struct {
 	Client client.Client
 	NodeID string
-	VM     *volume.Manager
+	Store  NodeStore
 }
 
 // SetupWithManager registers the reconciler for LocalGroupSnapshots.
@@ -47,7 +46,7 @@ func (r *LocalGroupSnapshotReconciler) Reconcile(ctx context.Context, req reconc
 	if g.Name != contract.GroupSnapshotIDFor(g.Spec.CSIName) {
 		return reconcile.Result{}, r.failed(ctx, g, fmt.Errorf("%w: the object's name is not the group_snapshot_id of its csiName", contract.ErrInvalid))
 	}
-	cut, err := r.VM.CreateGroupSnapshotWithIDs(g.Spec.CSIName, g.Spec.Volumes, g.Spec.Snapshots)
+	cut, err := r.Store.CreateGroupSnapshotWithIDs(g.Spec.CSIName, g.Spec.Volumes, g.Spec.Snapshots)
 	if errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil // a member is being changed
 	}

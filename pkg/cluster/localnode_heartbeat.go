@@ -12,7 +12,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/metrics"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // LocalNodeHeartbeat is a manager.Runnable that writes its node's LocalNode
@@ -22,7 +21,7 @@ import (
 type LocalNodeHeartbeat struct {
 	Client         client.Client
 	NodeID         string
-	VM             *volume.Manager
+	Store          NodeStore
 	Version        string
 	MaxVolumeBytes int64
 	// Interval between writes (0: 30 s).
@@ -52,7 +51,7 @@ func (h *LocalNodeHeartbeat) Start(ctx context.Context) error {
 }
 
 func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
-	ci, err := h.VM.Capacity()
+	ci, err := h.Store.Capacity()
 	if err != nil {
 		return err
 	}
@@ -66,7 +65,7 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 	} else if err != nil {
 		return err
 	}
-	data := nodeData{h.Client, h.NodeID, h.VM}
+	data := nodeData{h.Client, h.NodeID, h.Store}
 	orphans, err := data.orphans(ctx)
 	if err != nil {
 		return err
@@ -77,7 +76,7 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 	}
 	patch := client.MergeFrom(ln.DeepCopy())
 	ln.Status = v1.LocalNodeStatus{
-		Engine:           string(h.VM.Engine()),
+		Engine:           string(h.Store.Engine()),
 		CapacityBytes:    quantity(ci.Total),
 		AllocatableBytes: quantity(ci.Available),
 		AllocatedBytes:   quantity(ci.Allocated),
@@ -88,7 +87,7 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 		Heartbeat:        metav1.Now(),
 		Orphans:          orphans,
 	}
-	for _, l := range h.VM.Leftovers() {
+	for _, l := range h.Store.Leftovers() {
 		ln.Status.RecoveryProblems = append(ln.Status.RecoveryProblems, v1.RecoveryProblem{Path: l.Path, Problem: l.Problem})
 	}
 	// A merge patch: no resourceVersion conflict with a stale cache read.

@@ -14,7 +14,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // LocalVolumeReconciler carries out the LocalVolumes of one node: it
@@ -24,7 +23,7 @@ import (
 type LocalVolumeReconciler struct {
 	Client client.Client
 	NodeID string
-	VM     *volume.Manager
+	Store  NodeStore
 }
 
 // SetupWithManager registers the reconciler for LocalVolumes (the
@@ -50,7 +49,7 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	}
 	if lv.Spec.DeleteData {
 		// DeleteVolume recorded its intent: the data goes, then the object.
-		return deleteRequested(ctx, r.Client, "LocalVolume", lv, func() error { return r.VM.Delete(lv.Name) }, func(err error) { r.deleteBlocked(ctx, lv, err) })
+		return deleteRequested(ctx, r.Client, "LocalVolume", lv, func() error { return r.Store.Delete(lv.Name) }, func(err error) { r.deleteBlocked(ctx, lv, err) })
 	}
 	if err := dropLegacyFinalizer(ctx, r.Client, lv, lv.Spec.DeleteData); err != nil {
 		return reconcile.Result{}, err
@@ -70,13 +69,13 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	return reconcile.Result{}, nil
 }
 
-func (r *LocalVolumeReconciler) data() nodeData { return nodeData{r.Client, r.NodeID, r.VM} }
+func (r *LocalVolumeReconciler) data() nodeData { return nodeData{r.Client, r.NodeID, r.Store} }
 
 // carryOut brings the node's data in line with lv and records the outcome
 // in lv.Status. busy: a conflicting operation holds the data (or its
 // source); try again after busyRetry.
 func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err error) {
-	local, err := r.VM.Get(lv.Name)
+	local, err := r.Store.Get(lv.Name)
 	notFound := errors.Is(err, contract.ErrNotFound)
 	switch {
 	case notFound && lv.Status.Phase == v1.PhaseReady:
@@ -101,7 +100,7 @@ func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err err
 func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volume, busy bool) {
 	spec, err := r.createSpec(lv)
 	if err == nil {
-		local, err = r.VM.Create(spec)
+		local, err = r.Store.Create(spec)
 	}
 	if errors.Is(err, contract.ErrBusy) {
 		return nil, true
@@ -128,7 +127,7 @@ func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume
 	size := lv.Spec.Size.Value()
 	reported := lv.Status.CapacityBytes.Value()
 	if size > local.CapacityBytes || (reported > 0 && size > reported) {
-		if c, err := r.VM.Expand(lv.Name, size); errors.Is(err, contract.ErrBusy) {
+		if c, err := r.Store.Expand(lv.Name, size); errors.Is(err, contract.ErrBusy) {
 			return true
 		} else if err != nil {
 			lv.Status.ErrorCode = codeName(err)
@@ -143,7 +142,7 @@ func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume
 	}
 	lv.Status.Phase = v1.PhaseReady
 	lv.Status.CapacityBytes = quantity(local.CapacityBytes)
-	lv.Status.Path = r.VM.DataPath(local)
+	lv.Status.Path = r.Store.DataPath(local)
 	if lv.Status.ErrorCode == "" {
 		setReady(&lv.Status.Conditions, lv.Generation, true, "Created", "the volume's data exists on node "+r.NodeID)
 	}
@@ -158,7 +157,7 @@ func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume
 func (r *LocalVolumeReconciler) modify(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
 	lv.Status.ModifyErrorCode = ""
 	if !inEffect(lv.Spec.MutableParameters, local.MutableParameters) {
-		v, err := r.VM.Modify(lv.Name, lv.Spec.MutableParameters)
+		v, err := r.Store.Modify(lv.Name, lv.Spec.MutableParameters)
 		switch {
 		case errors.Is(err, contract.ErrBusy):
 			return true
@@ -214,16 +213,16 @@ func (r *LocalVolumeReconciler) finishDelete(ctx context.Context, lv *v1.LocalVo
 		return reconcile.Result{}, nil
 	}
 	if lv.Spec.DeleteData {
-		if err := r.VM.Delete(lv.Name); errors.Is(err, contract.ErrBusy) {
+		if err := r.Store.Delete(lv.Name); errors.Is(err, contract.ErrBusy) {
 			return reconcile.Result{RequeueAfter: busyRetry}, nil
 		} else if err != nil {
 			r.deleteBlocked(ctx, lv, err)
 			return reconcile.Result{RequeueAfter: deleteRetry}, nil
 		}
 		klog.InfoS("Volume data deleted", "volumeID", lv.Name)
-	} else if v, err := r.VM.Get(lv.Name); err == nil {
+	} else if v, err := r.Store.Get(lv.Name); err == nil {
 		klog.InfoS("LocalVolume deleted without a DeleteVolume call; keeping its data as an orphan",
-			"volumeID", lv.Name, "path", r.VM.DataPath(v))
+			"volumeID", lv.Name, "path", r.Store.DataPath(v))
 	}
 	controllerutil.RemoveFinalizer(lv, v1.Finalizer)
 	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, lv))

@@ -8,6 +8,7 @@ import (
 
 	clientmetrics "k8s.io/client-go/tools/metrics"
 	"k8s.io/client-go/util/workqueue"
+
 	// As in the node plugin: controller-runtime's controller package
 	// registers its own Go and process collectors and the work queue
 	// metrics provider.

@@ -26,7 +26,6 @@ import (
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/metrics"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // NodeAgent is the node plugin's operator half. It runs, in one
@@ -41,7 +40,7 @@ import (
 // cannot be.
 type NodeAgent struct {
 	NodeID         string
-	VM             *volume.Manager
+	Store          NodeStore
 	Version        string
 	MaxVolumeBytes int64
 	// Heartbeat is how often LocalNode status is refreshed.
@@ -79,17 +78,17 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	c := mgr.GetClient()
-	if err := (&LocalVolumeReconciler{Client: c, NodeID: a.NodeID, VM: a.VM}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalVolumeReconciler{Client: c, NodeID: a.NodeID, Store: a.Store}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, VM: a.VM}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&LocalGroupSnapshotReconciler{Client: c, NodeID: a.NodeID, VM: a.VM}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalGroupSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	hb := &LocalNodeHeartbeat{
-		Client: c, NodeID: a.NodeID, VM: a.VM, Version: a.Version, MaxVolumeBytes: a.MaxVolumeBytes,
+		Client: c, NodeID: a.NodeID, Store: a.Store, Version: a.Version, MaxVolumeBytes: a.MaxVolumeBytes,
 		Interval: a.Heartbeat, Orphans: &a.orphanCount,
 	}
 	if err := mgr.Add(hb); err != nil {

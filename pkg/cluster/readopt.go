@@ -10,7 +10,6 @@ import (
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // nodeData is one node's data as its reconcilers and heartbeat see it:
@@ -19,7 +18,7 @@ import (
 type nodeData struct {
 	c    client.Client
 	node string
-	vm   *volume.Manager
+	vm   NodeStore
 }
 
 // readoptGone re-adopts at once the data of an object that was just deleted

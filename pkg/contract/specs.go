@@ -156,3 +156,69 @@ func MutableOf(params map[string]string) (Mutable, error) {
 	}
 	return mut, nil
 }
+
+// PublishOptions are the arguments of a publish (CSI NodePublishVolume).
+type PublishOptions struct {
+	// StagingPath is where the volume is staged (not for an ephemeral
+	// volume); TargetPath where it is to be published.
+	StagingPath, TargetPath string
+	// AccessType is what the request's capability asks for
+	// (AccessMount or AccessBlock).
+	AccessType AccessType
+	// ReadOnly publishes read-only.
+	ReadOnly bool
+	// SingleWriter (SINGLE_NODE_SINGLE_WRITER): the volume may be published
+	// at one target path only.
+	SingleWriter bool
+	// MountFlags are the capability's mount flags (mount.ParseFlags).
+	MountFlags []string
+	// PodUID is the pod the volume is published for (volume_context
+	// csi.storage.k8s.io/pod.uid), "" when the CO did not say: recorded
+	// for the volume's I/O limits and group snapshot freezes (pods.go).
+	PodUID string
+}
+
+// Usage is what a volume holds, for CSI NodeGetVolumeStats.
+type Usage struct {
+	// TotalBytes is the volume's capacity in bytes; UsedBytes the space its
+	// files occupy (qgroup referenced bytes on btrfs; allocated blocks with
+	// hard links counted once on dir; for block volumes the bytes written
+	// to the image, its data segments); AvailableBytes = TotalBytes -
+	// UsedBytes, never negative.
+	TotalBytes, UsedBytes, AvailableBytes int64
+	// HasInodes says whether the inode figures are known (not for block
+	// volumes, nor on btrfs, which has no inode limit).
+	HasInodes bool
+	// UsedInodes counts the volume's files and directories (hard links
+	// once); FreeInodes is what its filesystem has left; TotalInodes is
+	// their sum.
+	TotalInodes, UsedInodes, FreeInodes int64
+}
+
+// CapacityInfo is the capacity of the data root, in bytes.
+type CapacityInfo struct {
+	// Total is the configured capacity, or the filesystem's size.
+	Total int64
+	// Allocated is the sum of the sizes of existing volumes (and of the
+	// creates and expansions in progress).
+	Allocated int64
+	// Free is the free space of the filesystem (statfs f_bavail).
+	Free int64
+	// Headroom is what existing volumes may still write: the sum over them
+	// of their size minus the bytes they use (never below 0 per volume), as
+	// last measured.
+	Headroom int64
+	// Available is what a new volume can still be guaranteed:
+	// min(Total - Allocated, Free - Headroom), never negative. Creating a
+	// volume of S bytes lowers it by S; deleting it gives S back.
+	Available int64
+}
+
+// Leftover is data that start-up recovery found and could not put in
+// order. It is kept where it is; the driver serves everything else.
+type Leftover struct {
+	// Path is the data's path on the node.
+	Path string
+	// Problem says what recovery tried and why it failed.
+	Problem string
+}

@@ -7,15 +7,14 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // Backend is what the Controller service works on: in all mode the
-// node-local volume manager (LocalBackend), in controller mode the
+// node's Store (LocalBackend), in controller mode the
 // LocalVolume/LocalSnapshot custom resources that node plugins carry out
 // (pkg/cluster). The Controller service keeps the CSI semantics —
 // validation, idempotency, locks, codes — and the backend the placement and
-// the data. Errors wrap the pkg/volume sentinels.
+// the data. Errors wrap the contract sentinels.
 type Backend interface {
 	// VolumeByName returns the volume created for a CSI name, or nil.
 	VolumeByName(ctx context.Context, name string) (*contract.Volume, error)
@@ -53,10 +52,10 @@ type Backend interface {
 	DeleteSnapshot(ctx context.Context, id string) error
 }
 
-// LocalBackend serves the Controller service from this node's volume
-// manager (all mode): one node, the driver's own.
+// LocalBackend serves the Controller service from this node's Store (all
+// mode): one node, the driver's own.
 type LocalBackend struct {
-	VM     *volume.Manager
+	Store  Store
 	NodeID string
 	// MaxVolumeBytes caps single volumes (0: no cap but the capacity).
 	MaxVolumeBytes int64
@@ -80,17 +79,17 @@ func (b *LocalBackend) s(s *contract.Snapshot, err error) (*contract.Snapshot, e
 
 // VolumeByName implements Backend.
 func (b *LocalBackend) VolumeByName(_ context.Context, name string) (*contract.Volume, error) {
-	return b.v(b.VM.LookupByName(name))
+	return b.v(b.Store.LookupByName(name))
 }
 
 // Volume implements Backend.
 func (b *LocalBackend) Volume(_ context.Context, id string) (*contract.Volume, error) {
-	return b.v(b.VM.Get(id))
+	return b.v(b.Store.Get(id))
 }
 
 // ListVolumes implements Backend.
 func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) ([]*contract.Volume, string, error) {
-	vols, next, err := b.VM.List(after, limit)
+	vols, next, err := b.Store.List(after, limit)
 	for _, v := range vols {
 		v.Node = b.NodeID
 	}
@@ -102,20 +101,20 @@ func (b *LocalBackend) CreateVolume(_ context.Context, spec contract.CreateSpec,
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", contract.ErrNoSpace, b.NodeID)
 	}
-	return b.v(b.VM.Create(spec))
+	return b.v(b.Store.Create(spec))
 }
 
 // DeleteVolume implements Backend.
-func (b *LocalBackend) DeleteVolume(_ context.Context, id string) error { return b.VM.Delete(id) }
+func (b *LocalBackend) DeleteVolume(_ context.Context, id string) error { return b.Store.Delete(id) }
 
 // ExpandVolume implements Backend.
 func (b *LocalBackend) ExpandVolume(_ context.Context, id string, size int64) (int64, error) {
-	return b.VM.Expand(id, size)
+	return b.Store.Expand(id, size)
 }
 
 // ModifyVolume implements Backend.
 func (b *LocalBackend) ModifyVolume(_ context.Context, id string, params map[string]string) error {
-	_, err := b.VM.Modify(id, params)
+	_, err := b.Store.Modify(id, params)
 	return err
 }
 
@@ -124,7 +123,7 @@ func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64
 	if segment != nil && !contract.Admits(segment, b.NodeID) {
 		return 0, 0, nil
 	}
-	ci, err := b.VM.Capacity()
+	ci, err := b.Store.Capacity()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -137,22 +136,22 @@ func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64
 
 // VolumeHealth implements Backend.
 func (b *LocalBackend) VolumeHealth(_ context.Context, id string) (contract.Health, error) {
-	return b.VM.Health(id)
+	return b.Store.Health(id)
 }
 
 // SnapshotByName implements Backend.
 func (b *LocalBackend) SnapshotByName(_ context.Context, name string) (*contract.Snapshot, error) {
-	return b.s(b.VM.LookupSnapshotByName(name))
+	return b.s(b.Store.LookupSnapshotByName(name))
 }
 
 // Snapshot implements Backend.
 func (b *LocalBackend) Snapshot(_ context.Context, id string) (*contract.Snapshot, error) {
-	return b.s(b.VM.GetSnapshot(id))
+	return b.s(b.Store.GetSnapshot(id))
 }
 
 // ListSnapshots implements Backend.
 func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int, src string) ([]*contract.Snapshot, string, error) {
-	snaps, next, err := b.VM.ListSnapshots(after, limit, src)
+	snaps, next, err := b.Store.ListSnapshots(after, limit, src)
 	for _, s := range snaps {
 		s.Node = b.NodeID
 	}
@@ -164,10 +163,10 @@ func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topol
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", contract.ErrNoSpace, b.NodeID)
 	}
-	return b.s(b.VM.CreateSnapshot(contract.SnapshotSpec{Name: name, SourceVolumeID: src}))
+	return b.s(b.Store.CreateSnapshot(contract.SnapshotSpec{Name: name, SourceVolumeID: src}))
 }
 
 // DeleteSnapshot implements Backend.
 func (b *LocalBackend) DeleteSnapshot(_ context.Context, id string) error {
-	return b.VM.DeleteSnapshot(id)
+	return b.Store.DeleteSnapshot(id)
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // controller is the CSI Controller service (spec §Controller Service RPC).
-// In all mode it works on the node-local volume manager directly.
+// In all mode it works on the node's Store (LocalBackend).
 type controller struct {
 	csi.UnimplementedControllerServer
 	d *Driver

@@ -1,7 +1,8 @@
 // Package driver implements the CSI Identity, Controller and Node services:
 // request validation, capabilities, idempotency, locking and the mapping of
-// storage errors to gRPC codes. It does no disk I/O of its own; the data
-// plane is pkg/volume.
+// storage errors to gRPC codes. It does no disk I/O of its own: it works on
+// a Store and a Publisher (nodeside.go) that pkg/app opens, and in
+// controller mode on a cluster Backend.
 package driver
 
 import (
@@ -24,8 +25,6 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/keylock"
 	"github.com/localdir-csi/localdir/pkg/metrics"
-	"github.com/localdir-csi/localdir/pkg/mount"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // version can be set with -ldflags "-X ...driver.version=v1.2.3"; without it
@@ -65,14 +64,15 @@ func Version() string {
 	return "devel-" + rev
 }
 
-// Driver is one localdir process: the services its mode serves and the
-// node-local volume manager (nil in controller mode).
+// Driver is one localdir process: the services its mode serves, and in
+// node and all mode the node's Store and Publisher.
 type Driver struct {
 	opts    Options
-	vm      *volume.Manager // node-local data plane (node, all mode)
-	backend Backend         // what the Controller service works on (controller, all mode)
-	names   *keylock.Set    // Controller service: CreateVolume, CreateSnapshot by name
-	ids     *keylock.Set    // Controller service: the other calls by volume_id or snapshot_id
+	store   Store        // the node's volumes (node, all mode)
+	pub     Publisher    // the node side of the Node service (node, all mode)
+	backend Backend      // what the Controller service works on (controller, all mode)
+	names   *keylock.Set // Controller service: CreateVolume, CreateSnapshot by name
+	ids     *keylock.Set // Controller service: the other calls by volume_id or snapshot_id
 	version string
 
 	server      *grpc.Server
@@ -83,7 +83,6 @@ type Driver struct {
 type Option func(*newConfig)
 
 type newConfig struct {
-	mounter     mount.Interface
 	interceptor grpc.UnaryServerInterceptor
 }
 
@@ -94,38 +93,26 @@ func WithInterceptor(i grpc.UnaryServerInterceptor) Option {
 	return func(c *newConfig) { c.interceptor = i }
 }
 
-// WithMounter gives the Node service the mount.Interface it mounts with
-// (through the volume manager, which decides what to mount under its
-// per-volume lock); without it the real mount.New(). Unit tests give a
-// mount.Fake and run without root.
-func WithMounter(m mount.Interface) Option {
-	return func(c *newConfig) { c.mounter = m }
-}
-
-// New validates opts and opens what the mode needs: in node and all mode the
-// data root and its state file (failing, without writing, when the state file
-// is damaged).
-func New(opts Options, with ...Option) (*Driver, error) {
+// New returns a node- or all-mode driver over the node's store and
+// publisher (pkg/app opens them and runs their recovery first: OpenNode).
+// In all mode the Controller service works on store (LocalBackend).
+func New(opts Options, store Store, pub Publisher, with ...Option) (*Driver, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.Mode == ModeController {
+		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
+	}
+	if store == nil || pub == nil {
+		return nil, errors.New("driver.New: a node needs its store and publisher")
 	}
 	var nc newConfig
 	for _, o := range with {
 		o(&nc)
 	}
-	d := &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), version: Version(), interceptor: nc.interceptor}
-	switch opts.Mode {
-	case ModeController:
-		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
-	case ModeNode, ModeAll:
-		vm, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, CapacityBytes: opts.CapacityBytes, Engine: opts.Engine, Mounter: nc.mounter, CgroupRoot: opts.CgroupRoot})
-		if err != nil {
-			return nil, err
-		}
-		d.vm = vm
-		if opts.Mode == ModeAll {
-			d.backend = &LocalBackend{VM: vm, NodeID: opts.NodeID, MaxVolumeBytes: opts.MaxVolumeBytes}
-		}
+	d := &Driver{opts: opts, store: store, pub: pub, names: keylock.New(), ids: keylock.New(), version: Version(), interceptor: nc.interceptor}
+	if opts.Mode == ModeAll {
+		d.backend = &LocalBackend{Store: store, NodeID: opts.NodeID, MaxVolumeBytes: opts.MaxVolumeBytes}
 	}
 	return d, nil
 }
@@ -142,9 +129,6 @@ func NewController(opts Options, backend Backend) (*Driver, error) {
 	return &Driver{opts: opts, names: keylock.New(), ids: keylock.New(), version: Version(), backend: backend}, nil
 }
 
-// VolumeManager is the node-local data plane (nil in controller mode).
-func (d *Driver) VolumeManager() *volume.Manager { return d.vm }
-
 // Run serves the CSI services on the endpoint until ctx is done, then stops
 // gracefully and closes the state file.
 func (d *Driver) Run(ctx context.Context) error {
@@ -152,8 +136,8 @@ func (d *Driver) Run(ctx context.Context) error {
 }
 
 // Serve is Run without closing the state file, for callers that run more
-// users of the volume manager (the node agent) and close it after all of
-// them stopped.
+// users of the store (the node agent) and close it after all of them
+// stopped.
 func (d *Driver) Serve(ctx context.Context) error {
 	path, err := ParseEndpoint(d.opts.Endpoint)
 	if err != nil {
@@ -173,8 +157,8 @@ func (d *Driver) Serve(ctx context.Context) error {
 		"endpoint", d.opts.Endpoint, "nodeID", d.opts.NodeID, "dataRoot", d.opts.DataRoot)
 	errc := make(chan error, 1)
 	go func() { errc <- d.server.Serve(lis) }()
-	if d.vm != nil {
-		go d.vm.RunIOLimits(ctx)
+	if d.pub != nil {
+		go d.pub.RunIOLimits(ctx)
 	}
 	select {
 	case <-ctx.Done():
@@ -208,8 +192,8 @@ func (d *Driver) Register(s *grpc.Server) {
 
 // Close releases the data root.
 func (d *Driver) Close() error {
-	if d.vm != nil {
-		return d.vm.Close()
+	if d.store != nil {
+		return d.store.Close()
 	}
 	return nil
 }

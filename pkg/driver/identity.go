@@ -47,8 +47,8 @@ func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 // Probe is ready when the data root is writable and the state file
 // readable. Errors: FAILED_PRECONDITION with the reason.
 func (s *identity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	if s.d.vm != nil {
-		if err := s.d.vm.Probe(); err != nil {
+	if s.d.store != nil {
+		if err := s.d.store.Probe(); err != nil {
 			return nil, status.Error(codes.FailedPrecondition, err.Error())
 		}
 	}

@@ -8,18 +8,15 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // node is the CSI Node service (spec §Node Service RPC). It validates the
-// request and hands the work to the volume manager, which takes the
-// per-volume lock (a concurrent call on the same volume: ABORTED), decides
-// what to mount and has the mount.Interface the driver was given
-// (WithMounter) do it. Staged and published state is read from the mount
-// table, never from records, so these calls need no durable commit.
+// request and hands the work to the Publisher (pkg/publish), which takes
+// the per-volume lock (a concurrent call on the same volume: ABORTED),
+// decides what to mount and has its mount.Interface do it.
 type node struct {
 	csi.UnimplementedNodeServer
 	d *Driver
@@ -33,7 +30,7 @@ const ephemeralKey = "csi.storage.k8s.io/ephemeral"
 // (judgeCaps with its access type): NOT_FOUND for an unknown volume,
 // FAILED_PRECONDITION for the other access type.
 func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
-	v, err := s.d.vm.Get(id)
+	v, err := s.d.store.Get(id)
 	if err != nil {
 		return toStatus(err)
 	}
@@ -41,30 +38,10 @@ func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
 }
 
 // checkNodePath validates a staging_target_path or target_path given by the
-// CO, before any lookup: an unusable path is INVALID_ARGUMENT whether or not
-// the volume exists (spec error scheme; csi-sanity sends unknown ids with
-// bad paths). Required, absolute and clean, as pkg/volume requires too, and
-// a path the kernel can take (no NUL byte, within PATH_MAX and NAME_MAX).
-func checkNodePath(field, p string) error {
-	if p == "" {
-		return invalid("%s is required", field)
-	}
-	if strings.IndexByte(p, 0) >= 0 {
-		return invalid("%s %q contains a NUL byte", field, p)
-	}
-	if len(p) >= unix.PathMax {
-		return invalid("%s is %d bytes long; paths are limited to %d", field, len(p), unix.PathMax-1)
-	}
-	if c := filepath.Clean(p); !filepath.IsAbs(p) || (c != p && c+"/" != p) {
-		return invalid("%s %q must be an absolute, clean path", field, p)
-	}
-	for _, name := range strings.Split(p, "/") {
-		if len(name) > 255 {
-			return invalid("%s %q has a component of %d bytes; names are limited to 255", field, p, len(name))
-		}
-	}
-	return nil
-}
+// CO, before any lookup (mount.CheckPath): an unusable path is
+// INVALID_ARGUMENT whether or not the volume exists (spec error scheme;
+// csi-sanity sends unknown ids with bad paths).
+func checkNodePath(field, p string) error { return toStatus(mount.CheckPath(field, p)) }
 
 // checkPathPlace refuses, before any lookup, a staging or target path the
 // node must not work on: malformed (checkNodePath), outside --kubelet-root
@@ -78,7 +55,7 @@ func (s *node) checkPathPlace(field, p string) error {
 	if err := checkKubeletRoot(field, p, s.d.opts.KubeletRoot); err != nil {
 		return err
 	}
-	return toStatus(mount.CheckOutside(s.d.vm.Root(), field, p))
+	return toStatus(mount.CheckOutside(s.d.store.Root(), field, p))
 }
 
 // checkKubeletRoot refuses p unless it lies strictly below root (both with
@@ -125,7 +102,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
 		return nil, err
 	}
-	err := s.d.vm.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
+	err := s.d.pub.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
 	return &csi.NodeStageVolumeResponse{}, toStatus(err)
 }
 
@@ -147,7 +124,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.vm.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()))
+	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.pub.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()))
 }
 
 // podUIDKey is the volume_context key of the pod a NodePublishVolume is
@@ -200,7 +177,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if uid != "" && !podUIDPattern.MatchString(uid) {
 		return nil, invalid("volume_context %s=%q is not a pod UID", podUIDKey, uid)
 	}
-	err := s.d.vm.Publish(req.GetVolumeId(), volume.PublishOptions{
+	err := s.d.pub.Publish(req.GetVolumeId(), contract.PublishOptions{
 		StagingPath:  req.GetStagingTargetPath(),
 		TargetPath:   req.GetTargetPath(),
 		AccessType:   accessTypeOf([]*csi.VolumeCapability{c}),
@@ -239,7 +216,7 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	// ctx) instead of answering ABORTED: unpublish is short and idempotent,
 	// and kubelet must be able to finish it (a pod stays Terminating until
 	// it does).
-	if err := s.d.vm.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
+	if err := s.d.pub.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
@@ -260,7 +237,7 @@ func (s *node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
 	}
-	u, err := s.d.vm.Stats(req.GetVolumeId(), req.GetVolumePath())
+	u, err := s.d.pub.Stats(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // CSI ephemeral inline volumes (NodePublishVolume with no CreateVolume).
@@ -45,7 +44,7 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 	if err != nil {
 		return nil, err
 	}
-	err = s.d.vm.PublishEphemeral(contract.CreateSpec{
+	err = s.d.pub.PublishEphemeral(contract.CreateSpec{
 		Name:        contract.EphemeralName(coID),
 		SizeBytes:   size,
 		AccessType:  contract.AccessMount,
@@ -53,7 +52,7 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 		DirMode:     params.DirMode,
 		Ephemeral:   true,
 		EphemeralID: coID,
-	}, volume.PublishOptions{
+	}, contract.PublishOptions{
 		TargetPath: req.GetTargetPath(),
 		AccessType: contract.AccessMount,
 		ReadOnly:   readOnly(req),

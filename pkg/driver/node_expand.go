@@ -25,7 +25,7 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	if req.GetVolumePath() == "" {
 		return nil, invalid("volume_path is required")
 	}
-	capacity, err := s.d.vm.NodeExpand(req.GetVolumeId(), req.GetVolumePath())
+	capacity, err := s.d.pub.NodeExpand(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -39,16 +39,16 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		if err != nil {
 			return nil, err
 		}
-		v, err := s.d.vm.Resolve(req.GetVolumeId())
+		v, err := s.d.store.Resolve(req.GetVolumeId())
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		if _, err = s.d.vm.Expand(v.ID, size); err != nil {
+		if _, err = s.d.store.Expand(v.ID, size); err != nil {
 			return nil, toStatus(err)
 		}
 		// The node side again: an image volume's loop device and filesystem
 		// grow to the new size.
-		if capacity, err = s.d.vm.NodeExpand(req.GetVolumeId(), req.GetVolumePath()); err != nil {
+		if capacity, err = s.d.pub.NodeExpand(req.GetVolumeId(), req.GetVolumePath()); err != nil {
 			return nil, toStatus(err)
 		}
 	}

@@ -18,12 +18,12 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
-	h, err := s.d.vm.Health(req.GetVolumeId())
+	h, err := s.d.store.Health(req.GetVolumeId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if p := req.GetVolumePublishPath(); p != "" {
-		if _, err := s.d.vm.Stats(req.GetVolumeId(), p); errors.Is(err, contract.ErrNotFound) {
+		if _, err := s.d.pub.Stats(req.GetVolumeId(), p); errors.Is(err, contract.ErrNotFound) {
 			h.Problems = append(h.Problems, contract.Problem{Kind: "Inaccessible", Reason: "NotPublished",
 				Message: "the volume is not mounted at volume_publish_path " + p})
 		}
@@ -35,7 +35,7 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 // writable or its state file unreadable; healthy is an empty list.
 func (s *node) NodeGetStorageHealth(ctx context.Context, req *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
 	resp := &csi.NodeGetStorageHealthResponse{}
-	if err := s.d.vm.Probe(); err != nil {
+	if err := s.d.store.Probe(); err != nil {
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
 			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "DataRootUnusable", Message: err.Error(),
 		})

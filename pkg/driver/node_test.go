@@ -13,6 +13,8 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/publish"
+	"github.com/localdir-csi/localdir/pkg/volume"
 )
 
 // Unit tests of the Node service on a mount.Fake: they need no root (the
@@ -38,7 +40,18 @@ func newFakeNode(t *testing.T, m mount.Interface) *fakeNode {
 	if err := os.MkdirAll(filepath.Join(opts.KubeletRoot, "pods"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(opts, WithMounter(m))
+	st, err := volume.Open(volume.Config{DataRoot: opts.DataRoot, Engine: opts.Engine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := publish.New(st, publish.Config{Mounter: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Recover(pub); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(opts, st, pub)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +184,7 @@ func TestNodePathsWithFakeMounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCode(t, f.publish(id, staging, link, false), codes.InvalidArgument)
-	wantCode(t, f.publish(id, staging, filepath.Join(f.d.vm.Root(), "volumes", "x"), false), codes.InvalidArgument)
+	wantCode(t, f.publish(id, staging, filepath.Join(f.d.store.Root(), "volumes", "x"), false), codes.InvalidArgument)
 	wantCode(t, f.publish(id, staging, filepath.Join(t.TempDir(), "elsewhere"), false), codes.InvalidArgument)
 	if n := len(fake.Mounts()); n != 1 {
 		t.Fatalf("mounts = %v, want only the staging mount", fake.Mounts())
@@ -208,7 +221,7 @@ func TestNodePerVolumeLock(t *testing.T) {
 	<-bm.entered
 
 	wantCode(t, f.stage(id, staging, swCap), codes.Aborted)
-	if err := f.d.vm.Delete(id); !errors.Is(err, contract.ErrBusy) {
+	if err := f.d.store.Delete(id); !errors.Is(err, contract.ErrBusy) {
 		t.Fatalf("Manager.Delete during a stage = %v, want contract.ErrBusy", err)
 	}
 	for what, call := range map[string]func(context.Context) error{

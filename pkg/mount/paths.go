@@ -3,7 +3,9 @@ package mount
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
+	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
@@ -72,4 +74,28 @@ func onDataRootMount(dataRoot, dir string) (bool, error) {
 		return false, nil
 	}
 	return mountutils.PathWithinBase(dirInFS, rootInFS), nil
+}
+
+// CheckPath refuses (contract.ErrInvalid, naming field) a CO-given staging
+// or target path that no node call may work on: empty, with a NUL byte,
+// PATH_MAX bytes or longer, with a component over NAME_MAX, relative, or
+// not clean (a trailing slash is allowed).
+func CheckPath(field, p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("%w: %s is required", contract.ErrInvalid, field)
+	case strings.IndexByte(p, 0) >= 0:
+		return fmt.Errorf("%w: %s %q contains a NUL byte", contract.ErrInvalid, field, p)
+	case len(p) >= unix.PathMax:
+		return fmt.Errorf("%w: %s is %d bytes long; paths are limited to %d", contract.ErrInvalid, field, len(p), unix.PathMax-1)
+	}
+	if c := filepath.Clean(p); !filepath.IsAbs(p) || (c != p && c+"/" != p) {
+		return fmt.Errorf("%w: %s %q must be an absolute, clean path", contract.ErrInvalid, field, p)
+	}
+	for _, name := range strings.Split(p, "/") {
+		if len(name) > unix.NAME_MAX {
+			return fmt.Errorf("%w: %s %q has a component of %d bytes; names are limited to %d", contract.ErrInvalid, field, p, len(name), unix.NAME_MAX)
+		}
+	}
+	return nil
 }

@@ -22,8 +22,8 @@ func (*Mounter) PrepareFile(p string) error { return prepareDeviceFile(p) }
 // not a symlink, a directory. With create, a missing last component is made
 // (mode 0750); its parent must exist.
 func checkDir(p, field string, create bool) error {
-	if c := filepath.Clean(p); !filepath.IsAbs(p) || (c != p && c+"/" != p) {
-		return fmt.Errorf("%w: %s %q must be an absolute, clean path", contract.ErrInvalid, field, p)
+	if err := CheckPath(field, p); err != nil {
+		return err
 	}
 	fi, err := os.Lstat(p)
 	if errors.Is(err, os.ErrNotExist) {

@@ -16,25 +16,6 @@ import (
 // Capacity measures it again (in the background).
 const useRefresh = 30 * time.Second
 
-// CapacityInfo is the capacity of the data root, in bytes.
-type CapacityInfo struct {
-	// Total is the configured capacity, or the filesystem's size.
-	Total int64
-	// Allocated is the sum of the sizes of existing volumes (and of the
-	// creates and expansions in progress).
-	Allocated int64
-	// Free is the free space of the filesystem (statfs f_bavail).
-	Free int64
-	// Headroom is what existing volumes may still write: the sum over them
-	// of their size minus the bytes they use (never below 0 per volume), as
-	// last measured.
-	Headroom int64
-	// Available is what a new volume can still be guaranteed:
-	// min(Total - Allocated, Free - Headroom), never negative. Creating a
-	// volume of S bytes lowers it by S; deleting it gives S back.
-	Available int64
-}
-
 // volUse is what capacity accounting knows of one volume: its size and
 // the bytes it used when last measured (0 until then: a volume counts as
 // empty, so its whole size is held back from the free space).
@@ -44,7 +25,7 @@ type volUse struct{ size, used int64 }
 // never more than every existing volume can still be filled to its size
 // alongside a new one. It starts a background re-measure of the volumes'
 // use when the last one is older than useRefresh.
-func (m *Manager) Capacity() (CapacityInfo, error) {
+func (m *Store) Capacity() (contract.CapacityInfo, error) {
 	m.mu.Lock()
 	ci, err := m.capacityLocked()
 	stale := !m.measuring && time.Since(m.measuredAt) > useRefresh
@@ -59,12 +40,12 @@ func (m *Manager) Capacity() (CapacityInfo, error) {
 }
 
 // capacityLocked computes CapacityInfo with m.mu held.
-func (m *Manager) capacityLocked() (CapacityInfo, error) {
+func (m *Store) capacityLocked() (contract.CapacityInfo, error) {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(m.root, &sfs); err != nil {
-		return CapacityInfo{}, fmt.Errorf("statfs %s: %w", m.root, err)
+		return contract.CapacityInfo{}, fmt.Errorf("statfs %s: %w", m.root, err)
 	}
-	ci := CapacityInfo{
+	ci := contract.CapacityInfo{
 		Total: int64(sfs.Blocks) * sfs.Bsize,
 		Free:  int64(sfs.Bavail) * sfs.Bsize,
 	}
@@ -83,7 +64,7 @@ func (m *Manager) capacityLocked() (CapacityInfo, error) {
 // growth of an existing one) or fails with contract.ErrNoSpace. Until the
 // caller measures the written data (measured), the n bytes count as free
 // space the volume may still fill. unreserve gives them back.
-func (m *Manager) reserve(id string, n int64) error {
+func (m *Store) reserve(id string, n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ci, err := m.capacityLocked()
@@ -101,7 +82,7 @@ func (m *Manager) reserve(id string, n int64) error {
 
 // unreserve gives back n bytes reserved for id; a volume left with no size
 // (a failed create, or a deleted volume when n is its size) is forgotten.
-func (m *Manager) unreserve(id string, n int64) {
+func (m *Store) unreserve(id string, n int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	u := m.use[id]
@@ -115,7 +96,7 @@ func (m *Manager) unreserve(id string, n int64) {
 
 // measured records the bytes volume v uses now (after its data was
 // written); a failed measurement keeps the last one.
-func (m *Manager) measured(v *contract.Volume) {
+func (m *Store) measured(v *contract.Volume) {
 	used, err := m.usedBytes(v)
 	if err != nil {
 		klog.V(4).InfoS("Could not measure a volume's use; capacity keeps its last figure", "volumeID", v.ID, "err", err)
@@ -133,7 +114,7 @@ func (m *Manager) measured(v *contract.Volume) {
 // file's allocated blocks (st_blocks × 512) for a block volume, the
 // engine's Exclusive bytes else (qgroup exclusive bytes on btrfs, a du-like
 // walk on dir).
-func (m *Manager) usedBytes(v *contract.Volume) (int64, error) {
+func (m *Store) usedBytes(v *contract.Volume) (int64, error) {
 	if v.Image() {
 		var st unix.Stat_t
 		if err := unix.Lstat(m.imagePath(v.ID), &st); err != nil {
@@ -147,7 +128,7 @@ func (m *Manager) usedBytes(v *contract.Volume) (int64, error) {
 // measureUse measures the use of every recorded volume (outside m.mu)
 // and records it for the volumes still there. At most one runs at a time
 // (m.measuring).
-func (m *Manager) measureUse() {
+func (m *Store) measureUse() {
 	defer func() {
 		m.mu.Lock()
 		m.measuring, m.measuredAt = false, time.Now()

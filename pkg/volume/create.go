@@ -28,7 +28,7 @@ import (
 // Errors: contract.ErrNoSpace (capacity or disk full), contract.ErrNotFound (source),
 // contract.ErrInvalid (source of another access type), contract.ErrOutOfRange (size below the
 // source's), contract.ErrExists (name taken by a concurrent create), contract.ErrBusy.
-func (m *Manager) Create(spec contract.CreateSpec) (*contract.Volume, error) {
+func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 	given := spec.ID != ""
 	if err := checkCreateSpec(&spec); err != nil {
 		return nil, err
@@ -57,48 +57,35 @@ func (m *Manager) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 		return nil, err
 	}
 	v := m.newRecord(spec)
-	dst := m.dataPath(v)
-	tmp := inFlight(creatingPrefix, dst)
-	fail := func(err error) (*contract.Volume, error) {
-		if rerr := engine.Remove(tmp); rerr != nil {
-			klog.ErrorS(rerr, "Could not remove data of a failed create; it is removed at restart", "path", tmp)
-		}
-		m.unreserve(spec.ID, spec.SizeBytes)
-		return nil, mapNoSpace(err)
-	}
-	// A failed earlier attempt for the same id (cluster mode retries a
-	// create under its id) may have left its data; nobody was told of it.
-	if err := engine.Remove(tmp); err != nil {
-		return fail(err)
-	}
-	err = m.writeData(v, tmp, srcPath, spec.DirMode)
+	err = m.land(landing{
+		what: "create",
+		dsts: []string{m.dataPath(v)},
+		write: func(tmps []string) error {
+			if err := m.writeData(v, tmps[0], srcPath, spec.DirMode); err != nil {
+				return fmt.Errorf("create volume data: %w", err)
+			}
+			if len(spec.MutableParameters) == 0 {
+				return nil
+			}
+			mut, err := contract.MutableOf(spec.MutableParameters)
+			if err != nil {
+				return err
+			}
+			return m.applyMutable(v, tmps[0], mut)
+		},
+		commit: func(tx *state.Tx) error {
+			if spec.Name != "" && tx.VolumeIDByName(spec.Name) != "" {
+				return fmt.Errorf("%w: volume name %q", contract.ErrExists, spec.Name)
+			}
+			return tx.PutVolume(v)
+		},
+		uncommit: func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) },
+	})
 	if err != nil {
-		return fail(fmt.Errorf("create volume data: %w", err))
-	}
-	if len(spec.MutableParameters) > 0 {
-		mut, err := contract.MutableOf(spec.MutableParameters)
-		if err != nil {
-			return fail(err)
+		if !errors.Is(err, errLandsAtStart) { // else the record keeps its reservation
+			m.unreserve(spec.ID, spec.SizeBytes)
 		}
-		if err := m.applyMutable(v, tmp, mut); err != nil {
-			return fail(err)
-		}
-	}
-	if err := m.st.Update(func(tx *state.Tx) error {
-		if spec.Name != "" && tx.VolumeIDByName(spec.Name) != "" {
-			return fmt.Errorf("%w: volume name %q", contract.ErrExists, spec.Name)
-		}
-		return tx.PutVolume(v)
-	}); err != nil {
-		return fail(err)
-	}
-	if err := m.land(tmp, dst); err != nil {
-		if rerr := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(v.ID) }); rerr != nil {
-			// The record stays: so do its data and its reservation; the
-			// next start finishes the create (recover).
-			return nil, fmt.Errorf("%w; and its record could not be taken back (%v): the create is finished at restart", err, rerr)
-		}
-		return fail(err)
+		return nil, err
 	}
 	m.measured(v)
 	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
@@ -129,7 +116,7 @@ func checkCreateSpec(spec *contract.CreateSpec) error {
 // cloneImage writes volume v's image at tmp: empty, or a copy of the image
 // at srcPath; a clone of a staged image volume is copied with the source's
 // filesystem frozen, as a snapshot is (whileFrozen).
-func (m *Manager) cloneImage(v *contract.Volume, tmp, srcPath string) error {
+func (m *Store) cloneImage(v *contract.Volume, tmp, srcPath string) error {
 	write := func() error { return writeImage(tmp, srcPath, v.CapacityBytes) }
 	if v.SourceVolumeID == "" {
 		return write()
@@ -171,7 +158,7 @@ func fsTypeList() string {
 
 // newRecord is the record a create of spec commits once its data is
 // written.
-func (m *Manager) newRecord(spec contract.CreateSpec) *contract.Volume {
+func (m *Store) newRecord(spec contract.CreateSpec) *contract.Volume {
 	v := &contract.Volume{
 		ID:               spec.ID,
 		Name:             spec.Name,
@@ -199,7 +186,7 @@ func (m *Manager) newRecord(spec contract.CreateSpec) *contract.Volume {
 // volume (a copy of srcPath's image when set), else the engine's restore,
 // clone or empty directory (mode dirMode). Data copied from a source, and
 // an image, is synced to disk before it returns.
-func (m *Manager) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint32) error {
+func (m *Store) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint32) error {
 	var err error
 	switch {
 	case v.Image():
@@ -222,20 +209,11 @@ func (m *Manager) writeData(v *contract.Volume, tmp, srcPath string, dirMode uin
 	return err
 }
 
-// land gives data written under its .creating- name its final name, once
-// its record is committed (a crash before this is finished at start).
-func (m *Manager) land(tmp, dst string) error {
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", tmp, dst, err)
-	}
-	return nil
-}
-
 // holdSource takes a read hold on the snapshot or volume a create copies
 // from, checks it, and returns its data path and the release func (a no-op
 // without a source). Errors: contract.ErrBusy (being deleted or changed),
 // contract.ErrNotFound, contract.ErrInvalid, contract.ErrOutOfRange.
-func (m *Manager) holdSource(spec contract.CreateSpec) (string, func(), error) {
+func (m *Store) holdSource(spec contract.CreateSpec) (string, func(), error) {
 	nop := func() {}
 	if spec.SourceSnapshotID == "" && spec.SourceVolumeID == "" {
 		return "", nop, nil

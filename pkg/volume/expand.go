@@ -11,7 +11,6 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
 )
 
 // Expand grows volume id to newSize bytes (CSI ControllerExpandVolume): the
@@ -21,7 +20,7 @@ import (
 // It returns the volume's capacity afterwards. Errors: contract.ErrNotFound,
 // contract.ErrNoSpace, contract.ErrBusy (a snapshot or clone of it, or another change, is in
 // progress).
-func (m *Manager) Expand(id string, newSize int64) (int64, error) {
+func (m *Store) Expand(id string, newSize int64) (int64, error) {
 	unlock, err := m.lock(id)
 	if err != nil {
 		return 0, err
@@ -72,7 +71,7 @@ func (m *Manager) Expand(id string, newSize int64) (int64, error) {
 	return newSize, nil
 }
 
-func (m *Manager) resizeData(v *contract.Volume, size int64) error {
+func (m *Store) resizeData(v *contract.Volume, size int64) error {
 	if v.Image() {
 		img := m.imagePath(v.ID)
 		fi, err := os.Stat(img)
@@ -85,8 +84,7 @@ func (m *Manager) resizeData(v *contract.Volume, size int64) error {
 				return err
 			}
 		}
-		_, err = block.Refresh(img)
-		return err
+		return m.node.Refresh(img)
 	}
 	return m.eng.Resize(m.volDir(v.ID), size)
 }
@@ -99,7 +97,7 @@ func (m *Manager) resizeData(v *contract.Volume, size int64) error {
 // record's size costs one stat(2), or one quota tree lookup, and is left
 // alone; missing data too (Health reports it). Errors: the kernel's
 // (ENOSPC when the disk cannot hold the image).
-func (m *Manager) finishGrowth(v *contract.Volume) (bool, error) {
+func (m *Store) finishGrowth(v *contract.Volume) (bool, error) {
 	var size int64
 	var err error
 	switch {
@@ -121,3 +119,8 @@ func (m *Manager) finishGrowth(v *contract.Volume) (bool, error) {
 	}
 	return true, m.resizeData(v, v.CapacityBytes)
 }
+
+// ApplySize makes volume v's data its recorded size again (the node side's
+// NodeExpandVolume): an image grown and its loop devices refreshed, a btrfs
+// qgroup limit re-applied.
+func (m *Store) ApplySize(v *contract.Volume) error { return m.resizeData(v, v.CapacityBytes) }

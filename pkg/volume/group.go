@@ -3,19 +3,14 @@ package volume
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/moby/sys/mountinfo"
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
-	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
-	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
 // Volume group snapshots (CSI GroupController, CREATE_DELETE_GET_VOLUME_
@@ -48,7 +43,7 @@ func memberName(gid, volID string) string { return "\x00group/" + gid + "/" + vo
 // contract.ErrPrecondition (a directory or raw block volume in use),
 // contract.ErrBusy (a change of a member or of the group is running),
 // contract.ErrNoSpace. Nothing is left behind on failure.
-func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
+func (m *Store) CreateGroupSnapshot(name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
 	return m.CreateGroupSnapshotWithIDs(name, sourceIDs, nil)
 }
 
@@ -57,7 +52,7 @@ func (m *Manager) CreateGroupSnapshot(name string, sourceIDs []string) (*contrac
 // snapshotIDs[i] is the snapshot of sourceIDs[i]; nil for fresh ones.
 // Errors as CreateGroupSnapshot, and contract.ErrInvalid for ids of the
 // wrong shape or number.
-func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+func (m *Store) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	gid := contract.GroupSnapshotIDFor(name)
 	if len(sourceIDs) == 0 {
 		return nil, fmt.Errorf("%w: a group snapshot needs source volumes", contract.ErrInvalid)
@@ -96,7 +91,6 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 		return nil, err
 	}
 	var vols []*contract.Volume
-	var pods []string // the pods that use members, to freeze
 	for _, id := range ids {
 		release, err := m.holds.read(id, "a group snapshot")
 		if err != nil {
@@ -107,140 +101,54 @@ func (m *Manager) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs
 		if err != nil {
 			return nil, err
 		}
-		uids, why, err := m.podWriters(v)
-		if err != nil {
-			return nil, err
-		} else if why != "" {
-			return nil, fmt.Errorf("%w: volume %s %s: localdir cannot stop its writes for a consistent group snapshot; take it out of the group or stop what uses it", contract.ErrPrecondition, id, why)
-		}
-		for _, u := range uids {
-			if !slices.Contains(pods, u) {
-				pods = append(pods, u)
-			}
-		}
 		vols = append(vols, v)
 	}
 
 	now := time.Now().UTC()
 	g := &contract.GroupSnapshot{ID: gid, CreatedAt: now}
-	var tmps []string
-	cleanup := func() {
-		for _, t := range tmps {
-			if err := engine.Remove(t); err != nil {
-				klog.ErrorS(err, "Could not remove data of a failed group snapshot; it is removed at restart", "path", t)
-			}
-		}
-	}
+	var dsts []string
 	for _, v := range vols {
 		s := &contract.Snapshot{ID: memberID[v.ID], Name: memberName(gid, v.ID), SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes,
 			AccessType: v.AccessType, FsType: v.FsType, Engine: v.Engine, CreatedAt: now, GroupSnapshotID: gid}
 		g.Snapshots = append(g.Snapshots, s)
-		tmps = append(tmps, inFlight(creatingPrefix, m.snapPath(s)))
+		dsts = append(dsts, m.snapPath(s))
 	}
-	if err := m.cutGroup(vols, pods, tmps); err != nil {
-		cleanup()
-		return nil, mapNoSpace(err)
-	}
-	if err := m.st.Update(func(tx *state.Tx) error {
-		for _, s := range g.Snapshots {
-			if err := tx.PutSnapshot(s); err != nil {
-				return err
+	// A rename that fails leaves the records and the data: the next start
+	// finishes the landing (no uncommit), as for one snapshot.
+	if err := m.land(landing{
+		what:  "group snapshot",
+		dsts:  dsts,
+		write: func(tmps []string) error { return m.cutGroup(vols, tmps) },
+		commit: func(tx *state.Tx) error {
+			for _, s := range g.Snapshots {
+				if err := tx.PutSnapshot(s); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
+			return nil
+		},
 	}); err != nil {
-		cleanup()
 		return nil, err
-	}
-	for i, s := range g.Snapshots {
-		if err := m.land(tmps[i], m.snapPath(s)); err != nil {
-			// The records stay and so does the data: the next start
-			// finishes the landing (recover), as for one snapshot.
-			return nil, fmt.Errorf("%w: the group snapshot is finished at restart", err)
-		}
 	}
 	klog.V(2).InfoS("Group snapshot created", "groupSnapshotID", gid, "sourceVolumeIDs", ids)
 	return g, nil
 }
 
-// dirMounts are the mount points of directory volume id's directory.
-func dirMounts(id string) ([]string, error) {
-	suffix := "/volumes/" + id
-	mounts, err := mountinfo.GetMounts(func(i *mountinfo.Info) (skip, stop bool) {
-		return !strings.HasSuffix(i.Root, suffix), false
-	})
-	var points []string
-	for _, i := range mounts {
-		points = append(points, i.Mountpoint)
-	}
-	return points, err
-}
-
-// flushDevice writes out what the page cache of image's read-write loop
-// device holds (fsync of the device), so that a copy of the image has
-// every write made to the device so far; an image not attached has none.
-func flushDevice(image string) error {
-	dev, err := block.FindMode(image, false)
-	if err != nil || dev == "" {
-		return err
-	}
-	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+// cutGroup copies the data of vols to tmps at one point in time: the node
+// side stops every write to them (Node.FreezeGroup), every copy is made,
+// all is thawed, and the copies are synced after the thaw.
+func (m *Store) cutGroup(vols []*contract.Volume, tmps []string) error {
+	thaw, err := m.node.FreezeGroup(vols)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("flush %s: %w", dev, err)
-	}
-	return nil
-}
-
-// cutGroup copies the data of vols to tmps at one point in time: first
-// the pods that use them are frozen (their processes stopped), then every
-// staged image volume's filesystem (FIFREEZE), and what a frozen pod
-// wrote to a raw block volume is flushed to its image; all are thawed once
-// every copy is made, and the copies synced after the thaw.
-func (m *Manager) cutGroup(vols []*contract.Volume, pods, tmps []string) error {
-	var thaws []func() error
-	thawAll := func() error {
-		var errs []error
-		for i := len(thaws) - 1; i >= 0; i-- {
-			errs = append(errs, thaws[i]())
-		}
-		thaws = nil
-		return errors.Join(errs...)
-	}
-	defer thawAll()
-	for _, uid := range pods {
-		thaw, err := m.freezePod(uid)
-		if errors.Is(err, cgroup.ErrNoPod) {
-			return fmt.Errorf("%w: %v (is --cgroup-root the host's cgroup hierarchy?)", contract.ErrPrecondition, err)
-		}
-		if err != nil {
-			return fmt.Errorf("%w: %v", contract.ErrBusy, err)
-		}
-		thaws = append(thaws, thaw)
-	}
-	for _, v := range vols {
-		switch {
-		case v.FsType != "":
-			thaw, err := m.freezeStaged(v)
-			if err != nil {
-				return err
-			}
-			thaws = append(thaws, thaw)
-		case v.AccessType == contract.AccessBlock && len(pods) > 0:
-			if err := flushDevice(m.imagePath(v.ID)); err != nil {
-				return err
-			}
-		}
-	}
+	defer thaw()
 	for i, v := range vols {
 		if err := m.cutSnapshot(v, tmps[i], m.copyImage); err != nil {
 			return err
 		}
 	}
-	if err := thawAll(); err != nil {
+	if err := thaw(); err != nil {
 		return err
 	}
 	for _, t := range tmps {
@@ -255,7 +163,7 @@ func (m *Manager) cutGroup(vols []*contract.Volume, pods, tmps []string) error {
 // must be its members' ids (contract.ErrInvalid otherwise). Errors:
 // contract.ErrNotFound (no member left, or not an id of the driver's
 // shape).
-func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+func (m *Store) GetGroupSnapshot(id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	if !contract.ValidGroupSnapshotID(id) {
 		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
 	}
@@ -290,7 +198,7 @@ func (m *Manager) GetGroupSnapshot(id string, snapshotIDs []string) (*contract.G
 // Errors: contract.ErrInvalid (snapshotIDs do not match the members),
 // contract.ErrBusy (a restore reads a member, or another call on the
 // group runs).
-func (m *Manager) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
+func (m *Store) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
 	if !contract.ValidGroupSnapshotID(id) {
 		return nil
 	}

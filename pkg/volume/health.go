@@ -10,7 +10,7 @@ import (
 
 // Health checks volume id's data: missing data (DataLoss), and for the dir
 // engine usage beyond the capacity (Degraded). Errors: contract.ErrNotFound.
-func (m *Manager) Health(id string) (contract.Health, error) {
+func (m *Store) Health(id string) (contract.Health, error) {
 	v, err := m.Resolve(id)
 	if err != nil {
 		return contract.Health{}, err

@@ -9,7 +9,7 @@ import (
 
 // holdSet keeps volumes and snapshots that an operation is reading (the
 // source of a restore, clone or snapshot, a volume being staged) from being
-// deleted or changed under it, and the reverse. It lives in the Manager, so
+// deleted or changed under it, and the reverse. It lives in the Store, so
 // every caller — the CSI services of all mode and the node reconcilers of
 // cluster mode alike — is covered.
 //
@@ -65,3 +65,9 @@ func (h *holdSet) change(id, what string) (func(), error) {
 		h.mu.Unlock()
 	}, nil
 }
+
+// HoldRead takes a read hold on volume or snapshot id for what (the node
+// side's stage and node expansion: a delete or an expansion must not change
+// the data under them); contract.ErrBusy while it is being deleted or
+// changed. The returned func releases it.
+func (m *Store) HoldRead(id, what string) (func(), error) { return m.holds.read(id, what) }

@@ -1,7 +1,10 @@
 package volume
 
-// The per-volume lock. Every node and data operation of the Manager on a
-// volume takes its id's lock for the whole call, so that any two calls on
+import "context"
+
+// The per-volume lock. Every data operation of the Store, and every node
+// operation of pkg/publish (through Lock and LockWait), on a volume takes
+// its id's lock for the whole call, so that any two calls on
 // one volume — from the CSI services or from the cluster node agent's
 // reconcilers — never run at once: the second fails at once with
 // contract.ErrBusy (ABORTED; a reconciler requeues), except Unpublish,
@@ -17,7 +20,7 @@ package volume
 // lock takes the per-volume locks of the non-empty keys (volume ids, an
 // ephemeral volume's CO id, a snapshot id), all or none; contract.ErrBusy
 // when one is taken.
-func (m *Manager) lock(keys ...string) (func(), error) {
+func (m *Store) lock(keys ...string) (func(), error) {
 	var ks []string
 	for _, k := range keys {
 		if k != "" {
@@ -25,4 +28,15 @@ func (m *Manager) lock(keys ...string) (func(), error) {
 		}
 	}
 	return m.locks.Acquire("volume", ks...)
+}
+
+// Lock takes the per-volume locks of the non-empty keys for the node side
+// (pkg/publish): all or none, contract.ErrBusy when one is taken.
+func (m *Store) Lock(keys ...string) (func(), error) { return m.lock(keys...) }
+
+// LockWait takes volume id's lock, waiting (bounded by ctx, then
+// contract.ErrBusy) for the call that holds it: for the teardowns a CO must
+// be able to finish (unpublish, unstage).
+func (m *Store) LockWait(ctx context.Context, id string) (func(), error) {
+	return m.locks.Wait(ctx, "volume", id)
 }

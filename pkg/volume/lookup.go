@@ -8,7 +8,7 @@ import (
 )
 
 // LookupByName returns the volume created for a CSI name, or nil.
-func (m *Manager) LookupByName(name string) (*contract.Volume, error) {
+func (m *Store) LookupByName(name string) (*contract.Volume, error) {
 	var v *contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
 		id := tx.VolumeIDByName(name)
@@ -24,7 +24,7 @@ func (m *Manager) LookupByName(name string) (*contract.Volume, error) {
 
 // Get returns the volume with this id. Errors: contract.ErrNotFound (also for any id
 // that is not of the driver's shape).
-func (m *Manager) Get(id string) (*contract.Volume, error) {
+func (m *Store) Get(id string) (*contract.Volume, error) {
 	if !contract.ValidVolumeID(id) {
 		return nil, fmt.Errorf("%w: volume %q", contract.ErrNotFound, id)
 	}
@@ -42,7 +42,7 @@ func (m *Manager) Get(id string) (*contract.Volume, error) {
 
 // Resolve returns the volume a node call names: a driver-issued volume_id,
 // or the CO-chosen id of an ephemeral inline volume. Errors: contract.ErrNotFound.
-func (m *Manager) Resolve(id string) (*contract.Volume, error) {
+func (m *Store) Resolve(id string) (*contract.Volume, error) {
 	if contract.ValidVolumeID(id) {
 		return m.Get(id)
 	}
@@ -56,7 +56,7 @@ func (m *Manager) Resolve(id string) (*contract.Volume, error) {
 // List returns up to limit volumes (all when limit <= 0) whose ids sort
 // after `after`, in id order, and the id to continue after ("" at the end).
 // Ephemeral inline volumes are not listed: the CO did not create them.
-func (m *Manager) List(after string, limit int) ([]*contract.Volume, string, error) {
+func (m *Store) List(after string, limit int) ([]*contract.Volume, string, error) {
 	var out []*contract.Volume
 	next := ""
 	err := m.st.View(func(tx *state.Tx) error {

@@ -3,9 +3,7 @@ package volume
 import (
 	"fmt"
 	"maps"
-	"os"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
@@ -28,7 +26,7 @@ import (
 // Errors: contract.ErrNotFound, contract.ErrInvalid (a parameter this
 // volume cannot take, named), contract.ErrBusy (a snapshot, clone or other
 // change of it is in progress).
-func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume, error) {
+func (m *Store) Modify(id string, params map[string]string) (*contract.Volume, error) {
 	mut, err := contract.MutableOf(params)
 	if err != nil {
 		return nil, err
@@ -51,10 +49,8 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 		return nil, err
 	}
 	merged := contract.MergeMutable(v.MutableParameters, params)
-	if mut.IO != nil {
-		if err := m.applyIOLimits(v, merged); err != nil {
-			return nil, err
-		}
+	if err := m.node.ApplyMutable(v, mut, merged); err != nil {
+		return nil, err
 	}
 	if maps.Equal(merged, v.MutableParameters) {
 		return v, nil
@@ -69,31 +65,15 @@ func (m *Manager) Modify(id string, params map[string]string) (*contract.Volume,
 
 // applyMutable checks that v can take mut and applies it to its data at
 // path.
-func (m *Manager) applyMutable(v *contract.Volume, path string, mut contract.Mutable) error {
+func (m *Store) applyMutable(v *contract.Volume, path string, mut contract.Mutable) error {
 	if err := contract.CheckMutable(v, engine.OnBtrfs(path), mut); err != nil {
 		return err
 	}
-	if mut.DirMode != nil {
-		root := path
-		if v.FsType != "" {
-			// An image volume's root is its filesystem's: where it is
-			// staged now, and at each stage (stageImage). A new one
-			// (Create: its image is not at its final path yet) has none.
-			root = ""
-			if _, err := os.Stat(m.imagePath(v.ID)); err == nil {
-				mounts, err := m.imageMounts(v.ID)
-				if err != nil {
-					return err
-				}
-				if len(mounts) > 0 {
-					root = mounts[0]
-				}
-			}
-		}
-		if root != "" {
-			if err := chmodRoot(root, *mut.DirMode); err != nil {
-				return fmt.Errorf("volume %s: %w", v.ID, err)
-			}
+	// An image volume's root is its filesystem's: the node side sets it
+	// where the volume is staged (Modify) and at each stage.
+	if mut.DirMode != nil && v.FsType == "" {
+		if err := engine.ChmodRoot(path, *mut.DirMode); err != nil {
+			return fmt.Errorf("volume %s: %w", v.ID, err)
 		}
 	}
 	if mut.Compression != nil {
@@ -102,32 +82,4 @@ func (m *Manager) applyMutable(v *contract.Volume, path string, mut contract.Mut
 		}
 	}
 	return nil
-}
-
-// chmodRoot sets the permission bits of the directory at root (opened
-// with O_NOFOLLOW: a symlink is never followed).
-func chmodRoot(root string, mode uint32) error {
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", root, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Fchmod(fd, mode); err != nil {
-		return fmt.Errorf("chmod %s: %w", root, err)
-	}
-	return nil
-}
-
-// imageDirMode is the root permission an image volume's filesystem gets
-// at stage: its mutable dirMode, else its StorageClass dirMode; ok false
-// when neither is set (mkfs's own stays).
-func imageDirMode(v *contract.Volume) (mode uint32, ok bool) {
-	for _, p := range []map[string]string{v.MutableParameters, v.Parameters} {
-		if s, set := p[contract.ParamDirMode]; set {
-			if mode, err := contract.ParseDirMode(contract.ParamDirMode, s); err == nil {
-				return mode, true
-			}
-		}
-	}
-	return 0, false
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
@@ -32,28 +31,19 @@ const (
 	deletingPrefix = ".deleting-"
 )
 
-// Leftover is data that start-up recovery found and could not put in
-// order. It is kept where it is; the driver serves everything else.
-type Leftover struct {
-	// Path is the data's path on the node.
-	Path string
-	// Problem says what recovery tried and why it failed.
-	Problem string
-}
-
-// Leftovers lists what the last Open could not recover (empty when all was
+// Leftovers lists what Recover could not put in order (empty when all was
 // in order). Reported in the log, the localdir_recovery_leftovers metric
 // and, in cluster mode, LocalNode status.recoveryProblems.
-func (m *Manager) Leftovers() []Leftover {
+func (m *Store) Leftovers() []contract.Leftover {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]Leftover(nil), m.leftovers...)
+	return append([]contract.Leftover(nil), m.leftovers...)
 }
 
-func (m *Manager) leftover(path string, err error) {
+func (m *Store) leftover(path string, err error) {
 	klog.ErrorS(err, "Data left by an interrupted operation could not be recovered; it is kept and reported, the driver serves everything else", "path", path)
 	m.mu.Lock()
-	m.leftovers = append(m.leftovers, Leftover{Path: path, Problem: err.Error()})
+	m.leftovers = append(m.leftovers, contract.Leftover{Path: path, Problem: err.Error()})
 	m.mu.Unlock()
 }
 
@@ -70,7 +60,7 @@ func (m *Manager) leftover(path string, err error) {
 //
 // No single entry stops the start: what cannot be handled is logged and
 // listed in Leftovers. Only an unreadable state file or data root fails.
-func (m *Manager) recover() error {
+func (m *Store) recover() error {
 	known := map[string]bool{}
 	var vols, ephemeral []*contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
@@ -112,7 +102,7 @@ func (m *Manager) recover() error {
 		}
 	}
 	for _, v := range ephemeral {
-		if busy, _ := m.mnt.InUse(m.volDir(v.ID)); busy {
+		if busy, _ := m.node.InUse(m.volDir(v.ID)); busy {
 			continue
 		}
 		klog.InfoS("Removing ephemeral volume that is no longer published (node restarted)", "volumeID", v.ID, "ephemeralID", v.EphemeralID)
@@ -136,7 +126,7 @@ func entryID(name string) (id, prefix string, ok bool) {
 	return id, prefix, contract.ValidVolumeID(id) || contract.ValidSnapshotID(id)
 }
 
-func (m *Manager) recoverEntry(dir, name string, known map[string]bool) {
+func (m *Store) recoverEntry(dir, name string, known map[string]bool) {
 	p := filepath.Join(dir, name)
 	id, prefix, ok := entryID(name)
 	if !ok {
@@ -172,9 +162,9 @@ func (m *Manager) recoverEntry(dir, name string, known map[string]bool) {
 
 // removeLeftover removes unacknowledged data at p (detaching a loop device
 // an image may still have).
-func (m *Manager) removeLeftover(p string) {
+func (m *Store) removeLeftover(p string) {
 	if strings.HasSuffix(p, ".img") {
-		if err := block.Detach(p); err != nil {
+		if err := m.node.Detach(p); err != nil {
 			m.leftover(p, fmt.Errorf("detach its loop device: %w", err))
 			return
 		}
@@ -187,13 +177,13 @@ func (m *Manager) removeLeftover(p string) {
 // moveAside moves data no record claims into orphaned/. The driver cannot
 // tell where it came from (records lost to an older state file restored
 // from a backup, say), so it never deletes it.
-func (m *Manager) moveAside(p, id string) {
-	if busy, _ := m.mnt.InUse(p); busy {
+func (m *Store) moveAside(p, id string) {
+	if busy, _ := m.node.InUse(p); busy {
 		m.leftover(p, errors.New("data without a record is mounted; it is left where it is"))
 		return
 	}
 	if strings.HasSuffix(p, ".img") {
-		if err := block.Detach(p); err != nil {
+		if err := m.node.Detach(p); err != nil {
 			m.leftover(p, fmt.Errorf("data without a record: detach its loop device: %w", err))
 			return
 		}
@@ -229,7 +219,7 @@ func exists(p string) bool {
 // name, or that name with a numeric suffix when an earlier start already
 // moved data of the same name there (renaming onto it would fail for a
 // non-empty directory or replace an earlier file).
-func (m *Manager) lostPath(name string) string {
+func (m *Store) lostPath(name string) string {
 	p := filepath.Join(m.lostRoot, name)
 	for i := 1; ; i++ {
 		if !exists(p) {
@@ -249,7 +239,7 @@ func inFlight(prefix, p string) string {
 // before its record is deleted, so a crash leaves either the record with
 // its data (rolled back at start) or neither (finished at start). It
 // returns the new path.
-func (m *Manager) trash(p string) (string, error) {
+func (m *Store) trash(p string) (string, error) {
 	t := inFlight(deletingPrefix, p)
 	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("mark %s as deleting: %w", p, err)

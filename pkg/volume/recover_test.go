@@ -10,16 +10,19 @@ import (
 	"github.com/localdir-csi/localdir/pkg/state"
 )
 
-func openTest(t *testing.T, root string) *Manager {
+func openTest(t *testing.T, root string) *Store {
 	t.Helper()
 	m, err := Open(Config{DataRoot: root, CapacityBytes: 1 << 30, Engine: "dir"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := m.Recover(idleNode{}); err != nil {
+		t.Fatal(err)
+	}
 	return m
 }
 
-func create(t *testing.T, m *Manager, name string) *contract.Volume {
+func create(t *testing.T, m *Store, name string) *contract.Volume {
 	t.Helper()
 	v, err := m.Create(contract.CreateSpec{Name: name, SizeBytes: 1 << 20, AccessType: contract.AccessMount, DirMode: 0o755})
 	if err != nil {

@@ -15,10 +15,10 @@ import (
 )
 
 // SnapshotPath is where snapshot s's data lives on this node.
-func (m *Manager) SnapshotPath(s *contract.Snapshot) string { return m.snapPath(s) }
+func (m *Store) SnapshotPath(s *contract.Snapshot) string { return m.snapPath(s) }
 
 // snapPath is where snapshot s's data lives.
-func (m *Manager) snapPath(s *contract.Snapshot) string {
+func (m *Store) snapPath(s *contract.Snapshot) string {
 	if !contract.ValidSnapshotID(s.ID) {
 		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))
 	}
@@ -29,7 +29,7 @@ func (m *Manager) snapPath(s *contract.Snapshot) string {
 }
 
 // LookupSnapshotByName returns the snapshot created for a CSI name, or nil.
-func (m *Manager) LookupSnapshotByName(name string) (*contract.Snapshot, error) {
+func (m *Store) LookupSnapshotByName(name string) (*contract.Snapshot, error) {
 	var s *contract.Snapshot
 	err := m.st.View(func(tx *state.Tx) error {
 		id := tx.SnapshotIDByName(name)
@@ -45,7 +45,7 @@ func (m *Manager) LookupSnapshotByName(name string) (*contract.Snapshot, error) 
 
 // GetSnapshot returns the snapshot with this id. Errors: contract.ErrNotFound (also
 // for ids not of the driver's shape).
-func (m *Manager) GetSnapshot(id string) (*contract.Snapshot, error) {
+func (m *Store) GetSnapshot(id string) (*contract.Snapshot, error) {
 	if !contract.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
@@ -72,7 +72,7 @@ func (m *Manager) GetSnapshot(id string) (*contract.Snapshot, error) {
 // usable. Its size is the source's capacity (the restore size). Errors:
 // contract.ErrNotFound (source), contract.ErrNoSpace, contract.ErrExists (name taken by a concurrent
 // call), contract.ErrBusy.
-func (m *Manager) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, error) {
+func (m *Store) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, error) {
 	name := spec.Name
 	given := spec.ID != ""
 	if !given {
@@ -114,31 +114,19 @@ func (m *Manager) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot
 		Engine:         v.Engine,
 		CreatedAt:      time.Now().UTC(),
 	}
-	dst := m.snapPath(s)
-	tmp := inFlight(creatingPrefix, dst)
-	fail := func(err error) (*contract.Snapshot, error) {
-		if rerr := engine.Remove(tmp); rerr != nil {
-			klog.ErrorS(rerr, "Could not remove data of a failed snapshot; it is removed at restart", "path", tmp)
-		}
-		return nil, mapNoSpace(err)
-	}
-	if err := m.writeSnapshot(v, tmp); err != nil {
-		return fail(err)
-	}
-	err = m.st.Update(func(tx *state.Tx) error {
-		if tx.SnapshotIDByName(name) != "" {
-			return fmt.Errorf("%w: snapshot name %q", contract.ErrExists, name)
-		}
-		return tx.PutSnapshot(s)
-	})
-	if err != nil {
-		return fail(err)
-	}
-	if err := m.land(tmp, dst); err != nil {
-		if rerr := m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(s.ID) }); rerr != nil {
-			return nil, fmt.Errorf("%w; and its record could not be taken back (%v): the snapshot is finished at restart", err, rerr)
-		}
-		return fail(err)
+	if err := m.land(landing{
+		what:  "snapshot",
+		dsts:  []string{m.snapPath(s)},
+		write: func(tmps []string) error { return m.writeSnapshot(v, tmps[0]) },
+		commit: func(tx *state.Tx) error {
+			if tx.SnapshotIDByName(name) != "" {
+				return fmt.Errorf("%w: snapshot name %q", contract.ErrExists, name)
+			}
+			return tx.PutSnapshot(s)
+		},
+		uncommit: func(tx *state.Tx) error { return tx.DeleteSnapshot(s.ID) },
+	}); err != nil {
+		return nil, err
 	}
 	klog.V(2).InfoS("Snapshot created", "snapshotID", s.ID, "sourceVolumeID", v.ID, "size", s.SizeBytes)
 	return s, nil
@@ -147,7 +135,7 @@ func (m *Manager) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot
 // writeSnapshot writes the snapshot of volume v at tmp (cutSnapshot, an
 // image frozen while it is copied when it is staged) and syncs it to disk,
 // before the record that acknowledges it is committed.
-func (m *Manager) writeSnapshot(v *contract.Volume, tmp string) error {
+func (m *Store) writeSnapshot(v *contract.Volume, tmp string) error {
 	if err := m.cutSnapshot(v, tmp, m.snapshotImage); err != nil {
 		return err
 	}
@@ -161,7 +149,7 @@ func (m *Manager) writeSnapshot(v *contract.Volume, tmp string) error {
 // removing what a failed earlier attempt left there first: an image with
 // copyImage (snapshotImage freezes a staged one; copyImage, for a caller
 // that froze it, does not), else the engine's snapshot of its tree.
-func (m *Manager) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*contract.Volume, string) error) error {
+func (m *Store) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*contract.Volume, string) error) error {
 	if err := engine.Remove(tmp); err != nil {
 		return err
 	}
@@ -180,7 +168,7 @@ func (m *Manager) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*co
 // DeleteSnapshot removes a snapshot (record first, then data). Unknown ids
 // succeed. Volumes restored from it are independent and stay. Errors:
 // contract.ErrBusy while a restore reads it (case C34).
-func (m *Manager) DeleteSnapshot(id string) error {
+func (m *Store) DeleteSnapshot(id string) error {
 	if !contract.ValidSnapshotID(id) {
 		return nil
 	}
@@ -219,7 +207,7 @@ func (m *Manager) DeleteSnapshot(id string) error {
 // ListSnapshots returns up to limit snapshots (all when limit <= 0) whose
 // ids sort after `after`, optionally only those of one source volume, in id
 // order, and the id to continue after ("" at the end).
-func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error) {
+func (m *Store) ListSnapshots(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error) {
 	var out []*contract.Snapshot
 	next := ""
 	err := m.st.View(func(tx *state.Tx) error {
@@ -241,12 +229,33 @@ func (m *Manager) ListSnapshots(after string, limit int, sourceVolumeID string) 
 // snapshotImage copies the image of volume v to tmp: a reflink where the
 // data root's filesystem can (O(1)), else a sparse-aware copy, with its
 // filesystem frozen when it is staged (whileFrozen).
-func (m *Manager) snapshotImage(v *contract.Volume, tmp string) error {
+func (m *Store) snapshotImage(v *contract.Volume, tmp string) error {
 	return m.whileFrozen(v, func() error { return m.copyImage(v, tmp) })
 }
 
 // copyImage copies image volume v's image to tmp as it is (the caller
 // froze it if it is staged).
-func (m *Manager) copyImage(v *contract.Volume, tmp string) error {
+func (m *Store) copyImage(v *contract.Volume, tmp string) error {
 	return writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
+}
+
+// whileFrozen runs copy, a copy of volume v's image, with v's filesystem
+// frozen where it is staged (Node.Freeze) when v is an image volume with a
+// filesystem, so the copy holds everything written before the call; a raw
+// block volume is copied as it is (crash-consistent only if nothing
+// writes). A thaw that fails, or came by timeout, fails the copy: it is not
+// consistent.
+func (m *Store) whileFrozen(v *contract.Volume, copy func() error) error {
+	thaw := func() error { return nil }
+	if v.FsType != "" {
+		var err error
+		if thaw, err = m.node.Freeze(v); err != nil {
+			return err
+		}
+	}
+	err := copy()
+	if terr := thaw(); err == nil {
+		err = terr
+	}
+	return err
 }

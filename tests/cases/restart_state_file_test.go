@@ -18,7 +18,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
-	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/app"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -294,7 +294,7 @@ func testC09bDamaged(t *testing.T) {
 				csitest.AssertFileBytes(t, filepath.Join(volDir(in, a), "f"), []byte("keep"))
 			}
 
-			d, err := driver.New(in.Opts)
+			d, _, err := app.NewDriver(in.Opts, nil)
 			if err == nil {
 				_ = d.Close()
 				t.Fatalf("driver.New started on a damaged data root")

@@ -14,7 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
-	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/app"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -134,7 +134,7 @@ func TestDamagedStateRefused(t *testing.T) {
 
 			o := testdriver.DefaultOptions(dir)
 			o.Engine = "dir"
-			d, err := driver.New(o)
+			d, _, err := app.NewDriver(o, nil)
 			if err == nil {
 				_ = d.Close()
 				t.Fatal("driver.New started on a damaged state file")

@@ -7,10 +7,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/localdir-csi/localdir/pkg/app"
 	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/pkg/volume"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
@@ -26,12 +28,12 @@ import (
 func TestInterruptedExpansionsAreFinishedAtStart(t *testing.T) {
 	mnt := testfs.New(t, testfs.Btrfs, 512<<20)
 	root := filepath.Join(mnt, "data")
-	open := func() *volume.Manager {
-		m, err := volume.Open(volume.Config{DataRoot: root, CapacityBytes: 256 << 20, Engine: engine.Btrfs})
+	open := func() *volume.Store {
+		n, err := app.OpenNode(driver.Options{DataRoot: root, CapacityBytes: 256 << 20, Engine: engine.Btrfs}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return m
+		return n.Store
 	}
 	limits := btrfsLimits(t, mnt)
 	m := open()
@@ -45,11 +47,11 @@ func TestInterruptedExpansionsAreFinishedAtStart(t *testing.T) {
 	dir, img, retried := mk("dir", contract.AccessMount), mk("img", contract.AccessBlock), mk("retried", contract.AccessMount)
 	imgPath := filepath.Join(root, "block", img+".img")
 	dirPath, retriedPath := filepath.Join(root, "volumes", dir), filepath.Join(root, "volumes", retried)
-	dev, err := block.Attach(imgPath)
+	dev, err := loop.Attach(imgPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = block.Detach(imgPath) })
+	t.Cleanup(func() { _ = loop.Detach(imgPath) })
 	// The crash: each record says 16 MiB, the data is still 8 MiB.
 	for _, id := range []string{dir, img, retried} {
 		if got, err := m.Expand(id, 16<<20); err != nil || got != 16<<20 {

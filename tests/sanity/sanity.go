@@ -8,6 +8,8 @@
 //	block/       raw block volumes (TestVolumeAccessType: block)
 //	ext4/        image volumes formatted ext4, data root on ext4
 //	xfs/         image volumes formatted xfs, data root on XFS with reflink
+//	unprivileged/ dir engine on a temporary directory, mounts pretended by
+//	             mount.Fake: no root, no loop devices, no cgroups (make unit)
 //
 // csi-sanity cannot set a capability's fs_type, so the image-volume runs
 // give the driver an interceptor (driver.WithInterceptor) that adds it to
@@ -41,6 +43,7 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/mount"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
@@ -59,11 +62,16 @@ type Config struct {
 	// with mutable_parameters) pass: ones the configuration's volumes can
 	// take.
 	MutableParameters map[string]string
+	// Unprivileged runs the driver as any user: its node mounts are a
+	// mount.Fake's, and it has no cgroup hierarchy (dir engine only).
+	Unprivileged bool
 }
 
 // Run starts the driver for cfg and runs csi-sanity against it.
 func Run(t *testing.T, cfg Config) {
-	testdriver.RequireRoot(t)
+	if !cfg.Unprivileged {
+		testdriver.RequireRoot(t)
+	}
 	dir := testdriver.TempDir(t)
 	base := dir
 	size := int64(1 << 30)
@@ -81,7 +89,11 @@ func Run(t *testing.T, cfg Config) {
 	if cfg.FsType != "" {
 		with = append(with, driver.WithInterceptor(withFsType(cfg.FsType)))
 	}
-	in := testdriver.StartWith(t, o, with...)
+	var m mount.Interface
+	if cfg.Unprivileged {
+		m, o.CgroupRoot = mount.NewFake(), ""
+	}
+	in := testdriver.StartWithMounter(t, o, m, with...)
 	var _ driver.Options = in.Opts
 	sc := sanity.NewTestConfig()
 	sc.Address = in.Endpoint

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/localdir-csi/localdir/pkg/app"
 	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/mount"
 )
 
 // Instance is a running driver and a client connection to it.
@@ -88,7 +90,14 @@ func TempDir(t testing.TB) string {
 // with) until the test ends.
 func StartWith(t testing.TB, o driver.Options, with ...driver.Option) *Instance {
 	t.Helper()
-	d, err := driver.New(o, with...)
+	return StartWithMounter(t, o, nil, with...)
+}
+
+// StartWithMounter is StartWith with the node's mounts made by m (a
+// mount.Fake for a run without root; nil: the real mounter).
+func StartWithMounter(t testing.TB, o driver.Options, m mount.Interface, with ...driver.Option) *Instance {
+	t.Helper()
+	d, _, err := app.NewDriver(o, m, with...)
 	if err != nil {
 		t.Fatalf("start driver: %v", err)
 	}

@@ -136,3 +136,17 @@ func (dirEngine) Exclusive(path string) (int64, error) {
 	b, _, err := DiskUsage(path)
 	return b, err
 }
+
+// ChmodRoot sets the permission bits of the directory at root (opened
+// with O_NOFOLLOW: a symlink is never followed).
+func ChmodRoot(root string, mode uint32) error {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", root, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fmt.Errorf("chmod %s: %w", root, err)
+	}
+	return nil
+}

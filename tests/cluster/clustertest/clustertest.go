@@ -46,6 +46,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/localdir-csi/localdir/pkg/app"
 	"github.com/localdir-csi/localdir/pkg/cluster"
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 	"github.com/localdir-csi/localdir/pkg/driver"
@@ -455,11 +456,11 @@ func (e *Env) StartNode(t testing.TB, nodeID string, mutate func(*driver.Options
 func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin {
 	t.Helper()
 	nodeID := e.NodeIdentity(t, o.NodeID)
-	d, err := driver.New(o)
+	d, n, err := app.NewDriver(o, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent := &cluster.NodeAgent{NodeID: o.NodeID, VM: d.VolumeManager(), Version: driver.Version(), Heartbeat: 2 * time.Second}
+	agent := &cluster.NodeAgent{NodeID: o.NodeID, Store: n.Store, Version: driver.Version(), Heartbeat: 2 * time.Second}
 	cfg := rest.CopyConfig(nodeID.Config)
 	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
 	return run(t, dir, o, func(ctx context.Context) error {

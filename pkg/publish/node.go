@@ -1,4 +1,4 @@
-package volume
+package publish
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
-	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/publish/loop"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
 // The node side: what a stage or publish mounts (a volume's directory, a
@@ -35,20 +35,20 @@ import (
 // contract.ErrInvalid, contract.ErrExists, contract.ErrPrecondition
 // (capability of the other access type), contract.ErrBusy (another call on
 // the volume is in flight, or it is being deleted or expanded).
-func (m *Manager) Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error {
-	unlock, err := m.lock(id)
+func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error {
+	unlock, err := pb.vols.Lock(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	// Held while it mounts: a delete that checked the volume unused must
 	// not remove its data under a mount made just after.
-	release, err := m.holds.read(id, "a stage")
+	release, err := pb.vols.HoldRead(id, "a stage")
 	if err != nil {
 		return err
 	}
 	defer release()
-	v, err := m.Get(id)
+	v, err := pb.vols.Get(id)
 	if err != nil {
 		return err
 	}
@@ -59,16 +59,16 @@ func (m *Manager) Stage(id, stagingPath string, accessType contract.AccessType, 
 	if err != nil {
 		return err
 	}
-	if err := m.mnt.PrepareDir(stagingPath, "staging_target_path", false); err != nil {
+	if err := pb.mnt.PrepareDir(stagingPath, "staging_target_path", false); err != nil {
 		return err
 	}
 	switch {
 	case v.AccessType == contract.AccessBlock:
-		return m.stageBlock(id, stagingPath)
+		return pb.stageBlock(id, stagingPath)
 	case v.FsType != "":
-		return m.stageImage(v, stagingPath, flags)
+		return pb.stageImage(v, stagingPath, flags)
 	}
-	return m.mnt.Bind(mount.Bind{Source: m.volDir(id), Target: stagingPath, Flags: mf})
+	return pb.mnt.Bind(mount.Bind{Source: pb.vols.DataPath(v), Target: stagingPath, Flags: mf})
 }
 
 // stageImage attaches image volume v's read-write loop device (the same
@@ -78,13 +78,13 @@ func (m *Manager) Stage(id, stagingPath string, accessType contract.AccessType, 
 // device (a restore or clone to a larger size, an expansion made while it
 // was not staged) is grown. A device this call attached is detached again
 // when the mount fails.
-func (m *Manager) stageImage(v *contract.Volume, stagingPath string, flags []string) error {
-	img := m.imagePath(v.ID)
-	had, err := block.FindMode(img, false)
+func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []string) error {
+	img := pb.vols.ImagePath(v.ID)
+	had, err := loop.FindMode(img, false)
 	if err != nil {
 		return err
 	}
-	dev, err := block.Attach(img)
+	dev, err := loop.Attach(img)
 	if err != nil {
 		return err
 	}
@@ -94,19 +94,19 @@ func (m *Manager) stageImage(v *contract.Volume, stagingPath string, flags []str
 		// refuses to mount a second filesystem with a UUID already mounted.
 		opts = append(slices.Clone(flags), "nouuid")
 	}
-	if err := m.mnt.FormatAndMount(dev, stagingPath, v.FsType, opts); err != nil {
+	if err := pb.mnt.FormatAndMount(dev, stagingPath, v.FsType, opts); err != nil {
 		if had == "" {
-			if derr := block.Detach(img); derr != nil {
+			if derr := loop.Detach(img); derr != nil {
 				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
 			}
 		}
 		return err
 	}
-	if err := m.mnt.ResizeFS(dev, stagingPath); err != nil {
+	if err := pb.mnt.ResizeFS(dev, stagingPath); err != nil {
 		return err
 	}
 	if mode, ok := imageDirMode(v); ok && !slices.Contains(flags, "ro") {
-		if err := chmodRoot(stagingPath, mode); err != nil {
+		if err := engine.ChmodRoot(stagingPath, mode); err != nil {
 			return err
 		}
 	}
@@ -116,31 +116,31 @@ func (m *Manager) stageImage(v *contract.Volume, stagingPath string, flags []str
 
 // stagedImage reports whether image volume v is staged at stagingPath:
 // its read-write loop device is attached and its filesystem mounted there.
-func (m *Manager) stagedImage(v *contract.Volume, stagingPath string) (bool, error) {
-	dev, err := block.FindMode(m.imagePath(v.ID), false)
+func (pb *Publisher) stagedImage(v *contract.Volume, stagingPath string) (bool, error) {
+	dev, err := loop.FindMode(pb.vols.ImagePath(v.ID), false)
 	if err != nil || dev == "" {
 		return false, err
 	}
-	return m.mnt.HoldsFS(stagingPath, dev)
+	return pb.mnt.HoldsFS(stagingPath, dev)
 }
 
 // stageBlock attaches block volume id's read-write loop device and makes
 // <stagingPath>/<id> a device node of it. A device this call attached is
 // detached again when the node cannot be made.
-func (m *Manager) stageBlock(id, stagingPath string) error {
-	img := m.imagePath(id)
-	had, err := block.FindMode(img, false)
+func (pb *Publisher) stageBlock(id, stagingPath string) error {
+	img := pb.vols.ImagePath(id)
+	had, err := loop.FindMode(img, false)
 	if err != nil {
 		return err
 	}
-	dev, err := block.Attach(img)
+	dev, err := loop.Attach(img)
 	if err != nil {
 		return err
 	}
 	p := stagedDevicePath(stagingPath, id)
-	if err := m.mnt.PlaceDevice(p, dev); err != nil {
+	if err := pb.mnt.PlaceDevice(p, dev); err != nil {
 		if had == "" {
-			if derr := block.Detach(img); derr != nil {
+			if derr := loop.Detach(img); derr != nil {
 				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
 			}
 		}
@@ -151,9 +151,13 @@ func (m *Manager) stageBlock(id, stagingPath string) error {
 }
 
 // stagedDevicePath is the device node a block volume's stage puts in its
-// staging directory: <stagingPath>/<id>.
+// staging directory: <stagingPath>/<id>. It panics on an id that is not a
+// volume_id: callers validate first, and a path is never built from
+// anything else.
 func stagedDevicePath(stagingPath, id string) string {
-	mustVolumeID(id)
+	if !contract.ValidVolumeID(id) {
+		panic(fmt.Sprintf("publish: device path requested for invalid volume id %q", id))
+	}
 	return filepath.Join(stagingPath, id)
 }
 
@@ -179,39 +183,39 @@ func matchAccess(v *contract.Volume, accessType contract.AccessType) error {
 // (bounded by ctx) for another call on the volume to end — a cluster node
 // agent's reconcile, say — before failing with contract.ErrBusy: the CO
 // must be able to finish a teardown.
-func (m *Manager) Unstage(ctx context.Context, id, stagingPath string) error {
-	unlock, err := m.locks.Wait(ctx, "volume", id)
+func (pb *Publisher) Unstage(ctx context.Context, id, stagingPath string) error {
+	unlock, err := pb.vols.LockWait(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := m.Resolve(id)
+	v, err := pb.vols.Resolve(id)
 	switch {
 	case errors.Is(err, contract.ErrNotFound):
-		if err := m.mnt.Unmount(stagingPath); err != nil {
+		if err := pb.mnt.Unmount(stagingPath); err != nil {
 			return err
 		}
 		if contract.ValidVolumeID(id) {
-			return m.mnt.RemoveDevice(stagedDevicePath(stagingPath, id))
+			return pb.mnt.RemoveDevice(stagedDevicePath(stagingPath, id))
 		}
 		return nil
 	case err != nil:
 		return err
 	case v.AccessType == contract.AccessBlock:
-		return m.unstageBlock(v, stagingPath)
+		return pb.unstageBlock(v, stagingPath)
 	case v.FsType != "":
-		return m.unstageImage(v, stagingPath)
+		return pb.unstageImage(v, stagingPath)
 	}
-	return m.mnt.Unmount(stagingPath)
+	return pb.mnt.Unmount(stagingPath)
 }
 
 // unstageBlock is Unstage of block volume v. It is staged at stagingPath
 // when the device node there is one of its read-write loop device; with no
 // loop device attached (a retry after the detach) only a device node left
 // there is removed.
-func (m *Manager) unstageBlock(v *contract.Volume, stagingPath string) error {
-	img, node := m.imagePath(v.ID), stagedDevicePath(stagingPath, v.ID)
-	devs, err := block.Devices(img)
+func (pb *Publisher) unstageBlock(v *contract.Volume, stagingPath string) error {
+	img, node := pb.vols.ImagePath(v.ID), stagedDevicePath(stagingPath, v.ID)
+	devs, err := loop.Devices(img)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -222,23 +226,23 @@ func (m *Manager) unstageBlock(v *contract.Volume, stagingPath string) error {
 		}
 	}
 	if rw == "" {
-		return m.mnt.RemoveDevice(node)
+		return pb.mnt.RemoveDevice(node)
 	}
-	if here, err := m.mnt.HasDevice(node, rw); err != nil || !here {
+	if here, err := pb.mnt.HasDevice(node, rw); err != nil || !here {
 		if err == nil {
 			klog.V(2).InfoS("Block volume not staged at this path; nothing to unstage", "volumeID", v.ID, "stagingPath", stagingPath, "device", rw)
 		}
 		return err
 	}
 	for _, d := range devs {
-		if err := m.unpublishedFirst(v.ID, d.Path); err != nil {
+		if err := pb.unpublishedFirst(v.ID, d.Path); err != nil {
 			return err
 		}
 	}
-	if err := block.Detach(img); err != nil {
+	if err := loop.Detach(img); err != nil {
 		return err
 	}
-	return m.mnt.RemoveDevice(node)
+	return pb.mnt.RemoveDevice(node)
 }
 
 // unstageImage is Unstage of image volume v (a filesystem on a loop
@@ -246,34 +250,34 @@ func (m *Manager) unstageBlock(v *contract.Volume, stagingPath string) error {
 // filesystem any more: not staged at stagingPath, a stage elsewhere keeps
 // it; attached but mounted nowhere (a stage whose mount failed, a retry
 // after the unmount), it goes.
-func (m *Manager) unstageImage(v *contract.Volume, stagingPath string) error {
-	img := m.imagePath(v.ID)
-	rw, err := block.FindMode(img, false)
+func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error {
+	img := pb.vols.ImagePath(v.ID)
+	rw, err := loop.FindMode(img, false)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	if rw == "" {
 		return nil
 	}
-	staged, err := m.mnt.HoldsFS(stagingPath, rw)
+	staged, err := pb.mnt.HoldsFS(stagingPath, rw)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	if staged {
-		if err := m.unpublishedFirst(v.ID, stagingPath); err != nil {
+		if err := pb.unpublishedFirst(v.ID, stagingPath); err != nil {
 			return err
 		}
-		if err := m.mnt.Unmount(stagingPath); err != nil {
+		if err := pb.mnt.Unmount(stagingPath); err != nil {
 			return err
 		}
 	}
-	if points, err := m.mnt.FSMountPoints(rw); err != nil || len(points) > 0 {
+	if points, err := pb.mnt.FSMountPoints(rw); err != nil || len(points) > 0 {
 		if err == nil {
 			klog.V(2).InfoS("Image volume's filesystem still mounted elsewhere; its loop device stays", "volumeID", v.ID, "stagingPath", stagingPath, "mountedAt", points[0])
 		}
 		return err
 	}
-	return block.Detach(img)
+	return loop.Detach(img)
 }
 
 // unpublishedFirst refuses (contract.ErrPrecondition) to unstage volume id
@@ -282,8 +286,8 @@ func (m *Manager) unstageImage(v *contract.Volume, stagingPath string) error {
 // publication the CO did not unpublish): unmounting the stage and
 // detaching the loop device would leave those mounts on a device nobody
 // can find again.
-func (m *Manager) unpublishedFirst(id, src string) error {
-	points, err := m.mnt.MountPoints(src)
+func (pb *Publisher) unpublishedFirst(id, src string) error {
+	points, err := pb.mnt.MountPoints(src)
 	if err != nil {
 		return err
 	}
@@ -293,34 +297,13 @@ func (m *Manager) unpublishedFirst(id, src string) error {
 	return nil
 }
 
-// PublishOptions are the arguments of a publish (CSI NodePublishVolume).
-type PublishOptions struct {
-	// StagingPath is where the volume is staged (not for an ephemeral
-	// volume); TargetPath where it is to be published.
-	StagingPath, TargetPath string
-	// AccessType is what the request's capability asks for
-	// (contract.AccessMount or contract.AccessBlock).
-	AccessType contract.AccessType
-	// ReadOnly publishes read-only.
-	ReadOnly bool
-	// SingleWriter (SINGLE_NODE_SINGLE_WRITER): the volume may be published
-	// at one target path only.
-	SingleWriter bool
-	// MountFlags are the capability's mount flags (mount.ParseFlags).
-	MountFlags []string
-	// PodUID is the pod the volume is published for (volume_context
-	// csi.storage.k8s.io/pod.uid), "" when the CO did not say: recorded
-	// for the volume's I/O limits and group snapshot freezes (pods.go).
-	PodUID string
-}
-
 // Publish makes the staged volume id visible at o.TargetPath (CSI
 // NodePublishVolume). A mount volume is bind-mounted from o.StagingPath
 // onto o.TargetPath, a directory created (one level, its parent must exist)
 // unless it exists. A block volume's loop device node is bind-mounted onto
 // o.TargetPath, a file created the same way: the read-write device, or with
 // o.ReadOnly a second, read-only loop device on the same image
-// (block.AttachReadOnly), so that writes fail at the device (EPERM), not
+// (loop.AttachReadOnly), so that writes fail at the device (EPERM), not
 // only at a mount flag a device node ignores. A symlink at the target is
 // refused with contract.ErrInvalid. contract.ErrPrecondition when the volume
 // is not staged, or with o.SingleWriter when it is published elsewhere. A
@@ -328,24 +311,24 @@ type PublishOptions struct {
 // the target — another volume, or this one with another readonly or other
 // flags — gives contract.ErrExists, for both access types.
 // contract.ErrBusy while another call on the volume is in flight.
-func (m *Manager) Publish(id string, o PublishOptions) error {
-	unlock, err := m.lock(id)
+func (pb *Publisher) Publish(id string, o contract.PublishOptions) error {
+	unlock, err := pb.vols.Lock(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := m.Get(id)
+	v, err := pb.vols.Get(id)
 	if err != nil {
 		return err
 	}
-	if err := m.publish(v, o); err != nil {
+	if err := pb.publish(v, o); err != nil {
 		return err
 	}
-	return m.recordPublication(v, o)
+	return pb.recordPublication(v, o)
 }
 
 // publish is Publish of volume v under its lock.
-func (m *Manager) publish(v *contract.Volume, o PublishOptions) error {
+func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) error {
 	id := v.ID
 	if err := matchAccess(v, o.AccessType); err != nil {
 		return err
@@ -355,39 +338,39 @@ func (m *Manager) publish(v *contract.Volume, o PublishOptions) error {
 		return err
 	}
 	if v.AccessType == contract.AccessBlock {
-		return m.publishBlock(id, o)
+		return pb.publishBlock(id, o)
 	}
-	src := m.volDir(id)
-	staged, err := m.mnt.Shows(o.StagingPath, src)
+	src := pb.vols.DataPath(v)
+	staged, err := pb.mnt.Shows(o.StagingPath, src)
 	if v.FsType != "" {
 		// The root of its filesystem, as mounted at the staging path.
 		src = o.StagingPath
-		staged, err = m.stagedImage(v, o.StagingPath)
+		staged, err = pb.stagedImage(v, o.StagingPath)
 	}
 	if err != nil || !staged {
 		return fmt.Errorf("%w: volume %s is not staged at %q (call NodeStageVolume first)", contract.ErrPrecondition, id, o.StagingPath)
 	}
 	if o.SingleWriter {
-		if err := m.onlyAt(id, []string{src}, o.StagingPath, o.TargetPath); err != nil {
+		if err := pb.onlyAt(id, []string{src}, o.StagingPath, o.TargetPath); err != nil {
 			return err
 		}
 	}
-	if err := m.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
+	if err := pb.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
 		return err
 	}
-	return m.mnt.Bind(mount.Bind{Source: src, From: o.StagingPath, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
+	return pb.mnt.Bind(mount.Bind{Source: src, From: o.StagingPath, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
 }
 
 // onlyAt enforces SINGLE_NODE_SINGLE_WRITER: the volume's data srcs (its
 // directory, or its loop device nodes) may be mounted only at the given
 // paths.
-func (m *Manager) onlyAt(id string, srcs []string, paths ...string) error {
+func (pb *Publisher) onlyAt(id string, srcs []string, paths ...string) error {
 	allowed := map[string]bool{}
 	for _, p := range paths {
 		allowed[mount.ResolveExisting(p)] = true
 	}
 	for _, src := range srcs {
-		points, err := m.mnt.MountPoints(src)
+		points, err := pb.mnt.MountPoints(src)
 		if err != nil {
 			return err
 		}
@@ -404,14 +387,14 @@ func (m *Manager) onlyAt(id string, srcs []string, paths ...string) error {
 // (attached by Stage) or the read-only one (attached here when missing) is
 // bound onto the device file o.TargetPath. A read-only device left without
 // a mount by a failed publish is detached again.
-func (m *Manager) publishBlock(id string, o PublishOptions) error {
-	img := m.imagePath(id)
-	rw, err := block.FindMode(img, false)
+func (pb *Publisher) publishBlock(id string, o contract.PublishOptions) error {
+	img := pb.vols.ImagePath(id)
+	rw, err := loop.FindMode(img, false)
 	if err != nil || rw == "" {
 		return fmt.Errorf("%w: block volume %s is not staged (no loop device attached; call NodeStageVolume first)", contract.ErrPrecondition, id)
 	}
 	if o.SingleWriter {
-		devs, err := block.Devices(img)
+		devs, err := loop.Devices(img)
 		if err != nil {
 			return err
 		}
@@ -419,22 +402,22 @@ func (m *Manager) publishBlock(id string, o PublishOptions) error {
 		for _, d := range devs {
 			srcs = append(srcs, d.Path)
 		}
-		if err := m.onlyAt(id, srcs, o.TargetPath); err != nil {
+		if err := pb.onlyAt(id, srcs, o.TargetPath); err != nil {
 			return err
 		}
 	}
-	if err := m.mnt.PrepareFile(o.TargetPath); err != nil {
+	if err := pb.mnt.PrepareFile(o.TargetPath); err != nil {
 		return err
 	}
 	if !o.ReadOnly {
-		return m.mnt.Bind(mount.Bind{Source: rw, Target: o.TargetPath})
+		return pb.mnt.Bind(mount.Bind{Source: rw, Target: o.TargetPath})
 	}
-	ro, err := block.AttachReadOnly(img)
+	ro, err := loop.AttachReadOnly(img)
 	if err != nil {
 		return err
 	}
-	if err := m.mnt.Bind(mount.Bind{Source: ro, Target: o.TargetPath, ReadOnly: true}); err != nil {
-		if rerr := m.releaseReadOnly(img); rerr != nil {
+	if err := pb.mnt.Bind(mount.Bind{Source: ro, Target: o.TargetPath, ReadOnly: true}); err != nil {
+		if rerr := pb.releaseReadOnly(img); rerr != nil {
 			klog.ErrorS(rerr, "Could not detach an unused read-only loop device", "image", img)
 		}
 		return err
@@ -444,19 +427,19 @@ func (m *Manager) publishBlock(id string, o PublishOptions) error {
 
 // releaseReadOnly detaches the read-only loop device of the image img when
 // no mount shows it any more (its last read-only publication is gone).
-func (m *Manager) releaseReadOnly(img string) error {
-	dev, err := block.FindMode(img, true)
+func (pb *Publisher) releaseReadOnly(img string) error {
+	dev, err := loop.FindMode(img, true)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && dev == "") {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	points, err := m.mnt.MountPoints(dev)
+	points, err := pb.mnt.MountPoints(dev)
 	if err != nil || len(points) > 0 {
 		return err
 	}
-	if err := block.DetachReadOnly(img); err != nil {
+	if err := loop.DetachReadOnly(img); err != nil {
 		return err
 	}
 	klog.V(2).InfoS("Read-only loop device detached: no read-only publication left", "image", img, "device", dev)
@@ -469,26 +452,26 @@ func (m *Manager) releaseReadOnly(img string) error {
 // o.TargetPath, created as for Publish. A repeated publish finds the same
 // volume; a volume this call created is deleted again when the mount
 // fails. It holds the lock of the CO id. Errors as for Create and Publish.
-func (m *Manager) PublishEphemeral(spec contract.CreateSpec, o PublishOptions) error {
-	unlock, err := m.lock(spec.EphemeralID)
+func (pb *Publisher) PublishEphemeral(spec contract.CreateSpec, o contract.PublishOptions) error {
+	unlock, err := pb.vols.Lock(spec.EphemeralID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := m.LookupByName(spec.Name)
+	v, err := pb.vols.LookupByName(spec.Name)
 	if err != nil {
 		return err
 	}
 	created := false
 	if v == nil {
-		if v, err = m.Create(spec); err != nil {
+		if v, err = pb.vols.Create(spec); err != nil {
 			return err
 		}
 		created = true
 	}
-	if err := m.publishEphemeral(v, o); err != nil {
+	if err := pb.publishEphemeral(v, o); err != nil {
 		if created {
-			if derr := m.Delete(v.ID); derr != nil {
+			if derr := pb.vols.Delete(v.ID); derr != nil {
 				klog.ErrorS(derr, "Could not delete an ephemeral volume whose publish failed", "volumeID", v.ID)
 			}
 		}
@@ -497,15 +480,15 @@ func (m *Manager) PublishEphemeral(spec contract.CreateSpec, o PublishOptions) e
 	return nil
 }
 
-func (m *Manager) publishEphemeral(v *contract.Volume, o PublishOptions) error {
+func (pb *Publisher) publishEphemeral(v *contract.Volume, o contract.PublishOptions) error {
 	mf, err := mount.ParseFlags(o.MountFlags)
 	if err != nil {
 		return err
 	}
-	if err := m.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
+	if err := pb.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
 		return err
 	}
-	return m.mnt.Bind(mount.Bind{Source: m.volDir(v.ID), Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
+	return pb.mnt.Bind(mount.Bind{Source: pb.vols.DataPath(v), Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
 }
 
 // Unpublish undoes Publish (CSI NodeUnpublishVolume) for volume id: it
@@ -517,30 +500,30 @@ func (m *Manager) publishEphemeral(v *contract.Volume, o PublishOptions) error {
 // is gone), and an ephemeral inline volume is deleted: it lives as long as
 // its one publication. An unknown id is fine (nothing to release).
 // contract.ErrPrecondition for a non-empty directory that is not a mount.
-func (m *Manager) Unpublish(ctx context.Context, id, targetPath string) error {
-	unlock, err := m.locks.Wait(ctx, "volume", id)
+func (pb *Publisher) Unpublish(ctx context.Context, id, targetPath string) error {
+	unlock, err := pb.vols.LockWait(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := m.mnt.Remove(targetPath); err != nil {
+	if err := pb.mnt.Remove(targetPath); err != nil {
 		return err
 	}
-	v, err := m.Resolve(id)
+	v, err := pb.vols.Resolve(id)
 	if errors.Is(err, contract.ErrNotFound) {
-		return m.st.Update(func(tx *state.Tx) error { return tx.DeletePublication(id, targetPath) })
+		return pb.vols.DeletePublication(id, targetPath)
 	}
 	if err != nil {
 		return err
 	}
-	if err := m.forgetPublication(v, targetPath); err != nil {
+	if err := pb.forgetPublication(v, targetPath); err != nil {
 		return err
 	}
 	if v.Ephemeral && !contract.ValidVolumeID(id) {
-		return m.Delete(v.ID)
+		return pb.vols.Delete(v.ID)
 	}
 	if v.AccessType != contract.AccessBlock {
 		return nil
 	}
-	return m.releaseReadOnly(m.imagePath(v.ID))
+	return pb.releaseReadOnly(pb.vols.ImagePath(v.ID))
 }

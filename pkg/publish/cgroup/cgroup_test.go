@@ -11,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/localdir-csi/localdir/pkg/blockdev"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
-	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
+	"github.com/localdir-csi/localdir/pkg/publish/loop"
+	"github.com/localdir-csi/localdir/pkg/publish/cgroup"
 	"github.com/localdir-csi/localdir/tests/testcgroup"
 )
 
@@ -25,11 +25,11 @@ func loopDevice(t *testing.T) (string, uint64) {
 	if err := os.Truncate(img, 64<<20); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := block.Attach(img)
+	dev, err := loop.Attach(img)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = block.Detach(img) })
+	t.Cleanup(func() { _ = loop.Detach(img) })
 	rdev, err := blockdev.Rdev(dev)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package volume
+package publish
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/publish/cgroup"
+	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/pkg/state"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
-	"github.com/localdir-csi/localdir/pkg/volume/cgroup"
 )
 
 // The pods that use a volume. NodePublishVolume tells which pod a
@@ -33,19 +33,19 @@ import (
 // recordPublication records that volume id is published at o.TargetPath
 // for the pod o.PodUID (nothing without one) and applies the volume's I/O
 // limits to that pod.
-func (m *Manager) recordPublication(v *contract.Volume, o PublishOptions) error {
+func (pb *Publisher) recordPublication(v *contract.Volume, o contract.PublishOptions) error {
 	if o.PodUID == "" {
 		return nil
 	}
 	p := &state.Publication{VolumeID: v.ID, TargetPath: o.TargetPath, StagingPath: o.StagingPath, PodUID: o.PodUID}
-	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutPublication(p) }); err != nil {
+	if err := pb.vols.PutPublication(p); err != nil {
 		return err
 	}
 	if l := contract.IOLimitsOf(v.MutableParameters); l != (contract.IOLimits{}) {
-		if err := m.setPodIO(v, o.PodUID, l); err != nil {
+		if err := pb.setPodIO(v, o.PodUID, l); err != nil {
 			return err
 		}
-		m.kickIOLimits()
+		pb.kickIOLimits()
 	}
 	return nil
 }
@@ -53,16 +53,13 @@ func (m *Manager) recordPublication(v *contract.Volume, o PublishOptions) error 
 // forgetPublication removes the record of volume v's publication at
 // targetPath and, when the volume has I/O limits and the pod no other
 // publication of it, takes them off the pod's cgroups.
-func (m *Manager) forgetPublication(v *contract.Volume, targetPath string) error {
-	var p *state.Publication
-	var rest []*state.Publication
-	if err := m.st.View(func(tx *state.Tx) (err error) {
-		if p, err = tx.Publication(v.ID, targetPath); err != nil || p == nil {
-			return err
-		}
-		rest, err = tx.Publications(v.ID)
+func (pb *Publisher) forgetPublication(v *contract.Volume, targetPath string) error {
+	p, err := pb.vols.Publication(v.ID, targetPath)
+	if err != nil || p == nil {
 		return err
-	}); err != nil || p == nil {
+	}
+	rest, err := pb.vols.Publications(v.ID)
+	if err != nil {
 		return err
 	}
 	same := 0
@@ -72,36 +69,29 @@ func (m *Manager) forgetPublication(v *contract.Volume, targetPath string) error
 		}
 	}
 	if same == 1 && contract.IOLimitsOf(v.MutableParameters) != (contract.IOLimits{}) {
-		if err := m.setPodIO(v, p.PodUID, contract.IOLimits{}); err != nil {
+		if err := pb.setPodIO(v, p.PodUID, contract.IOLimits{}); err != nil {
 			return err
 		}
 	}
-	return m.st.Update(func(tx *state.Tx) error { return tx.DeletePublication(v.ID, targetPath) })
-}
-
-// publications lists the recorded publications of volume id.
-func (m *Manager) publications(id string) ([]*state.Publication, error) {
-	var out []*state.Publication
-	err := m.st.View(func(tx *state.Tx) (err error) { out, err = tx.Publications(id); return err })
-	return out, err
+	return pb.vols.DeletePublication(v.ID, targetPath)
 }
 
 // applyIOLimits sets the I/O limits of volume v's mutable parameters
 // params on the cgroups of every pod it is published for; a pod that is
 // gone is skipped.
-func (m *Manager) applyIOLimits(v *contract.Volume, params map[string]string) error {
-	pubs, err := m.publications(v.ID)
+func (pb *Publisher) applyIOLimits(v *contract.Volume, params map[string]string) error {
+	pubs, err := pb.vols.Publications(v.ID)
 	if err != nil {
 		return err
 	}
 	l := contract.IOLimitsOf(params)
 	for _, p := range pubs {
-		if err := m.setPodIO(v, p.PodUID, l); err != nil {
+		if err := pb.setPodIO(v, p.PodUID, l); err != nil {
 			return err
 		}
 	}
 	if len(pubs) > 0 {
-		m.kickIOLimits()
+		pb.kickIOLimits()
 	}
 	return nil
 }
@@ -110,17 +100,17 @@ func (m *Manager) applyIOLimits(v *contract.Volume, params map[string]string) er
 // device of image volume v. A pod with no cgroup (gone) is nothing to do,
 // and so is a node plugin without a cgroup hierarchy (--cgroup-root=,
 // logged). Errors: the kernel's refusal.
-func (m *Manager) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
+func (pb *Publisher) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
 	if !v.Image() {
 		return nil
 	}
-	if m.cg == nil {
+	if pb.cg == nil {
 		if l != (contract.IOLimits{}) {
 			klog.ErrorS(nil, "Volume has I/O limits, but this node plugin runs with --cgroup-root= (off): they are not applied", "volumeID", v.ID, "podUID", uid)
 		}
 		return nil
 	}
-	devs, err := block.Devices(m.imagePath(v.ID))
+	devs, err := loop.Devices(pb.vols.ImagePath(v.ID))
 	if err != nil {
 		return err
 	}
@@ -135,7 +125,7 @@ func (m *Manager) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) 
 	if len(nums) == 0 {
 		return nil
 	}
-	dirs, err := m.cg.SetIO(uid, nums, cgroup.Limits(l))
+	dirs, err := pb.cg.SetIO(uid, nums, cgroup.Limits(l))
 	if errors.Is(err, cgroup.ErrNoPod) {
 		klog.V(2).InfoS("No cgroup of the pod a volume is published for; its I/O limits wait for it", "volumeID", v.ID, "podUID", uid)
 		return nil
@@ -152,9 +142,9 @@ func (m *Manager) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) 
 var ioResync = 30 * time.Second
 
 // kickIOLimits asks RunIOLimits to look again at once (it may not run).
-func (m *Manager) kickIOLimits() {
+func (pb *Publisher) kickIOLimits() {
 	select {
-	case m.ioKick <- struct{}{}:
+	case pb.ioKick <- struct{}{}:
 	default:
 	}
 }
@@ -165,8 +155,8 @@ func (m *Manager) kickIOLimits() {
 // (a new directory in the pod's cgroup, seen with inotify) gets the
 // volume's limits at once; everything is also set again every 30 s. On
 // cgroup v2 the pod's io.max covers its containers and this only resyncs.
-func (m *Manager) RunIOLimits(ctx context.Context) {
-	if m.cg == nil {
+func (pb *Publisher) RunIOLimits(ctx context.Context) {
+	if pb.cg == nil {
 		return
 	}
 	w, err := fsnotify.NewWatcher()
@@ -187,7 +177,7 @@ func (m *Manager) RunIOLimits(ctx context.Context) {
 	t := time.NewTicker(ioResync)
 	defer t.Stop()
 	for {
-		dirs := m.syncIOLimits(ctx)
+		dirs := pb.syncIOLimits(ctx)
 		if w != nil {
 			for d := range watched {
 				if !dirs[d] {
@@ -205,10 +195,10 @@ func (m *Manager) RunIOLimits(ctx context.Context) {
 			}
 			if added {
 				// A container made between the sync and the new watch.
-				m.syncIOLimits(ctx)
+				pb.syncIOLimits(ctx)
 			}
 		}
-		if !m.waitIOEvent(ctx, t.C, events) {
+		if !pb.waitIOEvent(ctx, t.C, events) {
 			return
 		}
 	}
@@ -218,14 +208,14 @@ func (m *Manager) RunIOLimits(ctx context.Context) {
 // resync tick, a kick, or a new directory (a container's cgroup) in a
 // watched pod cgroup; other inotify events are skipped. False when ctx
 // ended.
-func (m *Manager) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-chan fsnotify.Event) bool {
+func (pb *Publisher) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-chan fsnotify.Event) bool {
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-tick:
 			return true
-		case <-m.ioKick:
+		case <-pb.ioKick:
 			return true
 		case e, ok := <-events:
 			if !ok {
@@ -243,9 +233,9 @@ func (m *Manager) waitIOEvent(ctx context.Context, tick <-chan time.Time, events
 // volume and returns the pod cgroups to watch for new containers. Each
 // volume is handled under its lock, so that a publication an unpublish
 // just removed never gets its limits back.
-func (m *Manager) syncIOLimits(ctx context.Context) map[string]bool {
+func (pb *Publisher) syncIOLimits(ctx context.Context) map[string]bool {
 	dirs := map[string]bool{}
-	all, err := m.publications("")
+	all, err := pb.vols.Publications("")
 	if err != nil {
 		klog.ErrorS(err, "Could not read the publications")
 		return dirs
@@ -256,8 +246,8 @@ func (m *Manager) syncIOLimits(ctx context.Context) map[string]bool {
 			continue
 		}
 		seen[p.VolumeID] = true
-		for _, uid := range m.syncVolumeIO(ctx, p.VolumeID) {
-			if d, err := m.cg.WatchDir(uid); err == nil && d != "" {
+		for _, uid := range pb.syncVolumeIO(ctx, p.VolumeID) {
+			if d, err := pb.cg.WatchDir(uid); err == nil && d != "" {
 				dirs[d] = true
 			}
 		}
@@ -268,18 +258,18 @@ func (m *Manager) syncIOLimits(ctx context.Context) map[string]bool {
 // syncVolumeIO sets the I/O limits of volume id on the pods it is
 // published for, under the volume's lock, and returns those pods (none
 // when the volume has no limits).
-func (m *Manager) syncVolumeIO(ctx context.Context, id string) []string {
-	if v, err := m.Get(id); err != nil || contract.IOLimitsOf(v.MutableParameters) == (contract.IOLimits{}) {
+func (pb *Publisher) syncVolumeIO(ctx context.Context, id string) []string {
+	if v, err := pb.vols.Get(id); err != nil || contract.IOLimitsOf(v.MutableParameters) == (contract.IOLimits{}) {
 		return nil // no lock taken for volumes without limits: most
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	unlock, err := m.locks.Wait(wctx, "volume", id)
+	unlock, err := pb.vols.LockWait(wctx, id)
 	if err != nil {
 		return nil // busy for long: the next resync
 	}
 	defer unlock()
-	v, err := m.Get(id)
+	v, err := pb.vols.Get(id)
 	if err != nil {
 		return nil
 	}
@@ -287,13 +277,13 @@ func (m *Manager) syncVolumeIO(ctx context.Context, id string) []string {
 	if l == (contract.IOLimits{}) {
 		return nil
 	}
-	pubs, err := m.publications(id)
+	pubs, err := pb.vols.Publications(id)
 	if err != nil {
 		return nil
 	}
 	var uids []string
 	for _, p := range pubs {
-		if err := m.setPodIO(v, p.PodUID, l); err != nil {
+		if err := pb.setPodIO(v, p.PodUID, l); err != nil {
 			klog.ErrorS(err, "Could not set I/O limits", "volumeID", v.ID, "podUID", p.PodUID)
 		}
 		uids = append(uids, p.PodUID)
@@ -308,18 +298,18 @@ func (m *Manager) syncVolumeIO(ctx context.Context, id string) []string {
 // devices (and the kubelet's per-pod bind of the device, named by the pod
 // UID), a directory volume's the mounts of its directory besides a
 // recorded staging path; each must be recorded for a pod (podInfoOnMount).
-func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err error) {
+func (pb *Publisher) podWriters(v *contract.Volume) (uids []string, why string, err error) {
 	if v.FsType != "" {
 		return nil, "", nil
 	}
 	var points []string
 	if v.AccessType == contract.AccessBlock {
-		devs, err := block.Devices(m.imagePath(v.ID))
+		devs, err := loop.Devices(pb.vols.ImagePath(v.ID))
 		if err != nil {
 			return nil, "", err
 		}
 		for _, d := range devs {
-			p, err := m.mnt.MountPoints(d.Path)
+			p, err := pb.mnt.MountPoints(d.Path)
 			if err != nil {
 				return nil, "", err
 			}
@@ -331,7 +321,7 @@ func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err
 	if len(points) == 0 {
 		return nil, "", nil
 	}
-	pubs, err := m.publications(v.ID)
+	pubs, err := pb.vols.Publications(v.ID)
 	if err != nil {
 		return nil, "", err
 	}
@@ -361,7 +351,7 @@ func (m *Manager) podWriters(v *contract.Volume) (uids []string, why string, err
 			return nil, "is mounted at " + pt + ", which is not a publication for a known pod (podInfoOnMount)", nil
 		}
 	}
-	if m.cg == nil && len(uids) > 0 {
+	if pb.cg == nil && len(uids) > 0 {
 		return nil, "is used by pods, and this node has no cgroup hierarchy to freeze them in (--cgroup-root)", nil
 	}
 	return uids, "", nil
@@ -374,19 +364,19 @@ const podFrozenPrefix = "pod-"
 // freezePod stops the processes of the pod with uid (its freezer cgroup)
 // and returns the thaw, which is safe to call more than once and runs by
 // itself after maxFreeze. The freeze is recorded durably before it is
-// made, so that a start after a crash thaws it (thawFrozen).
-func (m *Manager) freezePod(uid string) (func() error, error) {
+// made, so that a start after a crash thaws it (ThawFrozen).
+func (pb *Publisher) freezePod(uid string) (func() error, error) {
 	nop := func() error { return nil }
-	dir, err := m.cg.PodDir("freezer", uid)
+	dir, err := pb.cg.PodDir("freezer", uid)
 	if err != nil {
 		return nop, err
 	}
-	marker := filepath.Join(m.root, frozenDir, podFrozenPrefix+uid)
+	marker := filepath.Join(pb.root, frozenDir, podFrozenPrefix+uid)
 	if err := writeDurably(marker, dir); err != nil {
 		return nop, fmt.Errorf("record the freeze of pod %s: %w", uid, err)
 	}
-	thaw := func() error { return m.thawPod(dir) }
-	if _, err := m.cg.Freeze(uid); err != nil {
+	thaw := func() error { return pb.thawPod(dir) }
+	if _, err := pb.cg.Freeze(uid); err != nil {
 		// Freeze thawed what it froze; the record goes only once the pod
 		// is surely thawed (the next start thaws it otherwise).
 		if terr := thaw(); terr == nil {
@@ -403,10 +393,10 @@ func (m *Manager) freezePod(uid string) (func() error, error) {
 // thawPod thaws the pod cgroup dir, trying again for a second when the
 // kernel refuses (the record of the freeze stays until it succeeds, and a
 // start thaws what it names).
-func (m *Manager) thawPod(dir string) error {
+func (pb *Publisher) thawPod(dir string) error {
 	var err error
 	for try := 0; try < 20; try++ {
-		if err = m.cg.Thaw(dir); err == nil {
+		if err = pb.cg.Thaw(dir); err == nil {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -417,16 +407,16 @@ func (m *Manager) thawPod(dir string) error {
 
 // thawPodRecord thaws the pod cgroup a freeze record holds (a process
 // killed while a pod was frozen).
-func (m *Manager) thawPodRecord(marker string) error {
+func thawPodRecord(cg *cgroup.Hierarchy, marker string) error {
 	b, err := os.ReadFile(marker)
 	if err != nil {
 		return err
 	}
 	dir := strings.TrimSpace(string(b))
-	if m.cg == nil || !m.cg.IsPodDir(dir) {
+	if cg == nil || !cg.IsPodDir(dir) {
 		return fmt.Errorf("freeze record %s names %q, not a pod cgroup of this node's hierarchy", marker, dir)
 	}
-	if err := m.cg.Thaw(dir); err != nil {
+	if err := cg.Thaw(dir); err != nil {
 		return err
 	}
 	klog.InfoS("Thawed a pod a killed driver left frozen", "cgroup", dir)

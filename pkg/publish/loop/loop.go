@@ -1,4 +1,4 @@
-// Package block attaches, finds, resizes and detaches loop devices for
+// Package loop attaches, finds, resizes and detaches loop devices for
 // localdir's image files (raw block and image volumes; preallocated with
 // fallocate(2) where the filesystem has it). It uses the loop ioctls
 // (linux/loop.h) through golang.org/x/sys/unix, not losetup(8).
@@ -16,7 +16,7 @@
 // An image has at most two devices: the read-write one a stage attaches,
 // and a read-only one (LO_FLAGS_READ_ONLY) for read-only publications; the
 // flag LOOP_GET_STATUS64 reports tells them apart.
-package block
+package loop
 
 import (
 	"context"

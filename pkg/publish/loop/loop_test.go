@@ -1,4 +1,4 @@
-package block
+package loop
 
 import (
 	"os"
@@ -161,17 +161,17 @@ func TestDetachWaitsForABriefOpener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := make(chan struct{})
+	closing := make(chan struct{}) // closed just before the opener lets go
 	go func() {
 		time.Sleep(300 * time.Millisecond)
+		close(closing)
 		unix.Close(fd)
-		close(closed)
 	}()
 	if err := Detach(image); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-closed:
+	case <-closing:
 	default:
 		t.Fatal("Detach returned while another process still had the device open")
 	}

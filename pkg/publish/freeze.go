@@ -1,4 +1,4 @@
-package volume
+package publish
 
 import (
 	"errors"
@@ -16,7 +16,8 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/blockdev"
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/volume/block"
+	"github.com/localdir-csi/localdir/pkg/publish/cgroup"
+	"github.com/localdir-csi/localdir/pkg/publish/loop"
 )
 
 // FIFREEZE and FITHAW freeze and thaw the filesystem of the mount point
@@ -33,45 +34,27 @@ const (
 var maxFreeze = 60 * time.Second
 
 // frozenDir is where a freeze is recorded while it lasts,
-// <data root>/frozen/<volume_id> holding the mount point, so that a start
-// after a crash thaws what the crashed process froze (thawFrozen).
+// <data root>/frozen/<volume_id> holding the volume's image path, and
+// <data root>/frozen/pod-<uid> the pod's freezer cgroup, so that a start
+// after a crash thaws what the crashed process froze (ThawFrozen).
 const frozenDir = "frozen"
 
-// whileFrozen runs copy, a copy of volume v's image, with v's filesystem
-// frozen when v is a staged image volume (freezeStaged), so the copy holds
-// everything written before the call; a raw block volume is copied as it
-// is (crash-consistent only if nothing writes). A thaw that fails, or came
-// by timeout, fails the copy: it is not consistent.
-func (m *Manager) whileFrozen(v *contract.Volume, copy func() error) error {
-	thaw := func() error { return nil }
-	if v.FsType != "" {
-		var err error
-		if thaw, err = m.freezeStaged(v); err != nil {
-			return err
-		}
-	}
-	err := copy()
-	if terr := thaw(); err == nil {
-		err = terr
-	}
-	return err
-}
-
-// freezeStaged freezes the filesystem of image volume v where it is
-// staged (FIFREEZE on the mount of its read-write loop device) and returns
-// the thaw, which is safe to call more than once and runs by itself after
+// Freeze freezes the filesystem of image volume v where it is staged
+// (FIFREEZE on the mount of its read-write loop device) and returns the
+// thaw, which is safe to call more than once and runs by itself after
 // maxFreeze. A volume that is not attached or not mounted has nothing to
 // freeze: the thaw is a no-op. The freeze is recorded durably before it
 // is made.
-func (m *Manager) freezeStaged(v *contract.Volume) (thaw func() error, err error) {
+func (pb *Publisher) Freeze(v *contract.Volume) (thaw func() error, err error) {
 	nop := func() error { return nil }
-	mounts, err := m.imageMounts(v.ID)
+	img := pb.vols.ImagePath(v.ID)
+	mounts, err := imageMounts(img)
 	if err != nil || len(mounts) == 0 {
 		return nop, err
 	}
 	mnt := mounts[0]
-	marker := filepath.Join(m.root, frozenDir, v.ID)
-	if err := writeDurably(marker, mnt); err != nil {
+	marker := filepath.Join(pb.root, frozenDir, v.ID)
+	if err := writeDurably(marker, img); err != nil {
 		return nop, fmt.Errorf("record the freeze of %s: %w", mnt, err)
 	}
 	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -126,11 +109,11 @@ func boundedThaw(what, marker string, thaw func() error) func() error {
 	return bounded
 }
 
-// imageMounts lists the mount points of the filesystem on image volume
-// id's read-write loop device (none when it is not attached or not
+// imageMounts lists the mount points of the filesystem on the read-write
+// loop device of the image file img (none when it is not attached or not
 // mounted).
-func (m *Manager) imageMounts(id string) ([]string, error) {
-	dev, err := block.FindMode(m.imagePath(id), false)
+func imageMounts(img string) ([]string, error) {
+	dev, err := loop.FindMode(img, false)
 	if err != nil || dev == "" {
 		return nil, err
 	}
@@ -148,23 +131,34 @@ func (m *Manager) imageMounts(id string) ([]string, error) {
 	return points, err
 }
 
-// thawFrozen thaws the filesystem of every volume a freeze record names
-// (a process killed while it held the freeze), found again by the volume's
-// loop device, not by the path recorded, and removes the records. A volume
-// no longer attached or mounted has nothing frozen. What cannot be thawed
-// is logged and its record kept for the next start: it never stops the
-// start.
-func (m *Manager) thawFrozen() {
-	dir := filepath.Join(m.root, frozenDir)
+// ThawFrozen thaws what the freeze records under dataRoot name (a
+// process killed while it held a freeze): each volume's filesystem, found
+// again by its image's loop device, and each pod (its freezer cgroup in
+// the hierarchy at cgroupRoot, "" for none). The records go once thawed.
+// A volume no longer attached or mounted has nothing frozen. What cannot
+// be thawed is logged and its record kept for the next start: it never
+// stops the start. It is the first step of a node's start, before the
+// state file is opened, which could fail.
+func ThawFrozen(dataRoot, cgroupRoot string) {
+	dir := filepath.Join(dataRoot, frozenDir)
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
 	if err != nil {
 		klog.ErrorS(err, "Could not read the freeze records", "dir", dir)
 		return
 	}
+	var cg *cgroup.Hierarchy
+	if cgroupRoot != "" {
+		if cg, err = cgroup.Open(cgroupRoot); err != nil {
+			klog.ErrorS(err, "No cgroup hierarchy: frozen pods cannot be thawed", "cgroupRoot", cgroupRoot)
+		}
+	}
 	for _, e := range ents {
 		id, p := e.Name(), filepath.Join(dir, e.Name())
 		if strings.HasPrefix(id, podFrozenPrefix) {
-			if err := m.thawPodRecord(p); err != nil {
+			if err := thawPodRecord(cg, p); err != nil {
 				klog.ErrorS(err, "Could not thaw a pod a killed driver left frozen; write THAWED to its freezer.state (cgroup v1) or 0 to its cgroup.freeze (v2)", "record", p)
 				continue
 			}
@@ -177,7 +171,11 @@ func (m *Manager) thawFrozen() {
 			klog.ErrorS(nil, "Not a freeze record; left alone", "path", p)
 			continue
 		}
-		if err := m.thawVolume(id); err != nil {
+		b, err := os.ReadFile(p)
+		if err == nil {
+			err = thawVolume(strings.TrimSpace(string(b)), id)
+		}
+		if err != nil {
 			klog.ErrorS(err, "Could not thaw a filesystem a killed driver left frozen; run fsfreeze --unfreeze on its mount", "volumeID", id)
 			continue
 		}
@@ -187,10 +185,14 @@ func (m *Manager) thawFrozen() {
 	}
 }
 
-// thawVolume thaws the filesystem of image volume id through one of its
-// mounts (FITHAW; EINVAL: it was not frozen).
-func (m *Manager) thawVolume(id string) error {
-	mounts, err := m.imageMounts(id)
+// thawVolume thaws the filesystem of image volume id, whose image file is
+// img, through one of its mounts (FITHAW; EINVAL: it was not frozen). img
+// is read from a freeze record: it must name id's image.
+func thawVolume(img, id string) error {
+	if filepath.Base(img) != id+".img" || !filepath.IsAbs(img) {
+		return fmt.Errorf("freeze record of %s names %q, not its image", id, img)
+	}
+	mounts, err := imageMounts(img)
 	if err != nil {
 		return err
 	}
@@ -233,5 +235,10 @@ func writeDurably(p, content string) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(p))
+	d, err := os.Open(filepath.Dir(p))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

@@ -1,0 +1,84 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// landing is how every new piece of data — a volume, a snapshot, the
+// snapshots of a group — comes to exist: written under its .creating- name
+// next to its final name, then its record committed, then renamed to its
+// final name. A crash before the commit leaves data nobody was told of
+// (removed at start); one after it, data whose record exists (renamed at
+// start: recover.go).
+type landing struct {
+	// what names the data in logs ("a create", "a snapshot").
+	what string
+	// dsts are the final paths.
+	dsts []string
+	// write makes the data at tmps (one per dst), synced to disk.
+	write func(tmps []string) error
+	// commit records the data, in one transaction.
+	commit func(tx *state.Tx) error
+	// uncommit takes the records back when a rename fails, so that the
+	// call fails whole; nil keeps them, and the next start finishes the
+	// renames.
+	uncommit func(tx *state.Tx) error
+}
+
+// errLandsAtStart marks a landing whose records stay committed although a
+// rename failed: its data gets its final name at the next start.
+var errLandsAtStart = errors.New("it is finished at restart")
+
+// land runs l. A failed write or commit removes what was written and
+// returns the error (ENOSPC as contract.ErrNoSpace); a failed rename does
+// the same once uncommit took the records back, and otherwise wraps
+// errLandsAtStart (the data and records stay).
+func (m *Store) land(l landing) error {
+	tmps := make([]string, len(l.dsts))
+	for i, d := range l.dsts {
+		tmps[i] = inFlight(creatingPrefix, d)
+	}
+	remove := func(err error) error {
+		for _, t := range tmps {
+			if rerr := engine.Remove(t); rerr != nil {
+				klog.ErrorS(rerr, "Could not remove the data of a failed "+l.what+"; it is removed at restart", "path", t)
+			}
+		}
+		return mapNoSpace(err)
+	}
+	// A failed earlier attempt for the same id (cluster mode retries a
+	// create under its id) may have left data; nobody was told of it.
+	for _, t := range tmps {
+		if err := engine.Remove(t); err != nil {
+			return remove(err)
+		}
+	}
+	if err := l.write(tmps); err != nil {
+		return remove(err)
+	}
+	if err := m.st.Update(l.commit); err != nil {
+		return remove(err)
+	}
+	for i, t := range tmps {
+		err := unix.Renameat2(unix.AT_FDCWD, t, unix.AT_FDCWD, l.dsts[i], unix.RENAME_NOREPLACE)
+		if err == nil {
+			continue
+		}
+		err = fmt.Errorf("rename %s to %s: %w", t, l.dsts[i], err)
+		if l.uncommit == nil || i > 0 {
+			return fmt.Errorf("%w: %w", err, errLandsAtStart)
+		}
+		if rerr := m.st.Update(l.uncommit); rerr != nil {
+			return fmt.Errorf("%w; and its record could not be taken back (%v): %w", err, rerr, errLandsAtStart)
+		}
+		return remove(err)
+	}
+	return nil
+}

@@ -1,0 +1,302 @@
+// Package volume is localdir's node-local storage: it owns one data root
+// and keeps there the volumes, snapshots, their durable records (pkg/state)
+// and the capacity accounting, and puts the data root in order after a
+// crash (Recover). What a volume's use on the node involves — mounts, loop
+// devices, pods — is the node side's (pkg/publish), which the Store asks
+// through the Node interface and which reaches the Store through its
+// exported methods.
+//
+// Layout of the data root:
+//
+//	<root>/state.db              durable records (pkg/state)
+//	<root>/volumes/<id>/         a mount volume (directory or btrfs subvolume)
+//	<root>/block/<id>.img        an image volume (raw block, or a filesystem image; allocated to its size)
+//	<root>/snapshots/<sid>/      a snapshot of a directory volume
+//	<root>/snapshots/<sid>.img   a snapshot of an image volume
+//	<root>/frozen/               the node side's freeze records (pkg/publish)
+//	<dir>/.creating-<name>       data a create or snapshot is still writing, in the
+//	                             directory of its final name (removed at start
+//	                             when no record acknowledges it)
+//	<dir>/.deleting-<name>       data of a delete in flight, in its own directory
+//	                             (gone once its record is)
+//	<root>/orphaned/             data no record claimed at start: moved aside, never deleted
+//
+// Every path below the root is built from a driver-issued id that was checked
+// against contract.ValidVolumeID / ValidSnapshotID first. Nothing outside the
+// root is created, changed or removed.
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/keylock"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// Config configures a Store.
+type Config struct {
+	// DataRoot is the directory holding everything the store keeps. It is
+	// created (mode 0700) if missing; its parent must exist.
+	DataRoot string
+	// CapacityBytes caps the bytes that volumes may reserve in total; 0 means
+	// the size of the filesystem holding DataRoot.
+	CapacityBytes int64
+	// Engine is engine.Auto (default), engine.Dir or engine.Btrfs.
+	Engine contract.Engine
+}
+
+// Node is what the Store asks of the node side (pkg/publish), which owns
+// the mounts, the loop devices and the pods' cgroups of this node's
+// volumes.
+type Node interface {
+	// CheckUnused fails with contract.ErrPrecondition when volume v is
+	// mounted or attached on this node (a delete must not remove it).
+	CheckUnused(v *contract.Volume) error
+	// Freeze stops the writes to image volume v's filesystem where it is
+	// staged, so that a copy of its image holds everything written before
+	// the call; nothing to freeze is a no-op thaw. The thaw may be called
+	// more than once and fails when the freeze did not last the copy.
+	Freeze(v *contract.Volume) (thaw func() error, err error)
+	// FreezeGroup stops the writes to every volume of vols at one point in
+	// time (a group snapshot): contract.ErrPrecondition when a writer cannot
+	// be stopped. The thaw is as Freeze's.
+	FreezeGroup(vols []*contract.Volume) (thaw func() error, err error)
+	// Refresh makes the loop devices attached to image see its new size.
+	Refresh(image string) error
+	// Detach detaches every loop device attached to image (data that is
+	// being removed or moved aside at start).
+	Detach(image string) error
+	// InUse reports whether path (a volume's data) is mounted anywhere.
+	InUse(path string) (bool, error)
+	// ApplyMutable applies what the mutable parameters mut change on the
+	// node to volume v, whose mutable parameters are now merged: an image
+	// volume's dirMode to its filesystem where it is staged, the I/O limits
+	// to the pods it is published for.
+	ApplyMutable(v *contract.Volume, mut contract.Mutable, merged map[string]string) error
+}
+
+// Store keeps the volumes and snapshots of one data root. Its methods are
+// safe for concurrent use; Recover must run before any other. Operations
+// that read a volume or snapshot (restore, clone, snapshot, and the node
+// side's stage) hold it against operations that delete or change it,
+// whoever the caller is; the loser fails with contract.ErrBusy (see
+// holdSet). Operations on one volume also take its per-volume lock
+// (locks.go).
+type Store struct {
+	root      string // absolute, symlinks resolved
+	volRoot   string
+	blockRoot string
+	snapRoot  string
+	lostRoot  string // unclaimed data moved aside at start, never deleted by the driver
+	cfg       Config
+	eng       engine.Engine
+	st        *state.Store
+	holds     *holdSet
+	locks     *keylock.Set // the per-volume lock (locks.go)
+	node      Node         // set by Recover
+
+	mu sync.Mutex // guards use, measuring and measuredAt; held for arithmetic, never across I/O
+	// use is the size of every recorded volume (and of creates and
+	// expansions in progress) with its last measured use, by volume_id:
+	// what Capacity and reserve account (capacity.go).
+	use        map[string]volUse
+	measuring  bool      // a measureUse is running
+	measuredAt time.Time // when the last measureUse ended
+	// leftovers is what Recover could not put in order.
+	leftovers []contract.Leftover
+}
+
+// Open prepares the data root and opens its state file. It fails when the
+// state file is damaged (wrapping state.ErrCorrupt) and when the state file
+// is missing but volume data exists: starting with empty state there would
+// orphan every volume, so a person has to decide. Recover must run next.
+func Open(cfg Config) (*Store, error) {
+	if cfg.DataRoot == "" || !filepath.IsAbs(cfg.DataRoot) {
+		return nil, fmt.Errorf("data root %q must be an absolute path", cfg.DataRoot)
+	}
+	if err := os.Mkdir(cfg.DataRoot, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("create data root: %w", err)
+	}
+	root, err := filepath.EvalSymlinks(cfg.DataRoot)
+	if err != nil {
+		return nil, fmt.Errorf("resolve data root: %w", err)
+	}
+	m := &Store{
+		root:      root,
+		volRoot:   filepath.Join(root, "volumes"),
+		blockRoot: filepath.Join(root, "block"),
+		snapRoot:  filepath.Join(root, "snapshots"),
+		lostRoot:  filepath.Join(root, "orphaned"),
+		cfg:       cfg,
+		holds:     newHolds(),
+		use:       map[string]volUse{},
+		locks:     keylock.New(),
+	}
+	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	statePath := filepath.Join(root, state.FileName)
+	if _, err := os.Stat(statePath); errors.Is(err, os.ErrNotExist) {
+		n := countIDs(m.volRoot, contract.ValidVolumeID) + countIDs(m.blockRoot, validImage(contract.ValidVolumeID)) +
+			countIDs(m.snapRoot, contract.ValidSnapshotID) + countIDs(m.snapRoot, validImage(contract.ValidSnapshotID))
+		if n > 0 {
+			return nil, fmt.Errorf("state file %s is missing but %s holds %d volume(s) or snapshot(s); refusing to start with empty state. "+
+				"Restore the state file from a backup, or move the data away if it is not needed", statePath, root, n)
+		}
+	}
+	m.eng, err = engine.New(cfg.Engine, root)
+	if err != nil {
+		return nil, err
+	}
+	if m.st, err = state.Open(statePath); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Recover finishes or rolls back the work a crash interrupted (recover.go),
+// asking node about mounts and loop devices, then starts measuring what
+// volumes use; node is the Store's node side from then on. A leftover that
+// cannot be handled never stops the start: it is listed in Leftovers. The
+// error is the state file's.
+func (m *Store) Recover(node Node) error {
+	m.node = node
+	if err := m.recover(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.measuring = true
+	m.mu.Unlock()
+	m.measureUse()
+	return nil
+}
+
+// Close closes the state file.
+func (m *Store) Close() error { return m.st.Close() }
+
+// Root is the resolved data root.
+func (m *Store) Root() string { return m.root }
+
+// Engine is the name of the engine new mount volumes are made with.
+func (m *Store) Engine() contract.Engine { return m.eng.Name() }
+
+// Probe checks that the data root is usable and the state file readable.
+func (m *Store) Probe() error {
+	if err := unix.Access(m.volRoot, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("data root %s not writable: %w", m.volRoot, err)
+	}
+	return m.st.View(func(*state.Tx) error { return nil })
+}
+
+func validImage(valid func(string) bool) func(string) bool {
+	return func(n string) bool {
+		id, ok := strings.CutSuffix(n, ".img")
+		return ok && valid(id)
+	}
+}
+
+func countIDs(dir string, valid func(string) bool) int {
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if valid(e.Name()) {
+			n++
+		}
+	}
+	return n
+}
+
+// volDir is the data directory of a mount volume. It panics on an id that
+// does not match the volume id pattern: callers validate first, and a path
+// must never be built from anything else.
+func (m *Store) volDir(id string) string {
+	mustVolumeID(id)
+	return filepath.Join(m.volRoot, id)
+}
+
+// ImageDir is the directory of the image files (for the node side's count
+// of the loop devices attached to them).
+func (m *Store) ImageDir() string { return m.blockRoot }
+
+// imagePath is the image file of an image volume.
+func (m *Store) imagePath(id string) string {
+	mustVolumeID(id)
+	return filepath.Join(m.blockRoot, id+".img")
+}
+
+// DataPath is where volume v's data lives on this node (for status and
+// logs; the manager builds it from the validated id).
+func (m *Store) DataPath(v *contract.Volume) string { return m.dataPath(v) }
+
+// dataPath is where volume v's data lives.
+func (m *Store) dataPath(v *contract.Volume) string {
+	if v.Image() {
+		return m.imagePath(v.ID)
+	}
+	return m.volDir(v.ID)
+}
+
+func mustVolumeID(id string) {
+	if !contract.ValidVolumeID(id) {
+		panic(fmt.Sprintf("volume: path requested for invalid volume id %q", id))
+	}
+}
+
+// Delete removes a volume: its record is removed durably first, then its
+// data. Deleting an unknown id succeeds. Snapshots of the volume are
+// independent copies and stay usable. Errors: contract.ErrPrecondition when the
+// volume is mounted or attached anywhere on this node, contract.ErrBusy while a
+// clone, snapshot or stage reads it or another call changes it.
+func (m *Store) Delete(id string) error {
+	if !contract.ValidVolumeID(id) {
+		return nil
+	}
+	unlock, err := m.lock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	release, err := m.holds.change(id, "a delete")
+	if err != nil {
+		return err
+	}
+	defer release()
+	v, err := m.Get(id)
+	if errors.Is(err, contract.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := m.node.CheckUnused(v); err != nil {
+		return err
+	}
+	t, err := m.trash(m.dataPath(v))
+	if err != nil {
+		return err
+	}
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(id) }); err != nil {
+		_ = os.Rename(t, m.dataPath(v))
+		return err
+	}
+	m.unreserve(id, v.CapacityBytes)
+	// The record is gone, so a crash from here on is finished by recover().
+	if err := engine.Remove(t); err != nil {
+		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id)
+	}
+	klog.V(2).InfoS("Volume deleted", "volumeID", id)
+	return nil
+}
