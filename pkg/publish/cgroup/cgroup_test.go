@@ -11,8 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/localdir-csi/localdir/pkg/blockdev"
-	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/pkg/publish/cgroup"
+	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/tests/testcgroup"
 )
 
