@@ -66,7 +66,7 @@ func OpenNode(opts driver.Options, mounter mount.Interface) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := publish.New(store, publish.Config{Mounter: mounter, CgroupRoot: opts.CgroupRoot})
+	pub, err := publish.New(store.NodeAccess(), publish.Config{Mounter: mounter, CgroupRoot: opts.CgroupRoot})
 	if err != nil {
 		return nil, errors.Join(err, store.Close())
 	}
@@ -88,7 +88,7 @@ func NewDriver(opts driver.Options, mounter mount.Interface, with ...driver.Opti
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := driver.New(opts, n.Store, n.Publisher, with...)
+	d, err := driver.New(opts, driver.Node{Volumes: n.Store, Snapshots: n.Store.Snapshots(), Publisher: n.Publisher}, with...)
 	if err != nil {
 		return nil, nil, errors.Join(err, n.Store.Close())
 	}
@@ -112,7 +112,7 @@ func NodeMetrics(n *Node, node string, orphans func() int64) metrics.StateFunc {
 		if vols, _, err := vm.List("", 0); err == nil {
 			out = append(out, metrics.Sample{Desc: metrics.VolumesDesc, Value: float64(len(vols)), Labels: []string{node, "Ready"}})
 		}
-		if snaps, _, err := vm.ListSnapshots("", 0, ""); err == nil {
+		if snaps, _, err := vm.Snapshots().List("", 0, ""); err == nil {
 			out = append(out, metrics.Sample{Desc: metrics.SnapshotsDesc, Value: float64(len(snaps)), Labels: []string{node, "Ready"}})
 		}
 		out = append(out, metrics.Sample{Desc: metrics.LoopDevicesDesc, Value: float64(n.Publisher.AttachedLoopDevices()), Labels: l})
@@ -195,7 +195,7 @@ func Run(ctx context.Context, opts driver.Options) error {
 	if err != nil {
 		return err
 	}
-	agent := &cluster.NodeAgent{NodeID: opts.NodeID, Store: n.Store, Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
+	agent := &cluster.NodeAgent{NodeID: opts.NodeID, Store: n.Store, Snapshots: n.Store.Snapshots(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
 		Heartbeat: opts.HeartbeatInterval}
 	if err := serveMetrics(gctx, g, ms, NodeMetrics(n, opts.NodeID, agent.Orphans)); err != nil {
 		return err

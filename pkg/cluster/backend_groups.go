@@ -20,7 +20,7 @@ import (
 // The volume group snapshot calls of ControllerBackend (driver.GroupBackend).
 // A group is a LocalGroupSnapshot, named by its group_snapshot_id, that the
 // node plugin holding all its volumes cuts at one point in time
-// (NodeStore.CreateGroupSnapshotWithIDs); that node then creates a
+// (NodeSnapshots.CreateGroupWithIDs); that node then creates a
 // LocalSnapshot per member (spec.groupSnapshot), which restores, lists and
 // deletes like any snapshot.
 

@@ -18,14 +18,15 @@ import (
 
 // LocalGroupSnapshotReconciler cuts the LocalGroupSnapshots of one node:
 // one snapshot of each volume at one point in time
-// (NodeStore.CreateGroupSnapshotWithIDs, with the member ids the
+// (NodeSnapshots.CreateGroupWithIDs, with the member ids the
 // controller chose), then a LocalSnapshot for each member, then the
 // group's status. Deleting a group is the controller's: it deletes the
 // members like any snapshot.
 type LocalGroupSnapshotReconciler struct {
-	Client client.Client
-	NodeID string
-	Store  NodeStore
+	Client    client.Client
+	NodeID    string
+	Store     NodeStore
+	Snapshots NodeSnapshots
 }
 
 // SetupWithManager registers the reconciler for LocalGroupSnapshots.
@@ -46,7 +47,7 @@ func (r *LocalGroupSnapshotReconciler) Reconcile(ctx context.Context, req reconc
 	if g.Name != contract.GroupSnapshotIDFor(g.Spec.CSIName) {
 		return reconcile.Result{}, r.failed(ctx, g, fmt.Errorf("%w: the object's name is not the group_snapshot_id of its csiName", contract.ErrInvalid))
 	}
-	cut, err := r.Store.CreateGroupSnapshotWithIDs(g.Spec.CSIName, g.Spec.Volumes, g.Spec.Snapshots)
+	cut, err := r.Snapshots.CreateGroupWithIDs(g.Spec.CSIName, g.Spec.Volumes, g.Spec.Snapshots)
 	if errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil // a member is being changed
 	}

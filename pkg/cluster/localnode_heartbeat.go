@@ -22,6 +22,7 @@ type LocalNodeHeartbeat struct {
 	Client         client.Client
 	NodeID         string
 	Store          NodeStore
+	Snapshots      NodeSnapshots
 	Version        string
 	MaxVolumeBytes int64
 	// Interval between writes (0: 30 s).
@@ -65,7 +66,7 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 	} else if err != nil {
 		return err
 	}
-	data := nodeData{h.Client, h.NodeID, h.Store}
+	data := nodeData{h.Client, h.NodeID, h.Store, h.Snapshots}
 	orphans, err := data.orphans(ctx)
 	if err != nil {
 		return err

@@ -20,9 +20,10 @@ import (
 // takes the snapshot once, reports it in status, and removes the data of
 // an object deleted with spec.deleteData.
 type LocalSnapshotReconciler struct {
-	Client client.Client
-	NodeID string
-	Store  NodeStore
+	Client    client.Client
+	NodeID    string
+	Store     NodeStore
+	Snapshots NodeSnapshots
 }
 
 // SetupWithManager registers the reconciler for LocalSnapshots.
@@ -35,7 +36,7 @@ func (r *LocalSnapshotReconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	ls := &v1.LocalSnapshot{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ls); apierrors.IsNotFound(err) {
-		return reconcile.Result{}, nodeData{r.Client, r.NodeID, r.Store}.readoptGone(ctx, "Snapshot", req.Name)
+		return reconcile.Result{}, nodeData{r.Client, r.NodeID, r.Store, r.Snapshots}.readoptGone(ctx, "Snapshot", req.Name)
 	} else if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -47,7 +48,7 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	if ls.Spec.DeleteData {
 		// DeleteSnapshot recorded its intent: the data goes, then the object.
-		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.Store.DeleteSnapshot(ls.Name) }, func(err error) { r.deleteBlocked(ctx, ls, err) })
+		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.Snapshots.Delete(ls.Name) }, func(err error) { r.deleteBlocked(ctx, ls, err) })
 	}
 	if err := dropLegacyFinalizer(ctx, r.Client, ls, ls.Spec.DeleteData); err != nil {
 		return reconcile.Result{}, err
@@ -58,14 +59,14 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if ls.Spec.GroupSnapshot != "" {
 		// Cut with its group by the group's reconciler, never on its own
 		// (it would not be of the group's point in time).
-		if _, err := r.Store.GetSnapshot(ls.Name); errors.Is(err, contract.ErrNotFound) {
+		if _, err := r.Snapshots.Get(ls.Name); errors.Is(err, contract.ErrNotFound) {
 			ls.Status.Phase, ls.Status.ErrorCode = v1.PhaseFailed, codeName(err)
 			setReady(&ls.Status.Conditions, ls.Generation, false, "GroupMemberMissing",
 				"this node holds no snapshot "+ls.Name+" of group "+ls.Spec.GroupSnapshot+"; a member of a group is only cut with its group")
 			return reconcile.Result{}, r.Client.Status().Update(ctx, ls)
 		}
 	}
-	snap, err := r.Store.CreateSnapshot(contract.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
+	snap, err := r.Snapshots.Create(contract.SnapshotSpec{ID: ls.Name, Name: ls.Spec.CSIName, SourceVolumeID: ls.Spec.SourceVolume})
 	if errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil // its source is being expanded or deleted
 	}
@@ -99,7 +100,7 @@ func (r *LocalSnapshotReconciler) finishDelete(ctx context.Context, ls *v1.Local
 		return reconcile.Result{}, nil
 	}
 	if ls.Spec.DeleteData {
-		if err := r.Store.DeleteSnapshot(ls.Name); errors.Is(err, contract.ErrBusy) {
+		if err := r.Snapshots.Delete(ls.Name); errors.Is(err, contract.ErrBusy) {
 			return reconcile.Result{RequeueAfter: busyRetry}, nil // a restore reads it
 		} else if err != nil {
 			return reconcile.Result{}, err

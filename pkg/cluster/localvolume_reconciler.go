@@ -21,9 +21,10 @@ import (
 // spec.size grows, reports the outcome in status, and removes the data of
 // an object deleted with spec.deleteData.
 type LocalVolumeReconciler struct {
-	Client client.Client
-	NodeID string
-	Store  NodeStore
+	Client    client.Client
+	NodeID    string
+	Store     NodeStore
+	Snapshots NodeSnapshots
 }
 
 // SetupWithManager registers the reconciler for LocalVolumes (the
@@ -69,7 +70,9 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	return reconcile.Result{}, nil
 }
 
-func (r *LocalVolumeReconciler) data() nodeData { return nodeData{r.Client, r.NodeID, r.Store} }
+func (r *LocalVolumeReconciler) data() nodeData {
+	return nodeData{r.Client, r.NodeID, r.Store, r.Snapshots}
+}
 
 // carryOut brings the node's data in line with lv and records the outcome
 // in lv.Status. busy: a conflicting operation holds the data (or its

@@ -41,6 +41,7 @@ import (
 type NodeAgent struct {
 	NodeID         string
 	Store          NodeStore
+	Snapshots      NodeSnapshots
 	Version        string
 	MaxVolumeBytes int64
 	// Heartbeat is how often LocalNode status is refreshed.
@@ -78,17 +79,17 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	c := mgr.GetClient()
-	if err := (&LocalVolumeReconciler{Client: c, NodeID: a.NodeID, Store: a.Store}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalVolumeReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&LocalGroupSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalGroupSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	hb := &LocalNodeHeartbeat{
-		Client: c, NodeID: a.NodeID, Store: a.Store, Version: a.Version, MaxVolumeBytes: a.MaxVolumeBytes,
+		Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots, Version: a.Version, MaxVolumeBytes: a.MaxVolumeBytes,
 		Interval: a.Heartbeat, Orphans: &a.orphanCount,
 	}
 	if err := mgr.Add(hb); err != nil {

@@ -2,9 +2,9 @@ package cluster
 
 import "github.com/localdir-csi/localdir/pkg/contract"
 
-// NodeStore is the node's volumes and snapshots as the node agent's
-// reconcilers and heartbeat carry them out: pkg/volume's Store implements
-// it. The controller side of this package never uses it.
+// NodeStore is the node's volumes as the node agent's reconcilers and
+// heartbeat carry them out: pkg/volume's Store implements it. The
+// controller side of this package never uses it (nor NodeSnapshots).
 type NodeStore interface {
 	Get(id string) (*contract.Volume, error)
 	List(after string, limit int) ([]*contract.Volume, string, error)
@@ -14,14 +14,18 @@ type NodeStore interface {
 	Modify(id string, params map[string]string) (*contract.Volume, error)
 	DataPath(v *contract.Volume) string
 
-	GetSnapshot(id string) (*contract.Snapshot, error)
-	ListSnapshots(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
-	CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, error)
-	DeleteSnapshot(id string) error
-	SnapshotPath(s *contract.Snapshot) string
-	CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error)
-
 	Capacity() (contract.CapacityInfo, error)
 	Engine() contract.Engine
 	Leftovers() []contract.Leftover
+}
+
+// NodeSnapshots is the node's snapshots as the node agent carries them
+// out: pkg/volume's Snapshots implements it.
+type NodeSnapshots interface {
+	Get(id string) (*contract.Snapshot, error)
+	List(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
+	Create(spec contract.SnapshotSpec) (*contract.Snapshot, error)
+	Delete(id string) error
+	Path(s *contract.Snapshot) string
+	CreateGroupWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error)
 }

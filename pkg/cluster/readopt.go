@@ -16,9 +16,10 @@ import (
 // finding the data no object claims (orphans) and re-creating objects for
 // it (re-adoption).
 type nodeData struct {
-	c    client.Client
-	node string
-	vm   NodeStore
+	c     client.Client
+	node  string
+	vm    NodeStore
+	snaps NodeSnapshots
 }
 
 // readoptGone re-adopts at once the data of an object that was just deleted
@@ -35,11 +36,11 @@ func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
 		}
 		path = d.vm.DataPath(v)
 	case kind == "Snapshot" && contract.ValidSnapshotID(id):
-		s, err := d.vm.GetSnapshot(id)
+		s, err := d.snaps.Get(id)
 		if err != nil {
 			return nil
 		}
-		path = d.vm.SnapshotPath(s)
+		path = d.snaps.Path(s)
 	default:
 		return nil
 	}
@@ -79,7 +80,7 @@ func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.O
 			}
 			obj = lv
 		case "Snapshot":
-			s, err := d.vm.GetSnapshot(o.ID)
+			s, err := d.snaps.Get(o.ID)
 			if err != nil {
 				continue
 			}
@@ -130,13 +131,13 @@ func (d nodeData) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 			out = append(out, v1.OrphanedData{ID: v.ID, Kind: "Volume", Path: d.vm.DataPath(v), SizeBytes: quantity(v.CapacityBytes)})
 		}
 	}
-	snaps, _, err := d.vm.ListSnapshots("", 0, "")
+	snaps, _, err := d.snaps.List("", 0, "")
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range snaps {
 		if !claimed[s.ID] {
-			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: d.vm.SnapshotPath(s), SizeBytes: quantity(s.SizeBytes)})
+			out = append(out, v1.OrphanedData{ID: s.ID, Kind: "Snapshot", Path: d.snaps.Path(s), SizeBytes: quantity(s.SizeBytes)})
 		}
 	}
 	return out, nil

@@ -28,14 +28,14 @@ import (
 
 // nodeFixture is one node's data root (dir engine, no root needed) and a
 // fake API server holding objs.
-func nodeFixture(t *testing.T, objs ...client.Object) (client.Client, NodeStore) {
+func nodeFixture(t *testing.T, objs ...client.Object) (client.Client, *volume.Store) {
 	t.Helper()
 	vm, err := volume.Open(volume.Config{DataRoot: filepath.Join(t.TempDir(), "data"), CapacityBytes: 1 << 30, Engine: "dir"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { vm.Close() })
-	pub, err := publish.New(vm, publish.Config{Mounter: mount.NewFake()})
+	pub, err := publish.New(vm.NodeAccess(), publish.Config{Mounter: mount.NewFake()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestLocalVolumeReconcilerCreatesGrowsDeletes(t *testing.T) {
 	lv := placed("pvc-1", "n", 8*mi, "")
 	other := placed("pvc-other", "elsewhere", 8*mi, "")
 	c, vm := nodeFixture(t, lv, other)
-	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}
 
 	reconcileOnce(t, r, lv.Name)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil {
@@ -117,7 +117,7 @@ func TestLocalVolumeReconcilerFinishesLegacyDeletes(t *testing.T) {
 	ctx := context.Background()
 	deleted, pending := placed("pvc-old-deleted", "n", 4*mi, ""), placed("pvc-old-pending", "n", 4*mi, "")
 	c, vm := nodeFixture(t, deleted, pending)
-	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}
 	for _, lv := range []*v1.LocalVolume{deleted, pending} {
 		reconcileOnce(t, r, lv.Name)
 		if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil {
@@ -149,7 +149,7 @@ func TestLocalVolumeReconcilerReportsFailure(t *testing.T) {
 	lv := placed("pvc-bad", "n", 8*mi, "")
 	lv.Spec.Parameters = map[string]string{"dirMode": "not-octal"}
 	c, vm := nodeFixture(t, lv)
-	reconcileOnce(t, &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}, lv.Name)
+	reconcileOnce(t, &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}, lv.Name)
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(lv), lv); err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +166,8 @@ func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
 		Spec:       v1.LocalSnapshotSpec{SourceVolume: src.Name, Node: "n", CSIName: "snap-1"},
 	}
 	c, vm := nodeFixture(t, src, ls)
-	reconcileOnce(t, &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}, src.Name)
-	reconcileOnce(t, &LocalSnapshotReconciler{Client: c, NodeID: "n", Store: vm}, ls.Name)
+	reconcileOnce(t, &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}, src.Name)
+	reconcileOnce(t, &LocalSnapshotReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}, ls.Name)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(ls), ls); err != nil {
 		t.Fatal(err)
 	}
@@ -175,16 +175,16 @@ func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
 		t.Errorf("snapshot status %+v, want ready, 4Mi, with a creation time", ls.Status)
 	}
 	// DeleteSnapshot's intent: the data goes, then the object.
-	local, err := vm.GetSnapshot(ls.Name)
+	local, err := vm.Snapshots().Get(ls.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	snapPath := vm.SnapshotPath(local)
+	snapPath := vm.Snapshots().Path(local)
 	ls.Spec.DeleteData = true
 	if err := c.Update(ctx, ls); err != nil {
 		t.Fatal(err)
 	}
-	reconcileOnce(t, &LocalSnapshotReconciler{Client: c, NodeID: "n", Store: vm}, ls.Name)
+	reconcileOnce(t, &LocalSnapshotReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}, ls.Name)
 	if _, err := os.Stat(snapPath); !os.IsNotExist(err) {
 		t.Errorf("snapshot data at %s after the delete intent: %v, want it gone", snapPath, err)
 	}
@@ -196,7 +196,7 @@ func TestLocalSnapshotReconcilerAndHeartbeat(t *testing.T) {
 	if _, err := vm.Create(contract.CreateSpec{ID: VolumeIDFor("pvc-lost"), Name: "pvc-lost", SizeBytes: 2 * mi, AccessType: contract.AccessMount}); err != nil {
 		t.Fatal(err)
 	}
-	h := &LocalNodeHeartbeat{Client: c, NodeID: "n", Store: vm, Version: "test", MaxVolumeBytes: 512 * mi}
+	h := &LocalNodeHeartbeat{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots(), Version: "test", MaxVolumeBytes: 512 * mi}
 	if err := h.write(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestLocalVolumeReconcilerMakesImageVolumes(t *testing.T) {
 	lv := placed("pvc-img", "n", 8*mi, "")
 	lv.Spec.FsType = "ext4"
 	c, vm := nodeFixture(t, lv)
-	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}
 	reconcileOnce(t, r, lv.Name)
 	v, err := vm.Get(lv.Name)
 	if err != nil || v.FsType != "ext4" || !v.Image() {
@@ -242,7 +242,7 @@ func TestMutableParameters(t *testing.T) {
 	lv := placed("pvc-m", "n", 8*mi, "")
 	lv.Spec.MutableParameters = map[string]string{"dirMode": "0700"}
 	c, vm := nodeFixture(t, lv, node("n", 100*mi, 100*mi, 0))
-	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}
 	get := func() *v1.LocalVolume {
 		t.Helper()
 		got := &v1.LocalVolume{}
@@ -309,7 +309,7 @@ func TestLocalVolumeReconcilerFinishesCutShortGrowth(t *testing.T) {
 	lv := placed("pvc-img-grow", "n", 8*mi, "")
 	lv.Spec.FsType = "ext4"
 	c, vm := nodeFixture(t, lv)
-	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm}
+	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}
 	reconcileOnce(t, r, lv.Name)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil || lv.Status.CapacityBytes.Value() != 8*mi {
 		t.Fatalf("after create: status capacity %s (%v), want 8Mi", &lv.Status.CapacityBytes, err)

@@ -52,11 +52,12 @@ type Backend interface {
 	DeleteSnapshot(ctx context.Context, id string) error
 }
 
-// LocalBackend serves the Controller service from this node's Store (all
-// mode): one node, the driver's own.
+// LocalBackend serves the Controller service from this node's volumes and
+// snapshots (all mode): one node, the driver's own.
 type LocalBackend struct {
-	Store  Store
-	NodeID string
+	Volumes   Volumes
+	Snapshots Snapshots
+	NodeID    string
 	// MaxVolumeBytes caps single volumes (0: no cap but the capacity).
 	MaxVolumeBytes int64
 }
@@ -79,17 +80,17 @@ func (b *LocalBackend) s(s *contract.Snapshot, err error) (*contract.Snapshot, e
 
 // VolumeByName implements Backend.
 func (b *LocalBackend) VolumeByName(_ context.Context, name string) (*contract.Volume, error) {
-	return b.v(b.Store.LookupByName(name))
+	return b.v(b.Volumes.LookupByName(name))
 }
 
 // Volume implements Backend.
 func (b *LocalBackend) Volume(_ context.Context, id string) (*contract.Volume, error) {
-	return b.v(b.Store.Get(id))
+	return b.v(b.Volumes.Get(id))
 }
 
 // ListVolumes implements Backend.
 func (b *LocalBackend) ListVolumes(_ context.Context, after string, limit int) ([]*contract.Volume, string, error) {
-	vols, next, err := b.Store.List(after, limit)
+	vols, next, err := b.Volumes.List(after, limit)
 	for _, v := range vols {
 		v.Node = b.NodeID
 	}
@@ -101,20 +102,20 @@ func (b *LocalBackend) CreateVolume(_ context.Context, spec contract.CreateSpec,
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, the only node this controller serves", contract.ErrNoSpace, b.NodeID)
 	}
-	return b.v(b.Store.Create(spec))
+	return b.v(b.Volumes.Create(spec))
 }
 
 // DeleteVolume implements Backend.
-func (b *LocalBackend) DeleteVolume(_ context.Context, id string) error { return b.Store.Delete(id) }
+func (b *LocalBackend) DeleteVolume(_ context.Context, id string) error { return b.Volumes.Delete(id) }
 
 // ExpandVolume implements Backend.
 func (b *LocalBackend) ExpandVolume(_ context.Context, id string, size int64) (int64, error) {
-	return b.Store.Expand(id, size)
+	return b.Volumes.Expand(id, size)
 }
 
 // ModifyVolume implements Backend.
 func (b *LocalBackend) ModifyVolume(_ context.Context, id string, params map[string]string) error {
-	_, err := b.Store.Modify(id, params)
+	_, err := b.Volumes.Modify(id, params)
 	return err
 }
 
@@ -123,7 +124,7 @@ func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64
 	if segment != nil && !contract.Admits(segment, b.NodeID) {
 		return 0, 0, nil
 	}
-	ci, err := b.Store.Capacity()
+	ci, err := b.Volumes.Capacity()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -136,22 +137,22 @@ func (b *LocalBackend) Capacity(_ context.Context, segment *csi.Topology) (int64
 
 // VolumeHealth implements Backend.
 func (b *LocalBackend) VolumeHealth(_ context.Context, id string) (contract.Health, error) {
-	return b.Store.Health(id)
+	return b.Volumes.Health(id)
 }
 
 // SnapshotByName implements Backend.
 func (b *LocalBackend) SnapshotByName(_ context.Context, name string) (*contract.Snapshot, error) {
-	return b.s(b.Store.LookupSnapshotByName(name))
+	return b.s(b.Snapshots.LookupByName(name))
 }
 
 // Snapshot implements Backend.
 func (b *LocalBackend) Snapshot(_ context.Context, id string) (*contract.Snapshot, error) {
-	return b.s(b.Store.GetSnapshot(id))
+	return b.s(b.Snapshots.Get(id))
 }
 
 // ListSnapshots implements Backend.
 func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int, src string) ([]*contract.Snapshot, string, error) {
-	snaps, next, err := b.Store.ListSnapshots(after, limit, src)
+	snaps, next, err := b.Snapshots.List(after, limit, src)
 	for _, s := range snaps {
 		s.Node = b.NodeID
 	}
@@ -163,10 +164,10 @@ func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topol
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", contract.ErrNoSpace, b.NodeID)
 	}
-	return b.s(b.Store.CreateSnapshot(contract.SnapshotSpec{Name: name, SourceVolumeID: src}))
+	return b.s(b.Snapshots.Create(contract.SnapshotSpec{Name: name, SourceVolumeID: src}))
 }
 
 // DeleteSnapshot implements Backend.
 func (b *LocalBackend) DeleteSnapshot(_ context.Context, id string) error {
-	return b.Store.DeleteSnapshot(id)
+	return b.Snapshots.Delete(id)
 }

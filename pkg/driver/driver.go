@@ -1,7 +1,7 @@
 // Package driver implements the CSI Identity, Controller and Node services:
 // request validation, capabilities, idempotency, locking and the mapping of
 // storage errors to gRPC codes. It does no disk I/O of its own: it works on
-// a Store and a Publisher (nodeside.go) that pkg/app opens, and in
+// a Node (nodeside.go: volumes, snapshots, publisher) that pkg/app opens, and in
 // controller mode on a cluster Backend.
 package driver
 
@@ -65,10 +65,10 @@ func Version() string {
 }
 
 // Driver is one localdir process: the services its mode serves, and in
-// node and all mode the node's Store and Publisher.
+// node and all mode the node's volumes and publisher.
 type Driver struct {
 	opts    Options
-	store   Store        // the node's volumes (node, all mode)
+	store   Volumes      // the node's volumes (node, all mode)
 	pub     Publisher    // the node side of the Node service (node, all mode)
 	backend Backend      // what the Controller service works on (controller, all mode)
 	names   *keylock.Set // Controller service: CreateVolume, CreateSnapshot by name
@@ -93,26 +93,26 @@ func WithInterceptor(i grpc.UnaryServerInterceptor) Option {
 	return func(c *newConfig) { c.interceptor = i }
 }
 
-// New returns a node- or all-mode driver over the node's store and
-// publisher (pkg/app opens them and runs their recovery first: OpenNode).
-// In all mode the Controller service works on store (LocalBackend).
-func New(opts Options, store Store, pub Publisher, with ...Option) (*Driver, error) {
+// New returns a node- or all-mode driver over node (pkg/app opens it and
+// runs its recovery first: OpenNode). In all mode the Controller service
+// works on node's volumes and snapshots (LocalBackend).
+func New(opts Options, node Node, with ...Option) (*Driver, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.Mode == ModeController {
 		return nil, errors.New("--mode=controller needs a cluster backend: use NewController")
 	}
-	if store == nil || pub == nil {
-		return nil, errors.New("driver.New: a node needs its store and publisher")
+	if node.Volumes == nil || node.Snapshots == nil || node.Publisher == nil {
+		return nil, errors.New("driver.New: a node needs its volumes, snapshots and publisher")
 	}
 	var nc newConfig
 	for _, o := range with {
 		o(&nc)
 	}
-	d := &Driver{opts: opts, store: store, pub: pub, names: keylock.New(), ids: keylock.New(), version: Version(), interceptor: nc.interceptor}
+	d := &Driver{opts: opts, store: node.Volumes, pub: node.Publisher, names: keylock.New(), ids: keylock.New(), version: Version(), interceptor: nc.interceptor}
 	if opts.Mode == ModeAll {
-		d.backend = &LocalBackend{Store: store, NodeID: opts.NodeID, MaxVolumeBytes: opts.MaxVolumeBytes}
+		d.backend = &LocalBackend{Volumes: node.Volumes, Snapshots: node.Snapshots, NodeID: opts.NodeID, MaxVolumeBytes: opts.MaxVolumeBytes}
 	}
 	return d, nil
 }

@@ -16,7 +16,7 @@ import (
 // contract sentinels.
 type GroupBackend interface {
 	// CreateGroupSnapshot cuts one snapshot of each source volume at one
-	// point in time for the CSI name (Store.CreateGroupSnapshot).
+	// point in time for the CSI name (Snapshots.CreateGroup).
 	CreateGroupSnapshot(ctx context.Context, name string, sourceVolumeIDs []string) (*contract.GroupSnapshot, error)
 	// GroupSnapshot returns a group (ErrNotFound); snapshotIDs, when given,
 	// must be its members (ErrInvalid).
@@ -27,17 +27,17 @@ type GroupBackend interface {
 
 // CreateGroupSnapshot implements GroupBackend.
 func (b *LocalBackend) CreateGroupSnapshot(_ context.Context, name string, ids []string) (*contract.GroupSnapshot, error) {
-	return b.g(b.Store.CreateGroupSnapshot(name, ids))
+	return b.g(b.Snapshots.CreateGroup(name, ids))
 }
 
 // GroupSnapshot implements GroupBackend.
 func (b *LocalBackend) GroupSnapshot(_ context.Context, id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
-	return b.g(b.Store.GetGroupSnapshot(id, snapshotIDs))
+	return b.g(b.Snapshots.GetGroup(id, snapshotIDs))
 }
 
 // DeleteGroupSnapshot implements GroupBackend.
 func (b *LocalBackend) DeleteGroupSnapshot(_ context.Context, id string, snapshotIDs []string) error {
-	return b.Store.DeleteGroupSnapshot(id, snapshotIDs)
+	return b.Snapshots.DeleteGroup(id, snapshotIDs)
 }
 
 func (b *LocalBackend) g(g *contract.GroupSnapshot, err error) (*contract.GroupSnapshot, error) {

@@ -44,14 +44,14 @@ func newFakeNode(t *testing.T, m mount.Interface) *fakeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := publish.New(st, publish.Config{Mounter: m})
+	pub, err := publish.New(st.NodeAccess(), publish.Config{Mounter: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Recover(pub); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(opts, st, pub)
+	d, err := New(opts, Node{Volumes: st, Snapshots: st.Snapshots(), Publisher: pub})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,11 +6,19 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Store is the node's volumes and snapshots as the driver uses them:
-// the Node and Identity services (look up, expand, health, probe) and, in
-// all mode, LocalBackend (everything the Controller service asks).
-// pkg/volume's Store implements it.
-type Store interface {
+// Node is what a node- or all-mode driver works on; pkg/app opens it
+// (OpenNode).
+type Node struct {
+	Volumes   Volumes
+	Snapshots Snapshots
+	Publisher Publisher
+}
+
+// Volumes is the node's volumes as the driver uses them: the Node and
+// Identity services (look up, expand, health, probe) and, in all mode,
+// LocalBackend (everything the Controller service asks). pkg/volume's
+// Store implements it.
+type Volumes interface {
 	Root() string
 	Probe() error
 	Close() error
@@ -25,16 +33,20 @@ type Store interface {
 	Expand(id string, newSize int64) (int64, error)
 	Modify(id string, params map[string]string) (*contract.Volume, error)
 	Health(id string) (contract.Health, error)
+}
 
-	LookupSnapshotByName(name string) (*contract.Snapshot, error)
-	GetSnapshot(id string) (*contract.Snapshot, error)
-	ListSnapshots(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
-	CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, error)
-	DeleteSnapshot(id string) error
+// Snapshots is the node's snapshots and volume group snapshots, for
+// LocalBackend in all mode. pkg/volume's Snapshots implements it.
+type Snapshots interface {
+	LookupByName(name string) (*contract.Snapshot, error)
+	Get(id string) (*contract.Snapshot, error)
+	List(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
+	Create(spec contract.SnapshotSpec) (*contract.Snapshot, error)
+	Delete(id string) error
 
-	CreateGroupSnapshot(name string, sourceIDs []string) (*contract.GroupSnapshot, error)
-	GetGroupSnapshot(id string, snapshotIDs []string) (*contract.GroupSnapshot, error)
-	DeleteGroupSnapshot(id string, snapshotIDs []string) error
+	CreateGroup(name string, sourceIDs []string) (*contract.GroupSnapshot, error)
+	GetGroup(id string, snapshotIDs []string) (*contract.GroupSnapshot, error)
+	DeleteGroup(id string, snapshotIDs []string) error
 }
 
 // Publisher is the node side the Node service drives: what stage, publish

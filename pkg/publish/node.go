@@ -324,7 +324,7 @@ func (pb *Publisher) Publish(id string, o contract.PublishOptions) error {
 	if err := pb.publish(v, o); err != nil {
 		return err
 	}
-	return pb.recordPublication(v, o)
+	return pb.pods.recordPublication(v, o)
 }
 
 // publish is Publish of volume v under its lock.
@@ -516,7 +516,7 @@ func (pb *Publisher) Unpublish(ctx context.Context, id, targetPath string) error
 	if err != nil {
 		return err
 	}
-	if err := pb.forgetPublication(v, targetPath); err != nil {
+	if err := pb.pods.forgetPublication(v, targetPath); err != nil {
 		return err
 	}
 	if v.Ephemeral && !contract.ValidVolumeID(id) {

@@ -30,10 +30,18 @@ import (
 // volumes in use, for which the pods are frozen while their volumes are
 // cut.
 
+// pods is the Publisher's part that deals with the pods that use volumes:
+// their publications' records, their cgroups' I/O limits and freezes.
+type pods struct{ *Publisher }
+
+// RunIOLimits keeps the I/O limits of published image volumes on their
+// pods' cgroups until ctx ends (pods.runIOLimits).
+func (pb *Publisher) RunIOLimits(ctx context.Context) { pb.pods.runIOLimits(ctx) }
+
 // recordPublication records that volume id is published at o.TargetPath
 // for the pod o.PodUID (nothing without one) and applies the volume's I/O
 // limits to that pod.
-func (pb *Publisher) recordPublication(v *contract.Volume, o contract.PublishOptions) error {
+func (pb pods) recordPublication(v *contract.Volume, o contract.PublishOptions) error {
 	if o.PodUID == "" {
 		return nil
 	}
@@ -53,7 +61,7 @@ func (pb *Publisher) recordPublication(v *contract.Volume, o contract.PublishOpt
 // forgetPublication removes the record of volume v's publication at
 // targetPath and, when the volume has I/O limits and the pod no other
 // publication of it, takes them off the pod's cgroups.
-func (pb *Publisher) forgetPublication(v *contract.Volume, targetPath string) error {
+func (pb pods) forgetPublication(v *contract.Volume, targetPath string) error {
 	p, err := pb.vols.Publication(v.ID, targetPath)
 	if err != nil || p == nil {
 		return err
@@ -79,7 +87,7 @@ func (pb *Publisher) forgetPublication(v *contract.Volume, targetPath string) er
 // applyIOLimits sets the I/O limits of volume v's mutable parameters
 // params on the cgroups of every pod it is published for; a pod that is
 // gone is skipped.
-func (pb *Publisher) applyIOLimits(v *contract.Volume, params map[string]string) error {
+func (pb pods) applyIOLimits(v *contract.Volume, params map[string]string) error {
 	pubs, err := pb.vols.Publications(v.ID)
 	if err != nil {
 		return err
@@ -100,7 +108,7 @@ func (pb *Publisher) applyIOLimits(v *contract.Volume, params map[string]string)
 // device of image volume v. A pod with no cgroup (gone) is nothing to do,
 // and so is a node plugin without a cgroup hierarchy (--cgroup-root=,
 // logged). Errors: the kernel's refusal.
-func (pb *Publisher) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
+func (pb pods) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
 	if !v.Image() {
 		return nil
 	}
@@ -142,20 +150,20 @@ func (pb *Publisher) setPodIO(v *contract.Volume, uid string, l contract.IOLimit
 var ioResync = 30 * time.Second
 
 // kickIOLimits asks RunIOLimits to look again at once (it may not run).
-func (pb *Publisher) kickIOLimits() {
+func (pb pods) kickIOLimits() {
 	select {
 	case pb.ioKick <- struct{}{}:
 	default:
 	}
 }
 
-// RunIOLimits keeps the I/O limits of published image volumes on their
+// runIOLimits keeps the I/O limits of published image volumes on their
 // pods' cgroups until ctx ends. On cgroup v1 a limit binds only the cgroup
 // it is written to, so each container the kubelet starts in a limited pod
 // (a new directory in the pod's cgroup, seen with inotify) gets the
 // volume's limits at once; everything is also set again every 30 s. On
 // cgroup v2 the pod's io.max covers its containers and this only resyncs.
-func (pb *Publisher) RunIOLimits(ctx context.Context) {
+func (pb pods) runIOLimits(ctx context.Context) {
 	if pb.cg == nil {
 		return
 	}
@@ -208,7 +216,7 @@ func (pb *Publisher) RunIOLimits(ctx context.Context) {
 // resync tick, a kick, or a new directory (a container's cgroup) in a
 // watched pod cgroup; other inotify events are skipped. False when ctx
 // ended.
-func (pb *Publisher) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-chan fsnotify.Event) bool {
+func (pb pods) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-chan fsnotify.Event) bool {
 	for {
 		select {
 		case <-ctx.Done():
@@ -233,7 +241,7 @@ func (pb *Publisher) waitIOEvent(ctx context.Context, tick <-chan time.Time, eve
 // volume and returns the pod cgroups to watch for new containers. Each
 // volume is handled under its lock, so that a publication an unpublish
 // just removed never gets its limits back.
-func (pb *Publisher) syncIOLimits(ctx context.Context) map[string]bool {
+func (pb pods) syncIOLimits(ctx context.Context) map[string]bool {
 	dirs := map[string]bool{}
 	all, err := pb.vols.Publications("")
 	if err != nil {
@@ -258,7 +266,7 @@ func (pb *Publisher) syncIOLimits(ctx context.Context) map[string]bool {
 // syncVolumeIO sets the I/O limits of volume id on the pods it is
 // published for, under the volume's lock, and returns those pods (none
 // when the volume has no limits).
-func (pb *Publisher) syncVolumeIO(ctx context.Context, id string) []string {
+func (pb pods) syncVolumeIO(ctx context.Context, id string) []string {
 	if v, err := pb.vols.Get(id); err != nil || contract.IOLimitsOf(v.MutableParameters) == (contract.IOLimits{}) {
 		return nil // no lock taken for volumes without limits: most
 	}
@@ -298,7 +306,7 @@ func (pb *Publisher) syncVolumeIO(ctx context.Context, id string) []string {
 // devices (and the kubelet's per-pod bind of the device, named by the pod
 // UID), a directory volume's the mounts of its directory besides a
 // recorded staging path; each must be recorded for a pod (podInfoOnMount).
-func (pb *Publisher) podWriters(v *contract.Volume) (uids []string, why string, err error) {
+func (pb pods) podWriters(v *contract.Volume) (uids []string, why string, err error) {
 	if v.FsType != "" {
 		return nil, "", nil
 	}
@@ -365,7 +373,7 @@ const podFrozenPrefix = "pod-"
 // and returns the thaw, which is safe to call more than once and runs by
 // itself after maxFreeze. The freeze is recorded durably before it is
 // made, so that a start after a crash thaws it (ThawFrozen).
-func (pb *Publisher) freezePod(uid string) (func() error, error) {
+func (pb pods) freezePod(uid string) (func() error, error) {
 	nop := func() error { return nil }
 	dir, err := pb.cg.PodDir("freezer", uid)
 	if err != nil {
@@ -393,7 +401,7 @@ func (pb *Publisher) freezePod(uid string) (func() error, error) {
 // thawPod thaws the pod cgroup dir, trying again for a second when the
 // kernel refuses (the record of the freeze stays until it succeeds, and a
 // start thaws what it names).
-func (pb *Publisher) thawPod(dir string) error {
+func (pb pods) thawPod(dir string) error {
 	var err error
 	for try := 0; try < 20; try++ {
 		if err = pb.cg.Thaw(dir); err == nil {

@@ -73,11 +73,13 @@ type Publisher struct {
 	mnt    mount.Interface   // node mounts and the mount table
 	cg     *cgroup.Hierarchy // pod cgroups (nil: Config.CgroupRoot is "")
 	ioKick chan struct{}     // wakes RunIOLimits
+	pods   pods
 }
 
 // New returns the node side of the volumes vols.
 func New(vols Volumes, cfg Config) (*Publisher, error) {
 	pb := &Publisher{vols: vols, root: vols.Root(), mnt: cfg.Mounter, ioKick: make(chan struct{}, 1)}
+	pb.pods = pods{pb}
 	if pb.mnt == nil {
 		pb.mnt = mount.New()
 	}
@@ -150,7 +152,7 @@ func (pb *Publisher) ApplyMutable(v *contract.Volume, mut contract.Mutable, merg
 		}
 	}
 	if mut.IO != nil {
-		return pb.applyIOLimits(v, merged)
+		return pb.pods.applyIOLimits(v, merged)
 	}
 	return nil
 }
@@ -220,7 +222,7 @@ func (pb *Publisher) NodeExpand(id, volumePath string) (int64, error) {
 func (pb *Publisher) FreezeGroup(vols []*contract.Volume) (func() error, error) {
 	var pods []string
 	for _, v := range vols {
-		uids, why, err := pb.podWriters(v)
+		uids, why, err := pb.pods.podWriters(v)
 		if err != nil {
 			return nil, err
 		} else if why != "" {
@@ -246,7 +248,7 @@ func (pb *Publisher) FreezeGroup(vols []*contract.Volume) (func() error, error) 
 		return nil, err
 	}
 	for _, uid := range pods {
-		thaw, err := pb.freezePod(uid)
+		thaw, err := pb.pods.freezePod(uid)
 		if errors.Is(err, cgroup.ErrNoPod) {
 			return fail(fmt.Errorf("%w: %v (is --cgroup-root the host's cgroup hierarchy?)", contract.ErrPrecondition, err))
 		}

@@ -21,26 +21,30 @@ const useRefresh = 30 * time.Second
 // empty, so its whole size is held back from the free space).
 type volUse struct{ size, used int64 }
 
+// accounting is the capacity accounting of a Store: what volumes reserve
+// and use (Store.use, under Store.mu).
+type accounting struct{ *Store }
+
 // Capacity reports the data root's capacity (statfs(2) on the data root),
 // never more than every existing volume can still be filled to its size
 // alongside a new one. It starts a background re-measure of the volumes'
 // use when the last one is older than useRefresh.
 func (m *Store) Capacity() (contract.CapacityInfo, error) {
 	m.mu.Lock()
-	ci, err := m.capacityLocked()
+	ci, err := m.acct.capacityLocked()
 	stale := !m.measuring && time.Since(m.measuredAt) > useRefresh
 	if stale {
 		m.measuring = true
 	}
 	m.mu.Unlock()
 	if stale {
-		go m.measureUse()
+		go m.acct.measureUse()
 	}
 	return ci, err
 }
 
 // capacityLocked computes CapacityInfo with m.mu held.
-func (m *Store) capacityLocked() (contract.CapacityInfo, error) {
+func (m accounting) capacityLocked() (contract.CapacityInfo, error) {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(m.root, &sfs); err != nil {
 		return contract.CapacityInfo{}, fmt.Errorf("statfs %s: %w", m.root, err)
@@ -64,7 +68,7 @@ func (m *Store) capacityLocked() (contract.CapacityInfo, error) {
 // growth of an existing one) or fails with contract.ErrNoSpace. Until the
 // caller measures the written data (measured), the n bytes count as free
 // space the volume may still fill. unreserve gives them back.
-func (m *Store) reserve(id string, n int64) error {
+func (m accounting) reserve(id string, n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ci, err := m.capacityLocked()
@@ -82,7 +86,7 @@ func (m *Store) reserve(id string, n int64) error {
 
 // unreserve gives back n bytes reserved for id; a volume left with no size
 // (a failed create, or a deleted volume when n is its size) is forgotten.
-func (m *Store) unreserve(id string, n int64) {
+func (m accounting) unreserve(id string, n int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	u := m.use[id]
@@ -96,7 +100,7 @@ func (m *Store) unreserve(id string, n int64) {
 
 // measured records the bytes volume v uses now (after its data was
 // written); a failed measurement keeps the last one.
-func (m *Store) measured(v *contract.Volume) {
+func (m accounting) measured(v *contract.Volume) {
 	used, err := m.usedBytes(v)
 	if err != nil {
 		klog.V(4).InfoS("Could not measure a volume's use; capacity keeps its last figure", "volumeID", v.ID, "err", err)
@@ -114,7 +118,7 @@ func (m *Store) measured(v *contract.Volume) {
 // file's allocated blocks (st_blocks × 512) for a block volume, the
 // engine's Exclusive bytes else (qgroup exclusive bytes on btrfs, a du-like
 // walk on dir).
-func (m *Store) usedBytes(v *contract.Volume) (int64, error) {
+func (m accounting) usedBytes(v *contract.Volume) (int64, error) {
 	if v.Image() {
 		var st unix.Stat_t
 		if err := unix.Lstat(m.imagePath(v.ID), &st); err != nil {
@@ -128,7 +132,7 @@ func (m *Store) usedBytes(v *contract.Volume) (int64, error) {
 // measureUse measures the use of every recorded volume (outside m.mu)
 // and records it for the volumes still there. At most one runs at a time
 // (m.measuring).
-func (m *Store) measureUse() {
+func (m accounting) measureUse() {
 	defer func() {
 		m.mu.Lock()
 		m.measuring, m.measuredAt = false, time.Now()

@@ -53,7 +53,7 @@ func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 		return nil, err
 	}
 	defer releaseSrc()
-	if err := m.reserve(spec.ID, spec.SizeBytes); err != nil {
+	if err := m.acct.reserve(spec.ID, spec.SizeBytes); err != nil {
 		return nil, err
 	}
 	v := m.newRecord(spec)
@@ -83,11 +83,11 @@ func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 	})
 	if err != nil {
 		if !errors.Is(err, errLandsAtStart) { // else the record keeps its reservation
-			m.unreserve(spec.ID, spec.SizeBytes)
+			m.acct.unreserve(spec.ID, spec.SizeBytes)
 		}
 		return nil, err
 	}
-	m.measured(v)
+	m.acct.measured(v)
 	klog.V(2).InfoS("Volume created", "volumeID", v.ID, "size", v.CapacityBytes, "accessType", v.AccessType,
 		"engine", v.Engine, "sourceSnapshot", v.SourceSnapshotID, "sourceVolume", v.SourceVolumeID)
 	return v, nil
@@ -231,7 +231,7 @@ func (m *Store) holdSource(spec contract.CreateSpec) (string, func(), error) {
 	var size int64
 	if kind == "snapshot" {
 		var s *contract.Snapshot
-		if s, err = m.GetSnapshot(id); err == nil {
+		if s, err = m.snaps.Get(id); err == nil {
 			p, accessType, fsType, size = m.snapPath(s), s.AccessType, s.FsType, s.SizeBytes
 		}
 	} else {

@@ -44,7 +44,7 @@ func (m *Store) Expand(id string, newSize int64) (int64, error) {
 		return v.CapacityBytes, nil
 	}
 	delta := newSize - v.CapacityBytes
-	if err := m.reserve(id, delta); err != nil {
+	if err := m.acct.reserve(id, delta); err != nil {
 		return 0, err
 	}
 	// The new size is committed before the data grows: a crash between the
@@ -54,7 +54,7 @@ func (m *Store) Expand(id string, newSize int64) (int64, error) {
 	old := v.CapacityBytes
 	v.CapacityBytes = newSize
 	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
-		m.unreserve(id, delta)
+		m.acct.unreserve(id, delta)
 		return 0, err
 	}
 	if err := m.resizeData(v, newSize); err != nil {
@@ -63,10 +63,10 @@ func (m *Store) Expand(id string, newSize int64) (int64, error) {
 			// The reservation stays with the larger record.
 			return 0, fmt.Errorf("%w; and the record could not be set back to %d bytes (%v): NodeExpandVolume finishes the growth", mapNoSpace(err), old, rerr)
 		}
-		m.unreserve(id, delta)
+		m.acct.unreserve(id, delta)
 		return 0, mapNoSpace(err)
 	}
-	m.measured(v)
+	m.acct.measured(v)
 	klog.V(2).InfoS("Volume expanded", "volumeID", id, "size", newSize)
 	return newSize, nil
 }
@@ -119,8 +119,3 @@ func (m *Store) finishGrowth(v *contract.Volume) (bool, error) {
 	}
 	return true, m.resizeData(v, v.CapacityBytes)
 }
-
-// ApplySize makes volume v's data its recorded size again (the node side's
-// NodeExpandVolume): an image grown and its loop devices refreshed, a btrfs
-// qgroup limit re-applied.
-func (m *Store) ApplySize(v *contract.Volume) error { return m.resizeData(v, v.CapacityBytes) }

@@ -31,7 +31,7 @@ import (
 // it starts with a NUL byte, which no CSI name may contain.
 func memberName(gid, volID string) string { return "\x00group/" + gid + "/" + volID }
 
-// CreateGroupSnapshot cuts one snapshot of each of the volumes
+// CreateGroup cuts one snapshot of each of the volumes
 // sourceIDs at one point in time for the CSI name, and commits their
 // records in one transaction. Members that are staged image volumes are
 // frozen together while their images are copied (milliseconds on a data
@@ -43,16 +43,17 @@ func memberName(gid, volID string) string { return "\x00group/" + gid + "/" + vo
 // contract.ErrPrecondition (a directory or raw block volume in use),
 // contract.ErrBusy (a change of a member or of the group is running),
 // contract.ErrNoSpace. Nothing is left behind on failure.
-func (m *Store) CreateGroupSnapshot(name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
-	return m.CreateGroupSnapshotWithIDs(name, sourceIDs, nil)
+func (sn *Snapshots) CreateGroup(name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
+	return sn.CreateGroupWithIDs(name, sourceIDs, nil)
 }
 
-// CreateGroupSnapshotWithIDs is CreateGroupSnapshot with the member
+// CreateGroupWithIDs is CreateGroupSnapshot with the member
 // snapshot ids chosen by the caller (the cluster controller):
 // snapshotIDs[i] is the snapshot of sourceIDs[i]; nil for fresh ones.
 // Errors as CreateGroupSnapshot, and contract.ErrInvalid for ids of the
 // wrong shape or number.
-func (m *Store) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+func (sn *Snapshots) CreateGroupWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+	m := sn.m
 	gid := contract.GroupSnapshotIDFor(name)
 	if len(sourceIDs) == 0 {
 		return nil, fmt.Errorf("%w: a group snapshot needs source volumes", contract.ErrInvalid)
@@ -78,7 +79,7 @@ func (m *Store) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs [
 		return nil, err
 	}
 	defer unlock()
-	if g, err := m.GetGroupSnapshot(gid, nil); err == nil {
+	if g, err := sn.GetGroup(gid, nil); err == nil {
 		var have []string
 		for _, s := range g.Snapshots {
 			have = append(have, s.SourceVolumeID)
@@ -118,7 +119,7 @@ func (m *Store) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs [
 	if err := m.land(landing{
 		what:  "group snapshot",
 		dsts:  dsts,
-		write: func(tmps []string) error { return m.cutGroup(vols, tmps) },
+		write: func(tmps []string) error { return sn.cutGroup(vols, tmps) },
 		commit: func(tx *state.Tx) error {
 			for _, s := range g.Snapshots {
 				if err := tx.PutSnapshot(s); err != nil {
@@ -137,14 +138,15 @@ func (m *Store) CreateGroupSnapshotWithIDs(name string, sourceIDs, snapshotIDs [
 // cutGroup copies the data of vols to tmps at one point in time: the node
 // side stops every write to them (Node.FreezeGroup), every copy is made,
 // all is thawed, and the copies are synced after the thaw.
-func (m *Store) cutGroup(vols []*contract.Volume, tmps []string) error {
+func (sn *Snapshots) cutGroup(vols []*contract.Volume, tmps []string) error {
+	m := sn.m
 	thaw, err := m.node.FreezeGroup(vols)
 	if err != nil {
 		return err
 	}
 	defer thaw()
 	for i, v := range vols {
-		if err := m.cutSnapshot(v, tmps[i], m.copyImage); err != nil {
+		if err := sn.cutSnapshot(v, tmps[i], sn.copyImage); err != nil {
 			return err
 		}
 	}
@@ -159,15 +161,15 @@ func (m *Store) cutGroup(vols []*contract.Volume, tmps []string) error {
 	return nil
 }
 
-// GetGroupSnapshot returns group snapshot id. snapshotIDs, when given,
+// GetGroup returns group snapshot id. snapshotIDs, when given,
 // must be its members' ids (contract.ErrInvalid otherwise). Errors:
 // contract.ErrNotFound (no member left, or not an id of the driver's
 // shape).
-func (m *Store) GetGroupSnapshot(id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
+func (sn *Snapshots) GetGroup(id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	if !contract.ValidGroupSnapshotID(id) {
 		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
 	}
-	all, _, err := m.ListSnapshots("", 0, "")
+	all, _, err := sn.List("", 0, "")
 	if err != nil {
 		return nil, err
 	}
@@ -186,19 +188,20 @@ func (m *Store) GetGroupSnapshot(id string, snapshotIDs []string) (*contract.Gro
 	for _, s := range g.Snapshots {
 		members = append(members, s.ID)
 	}
-	exists := func(id string) bool { _, err := m.GetSnapshot(id); return err == nil }
+	exists := func(id string) bool { _, err := sn.Get(id); return err == nil }
 	if err := contract.CheckGroupMembers(id, members, snapshotIDs, exists); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// DeleteGroupSnapshot deletes every member snapshot of group id (each as
-// DeleteSnapshot does: record, then data). An unknown id succeeds.
+// DeleteGroup deletes every member snapshot of group id (each as
+// Delete does: record, then data). An unknown id succeeds.
 // Errors: contract.ErrInvalid (snapshotIDs do not match the members),
 // contract.ErrBusy (a restore reads a member, or another call on the
 // group runs).
-func (m *Store) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
+func (sn *Snapshots) DeleteGroup(id string, snapshotIDs []string) error {
+	m := sn.m
 	if !contract.ValidGroupSnapshotID(id) {
 		return nil
 	}
@@ -207,7 +210,7 @@ func (m *Store) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
 		return err
 	}
 	defer unlock()
-	g, err := m.GetGroupSnapshot(id, snapshotIDs)
+	g, err := sn.GetGroup(id, snapshotIDs)
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
@@ -215,7 +218,7 @@ func (m *Store) DeleteGroupSnapshot(id string, snapshotIDs []string) error {
 		return err
 	}
 	for _, s := range g.Snapshots {
-		if err := m.DeleteSnapshot(s.ID); err != nil {
+		if err := sn.Delete(s.ID); err != nil {
 			return err
 		}
 	}

@@ -65,9 +65,3 @@ func (h *holdSet) change(id, what string) (func(), error) {
 		h.mu.Unlock()
 	}, nil
 }
-
-// HoldRead takes a read hold on volume or snapshot id for what (the node
-// side's stage and node expansion: a delete or an expansion must not change
-// the data under them); contract.ErrBusy while it is being deleted or
-// changed. The returned func releases it.
-func (m *Store) HoldRead(id, what string) (func(), error) { return m.holds.read(id, what) }

@@ -1,9 +1,7 @@
 package volume
 
-import "context"
-
 // The per-volume lock. Every data operation of the Store, and every node
-// operation of pkg/publish (through Lock and LockWait), on a volume takes
+// operation of pkg/publish (through NodeAccess.Lock and LockWait), on a volume takes
 // its id's lock for the whole call, so that any two calls on
 // one volume — from the CSI services or from the cluster node agent's
 // reconcilers — never run at once: the second fails at once with
@@ -28,15 +26,4 @@ func (m *Store) lock(keys ...string) (func(), error) {
 		}
 	}
 	return m.locks.Acquire("volume", ks...)
-}
-
-// Lock takes the per-volume locks of the non-empty keys for the node side
-// (pkg/publish): all or none, contract.ErrBusy when one is taken.
-func (m *Store) Lock(keys ...string) (func(), error) { return m.lock(keys...) }
-
-// LockWait takes volume id's lock, waiting (bounded by ctx, then
-// contract.ErrBusy) for the call that holds it: for the teardowns a CO must
-// be able to finish (unpublish, unstage).
-func (m *Store) LockWait(ctx context.Context, id string) (func(), error) {
-	return m.locks.Wait(ctx, "volume", id)
 }

@@ -40,12 +40,16 @@ func (m *Store) Leftovers() []contract.Leftover {
 	return append([]contract.Leftover(nil), m.leftovers...)
 }
 
-func (m *Store) leftover(path string, err error) {
+func (m recovery) leftover(path string, err error) {
 	klog.ErrorS(err, "Data left by an interrupted operation could not be recovered; it is kept and reported, the driver serves everything else", "path", path)
 	m.mu.Lock()
 	m.leftovers = append(m.leftovers, contract.Leftover{Path: path, Problem: err.Error()})
 	m.mu.Unlock()
 }
+
+// recovery is one start's putting in order of the Store's data root
+// (Store.Recover).
+type recovery struct{ *Store }
 
 // recover puts the data root in order after a crash, before anything is
 // served. Per entry of volumes/, block/ and snapshots/:
@@ -60,7 +64,7 @@ func (m *Store) leftover(path string, err error) {
 //
 // No single entry stops the start: what cannot be handled is logged and
 // listed in Leftovers. Only an unreadable state file or data root fails.
-func (m *Store) recover() error {
+func (m recovery) recover() error {
 	known := map[string]bool{}
 	var vols, ephemeral []*contract.Volume
 	err := m.st.View(func(tx *state.Tx) error {
@@ -126,7 +130,7 @@ func entryID(name string) (id, prefix string, ok bool) {
 	return id, prefix, contract.ValidVolumeID(id) || contract.ValidSnapshotID(id)
 }
 
-func (m *Store) recoverEntry(dir, name string, known map[string]bool) {
+func (m recovery) recoverEntry(dir, name string, known map[string]bool) {
 	p := filepath.Join(dir, name)
 	id, prefix, ok := entryID(name)
 	if !ok {
@@ -162,7 +166,7 @@ func (m *Store) recoverEntry(dir, name string, known map[string]bool) {
 
 // removeLeftover removes unacknowledged data at p (detaching a loop device
 // an image may still have).
-func (m *Store) removeLeftover(p string) {
+func (m recovery) removeLeftover(p string) {
 	if strings.HasSuffix(p, ".img") {
 		if err := m.node.Detach(p); err != nil {
 			m.leftover(p, fmt.Errorf("detach its loop device: %w", err))
@@ -177,7 +181,7 @@ func (m *Store) removeLeftover(p string) {
 // moveAside moves data no record claims into orphaned/. The driver cannot
 // tell where it came from (records lost to an older state file restored
 // from a backup, say), so it never deletes it.
-func (m *Store) moveAside(p, id string) {
+func (m recovery) moveAside(p, id string) {
 	if busy, _ := m.node.InUse(p); busy {
 		m.leftover(p, errors.New("data without a record is mounted; it is left where it is"))
 		return
@@ -219,7 +223,7 @@ func exists(p string) bool {
 // name, or that name with a numeric suffix when an earlier start already
 // moved data of the same name there (renaming onto it would fail for a
 // non-empty directory or replace an earlier file).
-func (m *Store) lostPath(name string) string {
+func (m recovery) lostPath(name string) string {
 	p := filepath.Join(m.lostRoot, name)
 	for i := 1; ; i++ {
 		if !exists(p) {

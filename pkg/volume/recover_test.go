@@ -142,7 +142,7 @@ func TestInterruptedCreatesAreFinishedOrRemoved(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "data")
 	m := openTest(t, root)
 	done := create(t, m, "committed")
-	snap, err := m.CreateSnapshot(contract.SnapshotSpec{Name: "s", SourceVolumeID: done.ID})
+	snap, err := m.Snapshots().Create(contract.SnapshotSpec{Name: "s", SourceVolumeID: done.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	m := openTest(t, root)
 	defer m.Close()
 	v := create(t, m, "src")
-	snap, err := m.CreateSnapshot(contract.SnapshotSpec{Name: "s", SourceVolumeID: v.ID})
+	snap, err := m.Snapshots().Create(contract.SnapshotSpec{Name: "s", SourceVolumeID: v.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 			t.Fatal(err)
 		}
 		if reader.id == snap.ID {
-			if err := m.DeleteSnapshot(snap.ID); !errors.Is(err, contract.ErrBusy) {
+			if err := m.Snapshots().Delete(snap.ID); !errors.Is(err, contract.ErrBusy) {
 				t.Errorf("DeleteSnapshot during %s: %v, want contract.ErrBusy", reader.what, err)
 			}
 		} else {
@@ -234,7 +234,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 		}
 		release()
 	}
-	if _, err := m.GetSnapshot(snap.ID); err != nil {
+	if _, err := m.Snapshots().Get(snap.ID); err != nil {
 		t.Fatalf("snapshot gone after a refused delete: %v", err)
 	}
 	if got, err := os.ReadFile(filepath.Join(m.snapPath(snap), "f")); err != nil || string(got) != "src" {
@@ -259,7 +259,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	if _, err := m.Create(contract.CreateSpec{Name: "c", SizeBytes: 1 << 20, AccessType: contract.AccessMount, SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
 		t.Errorf("clone during Delete: %v, want contract.ErrBusy", err)
 	}
-	if _, err := m.CreateSnapshot(contract.SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
+	if _, err := m.Snapshots().Create(contract.SnapshotSpec{Name: "s2", SourceVolumeID: v.ID}); !errors.Is(err, contract.ErrBusy) {
 		t.Errorf("snapshot during Delete: %v, want contract.ErrBusy", err)
 	}
 	release()
@@ -276,7 +276,7 @@ func TestOperationsHoldWhatTheyRead(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(m.volDir(r.ID), "f")); err != nil || string(got) != "src" {
 		t.Fatalf("restored data: %q %v", got, err)
 	}
-	if err := m.DeleteSnapshot(snap.ID); err != nil {
+	if err := m.Snapshots().Delete(snap.ID); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -14,22 +13,17 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// SnapshotPath is where snapshot s's data lives on this node.
-func (m *Store) SnapshotPath(s *contract.Snapshot) string { return m.snapPath(s) }
+// Snapshots is the snapshot side of a Store (Store.Snapshots): snapshots
+// and volume group snapshots of its volumes, under the same records,
+// per-volume lock and holds.
+type Snapshots struct{ m *Store }
 
-// snapPath is where snapshot s's data lives.
-func (m *Store) snapPath(s *contract.Snapshot) string {
-	if !contract.ValidSnapshotID(s.ID) {
-		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))
-	}
-	if s.Image() {
-		return filepath.Join(m.snapRoot, s.ID+".img")
-	}
-	return filepath.Join(m.snapRoot, s.ID)
-}
+// Path is where snapshot s's data lives on this node.
+func (sn *Snapshots) Path(s *contract.Snapshot) string { return sn.m.snapPath(s) }
 
-// LookupSnapshotByName returns the snapshot created for a CSI name, or nil.
-func (m *Store) LookupSnapshotByName(name string) (*contract.Snapshot, error) {
+// LookupByName returns the snapshot created for a CSI name, or nil.
+func (sn *Snapshots) LookupByName(name string) (*contract.Snapshot, error) {
+	m := sn.m
 	var s *contract.Snapshot
 	err := m.st.View(func(tx *state.Tx) error {
 		id := tx.SnapshotIDByName(name)
@@ -43,9 +37,10 @@ func (m *Store) LookupSnapshotByName(name string) (*contract.Snapshot, error) {
 	return s, err
 }
 
-// GetSnapshot returns the snapshot with this id. Errors: contract.ErrNotFound (also
+// Get returns the snapshot with this id. Errors: contract.ErrNotFound (also
 // for ids not of the driver's shape).
-func (m *Store) GetSnapshot(id string) (*contract.Snapshot, error) {
+func (sn *Snapshots) Get(id string) (*contract.Snapshot, error) {
+	m := sn.m
 	if !contract.ValidSnapshotID(id) {
 		return nil, fmt.Errorf("%w: snapshot %q", contract.ErrNotFound, id)
 	}
@@ -61,7 +56,7 @@ func (m *Store) GetSnapshot(id string) (*contract.Snapshot, error) {
 	return s, err
 }
 
-// CreateSnapshot takes a snapshot of volume spec.SourceVolumeID for the CSI
+// Create takes a snapshot of volume spec.SourceVolumeID for the CSI
 // name and commits its record before it returns. btrfs volumes get a
 // read-only subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents
 // shared on reflink filesystems); block volumes a copy of the image. The
@@ -72,7 +67,8 @@ func (m *Store) GetSnapshot(id string) (*contract.Snapshot, error) {
 // usable. Its size is the source's capacity (the restore size). Errors:
 // contract.ErrNotFound (source), contract.ErrNoSpace, contract.ErrExists (name taken by a concurrent
 // call), contract.ErrBusy.
-func (m *Store) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, error) {
+func (sn *Snapshots) Create(spec contract.SnapshotSpec) (*contract.Snapshot, error) {
+	m := sn.m
 	name := spec.Name
 	given := spec.ID != ""
 	if !given {
@@ -91,7 +87,7 @@ func (m *Store) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, 
 	}
 	defer release()
 	if given { // the node already holds it: the reconciler's idempotency
-		if s, err := m.GetSnapshot(spec.ID); err == nil {
+		if s, err := sn.Get(spec.ID); err == nil {
 			return s, nil
 		}
 	}
@@ -117,7 +113,7 @@ func (m *Store) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, 
 	if err := m.land(landing{
 		what:  "snapshot",
 		dsts:  []string{m.snapPath(s)},
-		write: func(tmps []string) error { return m.writeSnapshot(v, tmps[0]) },
+		write: func(tmps []string) error { return sn.writeSnapshot(v, tmps[0]) },
 		commit: func(tx *state.Tx) error {
 			if tx.SnapshotIDByName(name) != "" {
 				return fmt.Errorf("%w: snapshot name %q", contract.ErrExists, name)
@@ -135,8 +131,8 @@ func (m *Store) CreateSnapshot(spec contract.SnapshotSpec) (*contract.Snapshot, 
 // writeSnapshot writes the snapshot of volume v at tmp (cutSnapshot, an
 // image frozen while it is copied when it is staged) and syncs it to disk,
 // before the record that acknowledges it is committed.
-func (m *Store) writeSnapshot(v *contract.Volume, tmp string) error {
-	if err := m.cutSnapshot(v, tmp, m.snapshotImage); err != nil {
+func (sn *Snapshots) writeSnapshot(v *contract.Volume, tmp string) error {
+	if err := sn.cutSnapshot(v, tmp, sn.snapshotImage); err != nil {
 		return err
 	}
 	if err := syncFS(tmp); err != nil {
@@ -149,7 +145,8 @@ func (m *Store) writeSnapshot(v *contract.Volume, tmp string) error {
 // removing what a failed earlier attempt left there first: an image with
 // copyImage (snapshotImage freezes a staged one; copyImage, for a caller
 // that froze it, does not), else the engine's snapshot of its tree.
-func (m *Store) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*contract.Volume, string) error) error {
+func (sn *Snapshots) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*contract.Volume, string) error) error {
+	m := sn.m
 	if err := engine.Remove(tmp); err != nil {
 		return err
 	}
@@ -165,10 +162,11 @@ func (m *Store) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*cont
 	return nil
 }
 
-// DeleteSnapshot removes a snapshot (record first, then data). Unknown ids
+// Delete removes a snapshot (record first, then data). Unknown ids
 // succeed. Volumes restored from it are independent and stay. Errors:
 // contract.ErrBusy while a restore reads it (case C34).
-func (m *Store) DeleteSnapshot(id string) error {
+func (sn *Snapshots) Delete(id string) error {
+	m := sn.m
 	if !contract.ValidSnapshotID(id) {
 		return nil
 	}
@@ -182,7 +180,7 @@ func (m *Store) DeleteSnapshot(id string) error {
 		return err
 	}
 	defer release()
-	s, err := m.GetSnapshot(id)
+	s, err := sn.Get(id)
 	if errors.Is(err, contract.ErrNotFound) {
 		return nil
 	}
@@ -204,10 +202,11 @@ func (m *Store) DeleteSnapshot(id string) error {
 	return nil
 }
 
-// ListSnapshots returns up to limit snapshots (all when limit <= 0) whose
+// List returns up to limit snapshots (all when limit <= 0) whose
 // ids sort after `after`, optionally only those of one source volume, in id
 // order, and the id to continue after ("" at the end).
-func (m *Store) ListSnapshots(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error) {
+func (sn *Snapshots) List(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error) {
+	m := sn.m
 	var out []*contract.Snapshot
 	next := ""
 	err := m.st.View(func(tx *state.Tx) error {
@@ -229,13 +228,15 @@ func (m *Store) ListSnapshots(after string, limit int, sourceVolumeID string) ([
 // snapshotImage copies the image of volume v to tmp: a reflink where the
 // data root's filesystem can (O(1)), else a sparse-aware copy, with its
 // filesystem frozen when it is staged (whileFrozen).
-func (m *Store) snapshotImage(v *contract.Volume, tmp string) error {
-	return m.whileFrozen(v, func() error { return m.copyImage(v, tmp) })
+func (sn *Snapshots) snapshotImage(v *contract.Volume, tmp string) error {
+	m := sn.m
+	return m.whileFrozen(v, func() error { return sn.copyImage(v, tmp) })
 }
 
 // copyImage copies image volume v's image to tmp as it is (the caller
 // froze it if it is staged).
-func (m *Store) copyImage(v *contract.Volume, tmp string) error {
+func (sn *Snapshots) copyImage(v *contract.Volume, tmp string) error {
+	m := sn.m
 	return writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
 }
 

@@ -94,17 +94,15 @@ type Node interface {
 // holdSet). Operations on one volume also take its per-volume lock
 // (locks.go).
 type Store struct {
-	root      string // absolute, symlinks resolved
-	volRoot   string
-	blockRoot string
-	snapRoot  string
-	lostRoot  string // unclaimed data moved aside at start, never deleted by the driver
-	cfg       Config
-	eng       engine.Engine
-	st        *state.Store
-	holds     *holdSet
-	locks     *keylock.Set // the per-volume lock (locks.go)
-	node      Node         // set by Recover
+	layout
+	cfg   Config
+	eng   engine.Engine
+	st    *state.Store
+	holds *holdSet
+	locks *keylock.Set // the per-volume lock (locks.go)
+	node  Node         // set by Recover
+	snaps *Snapshots
+	acct  accounting
 
 	mu sync.Mutex // guards use, measuring and measuredAt; held for arithmetic, never across I/O
 	// use is the size of every recorded volume (and of creates and
@@ -133,16 +131,14 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("resolve data root: %w", err)
 	}
 	m := &Store{
-		root:      root,
-		volRoot:   filepath.Join(root, "volumes"),
-		blockRoot: filepath.Join(root, "block"),
-		snapRoot:  filepath.Join(root, "snapshots"),
-		lostRoot:  filepath.Join(root, "orphaned"),
-		cfg:       cfg,
-		holds:     newHolds(),
-		use:       map[string]volUse{},
-		locks:     keylock.New(),
+		layout: newLayout(root),
+		cfg:    cfg,
+		holds:  newHolds(),
+		use:    map[string]volUse{},
+		locks:  keylock.New(),
 	}
+	m.snaps = &Snapshots{m}
+	m.acct = accounting{m}
 	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
@@ -174,15 +170,18 @@ func Open(cfg Config) (*Store, error) {
 // error is the state file's.
 func (m *Store) Recover(node Node) error {
 	m.node = node
-	if err := m.recover(); err != nil {
+	if err := (recovery{m}).recover(); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	m.measuring = true
 	m.mu.Unlock()
-	m.measureUse()
+	m.acct.measureUse()
 	return nil
 }
+
+// Snapshots is the store's snapshot side.
+func (m *Store) Snapshots() *Snapshots { return m.snaps }
 
 // Close closes the state file.
 func (m *Store) Close() error { return m.st.Close() }
@@ -219,41 +218,9 @@ func countIDs(dir string, valid func(string) bool) int {
 	return n
 }
 
-// volDir is the data directory of a mount volume. It panics on an id that
-// does not match the volume id pattern: callers validate first, and a path
-// must never be built from anything else.
-func (m *Store) volDir(id string) string {
-	mustVolumeID(id)
-	return filepath.Join(m.volRoot, id)
-}
-
-// ImageDir is the directory of the image files (for the node side's count
-// of the loop devices attached to them).
-func (m *Store) ImageDir() string { return m.blockRoot }
-
-// imagePath is the image file of an image volume.
-func (m *Store) imagePath(id string) string {
-	mustVolumeID(id)
-	return filepath.Join(m.blockRoot, id+".img")
-}
-
 // DataPath is where volume v's data lives on this node (for status and
 // logs; the manager builds it from the validated id).
 func (m *Store) DataPath(v *contract.Volume) string { return m.dataPath(v) }
-
-// dataPath is where volume v's data lives.
-func (m *Store) dataPath(v *contract.Volume) string {
-	if v.Image() {
-		return m.imagePath(v.ID)
-	}
-	return m.volDir(v.ID)
-}
-
-func mustVolumeID(id string) {
-	if !contract.ValidVolumeID(id) {
-		panic(fmt.Sprintf("volume: path requested for invalid volume id %q", id))
-	}
-}
 
 // Delete removes a volume: its record is removed durably first, then its
 // data. Deleting an unknown id succeeds. Snapshots of the volume are
@@ -292,7 +259,7 @@ func (m *Store) Delete(id string) error {
 		_ = os.Rename(t, m.dataPath(v))
 		return err
 	}
-	m.unreserve(id, v.CapacityBytes)
+	m.acct.unreserve(id, v.CapacityBytes)
 	// The record is gone, so a crash from here on is finished by recover().
 	if err := engine.Remove(t); err != nil {
 		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id)

@@ -460,7 +460,7 @@ func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin 
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent := &cluster.NodeAgent{NodeID: o.NodeID, Store: n.Store, Version: driver.Version(), Heartbeat: 2 * time.Second}
+	agent := &cluster.NodeAgent{NodeID: o.NodeID, Store: n.Store, Snapshots: n.Store.Snapshots(), Version: driver.Version(), Heartbeat: 2 * time.Second}
 	cfg := rest.CopyConfig(nodeID.Config)
 	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
 	return run(t, dir, o, func(ctx context.Context) error {

@@ -1,0 +1,116 @@
+package volume
+
+import (
+	"context"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+)
+
+// NodeAccess is what the node side (pkg/publish) may do with a Store's
+// volumes (Store.NodeAccess; it implements publish.Volumes): look them up,
+// create and delete them (ephemeral volumes), take their lock and read
+// holds, find their data, make it its recorded size, measure it, and keep
+// the records of the publications it makes (the pod each is for), which
+// live in the state file with the volumes.
+type NodeAccess struct{ m *Store }
+
+// NodeAccess returns the node side's access to the store.
+func (m *Store) NodeAccess() *NodeAccess { return &NodeAccess{m} }
+
+// Get is Store.Get.
+func (a *NodeAccess) Get(id string) (*contract.Volume, error) { return a.m.Get(id) }
+
+// Resolve is Store.Resolve.
+func (a *NodeAccess) Resolve(id string) (*contract.Volume, error) { return a.m.Resolve(id) }
+
+// LookupByName is Store.LookupByName.
+func (a *NodeAccess) LookupByName(name string) (*contract.Volume, error) {
+	return a.m.LookupByName(name)
+}
+
+// Create is Store.Create.
+func (a *NodeAccess) Create(spec contract.CreateSpec) (*contract.Volume, error) {
+	return a.m.Create(spec)
+}
+
+// Delete is Store.Delete.
+func (a *NodeAccess) Delete(id string) error { return a.m.Delete(id) }
+
+// Root is Store.Root.
+func (a *NodeAccess) Root() string { return a.m.root }
+
+// DataPath is Store.DataPath.
+func (a *NodeAccess) DataPath(v *contract.Volume) string { return a.m.dataPath(v) }
+
+// Lock takes the per-volume locks of the non-empty keys (volume ids, an
+// ephemeral volume's CO id): all or none, contract.ErrBusy when one is
+// taken.
+func (a *NodeAccess) Lock(keys ...string) (func(), error) { return a.m.lock(keys...) }
+
+// LockWait takes volume id's lock, waiting (bounded by ctx, then
+// contract.ErrBusy) for the call that holds it: for the teardowns a CO must
+// be able to finish (unpublish, unstage).
+func (a *NodeAccess) LockWait(ctx context.Context, id string) (func(), error) {
+	return a.m.locks.Wait(ctx, "volume", id)
+}
+
+// HoldRead takes a read hold on volume id for what (a stage, a node
+// expansion: a delete or an expansion must not change the data under
+// them); contract.ErrBusy while it is being deleted or changed. The
+// returned func releases it.
+func (a *NodeAccess) HoldRead(id, what string) (func(), error) { return a.m.holds.read(id, what) }
+
+// ImagePath is the image file of image volume id (a valid volume_id).
+func (a *NodeAccess) ImagePath(id string) string { return a.m.imagePath(id) }
+
+// ImageDir is the directory of the image files (for the count of the loop
+// devices attached to them).
+func (a *NodeAccess) ImageDir() string { return a.m.blockRoot }
+
+// ApplySize makes volume v's data its recorded size again (NodeExpandVolume):
+// an image grown and its loop devices refreshed, a btrfs qgroup limit
+// re-applied.
+func (a *NodeAccess) ApplySize(v *contract.Volume) error { return a.m.resizeData(v, v.CapacityBytes) }
+
+// Usage measures directory volume v's data with the engine it was made
+// with: the bytes its files occupy and their inode count (-1 when the
+// engine has no inode figure).
+func (a *NodeAccess) Usage(v *contract.Volume) (used, inodes int64, err error) {
+	eng := a.m.eng
+	if v.Engine == engine.Dir && eng.Name() != engine.Dir {
+		if eng, err = engine.New(engine.Dir, a.m.root); err != nil {
+			return 0, 0, err
+		}
+	}
+	return eng.Usage(a.m.volDir(v.ID))
+}
+
+// PutPublication records a publication (replacing the one of the same
+// volume and target path).
+func (a *NodeAccess) PutPublication(p *state.Publication) error {
+	return a.m.st.Update(func(tx *state.Tx) error { return tx.PutPublication(p) })
+}
+
+// DeletePublication removes the record of volume id's publication at
+// targetPath; a missing one is fine.
+func (a *NodeAccess) DeletePublication(id, targetPath string) error {
+	return a.m.st.Update(func(tx *state.Tx) error { return tx.DeletePublication(id, targetPath) })
+}
+
+// Publication is the record of volume id's publication at targetPath, nil
+// when there is none.
+func (a *NodeAccess) Publication(id, targetPath string) (*state.Publication, error) {
+	var p *state.Publication
+	err := a.m.st.View(func(tx *state.Tx) (err error) { p, err = tx.Publication(id, targetPath); return err })
+	return p, err
+}
+
+// Publications lists the recorded publications of volume id ("" for
+// every volume's).
+func (a *NodeAccess) Publications(id string) ([]*state.Publication, error) {
+	var out []*state.Publication
+	err := a.m.st.View(func(tx *state.Tx) (err error) { out, err = tx.Publications(id); return err })
+	return out, err
+}
