@@ -11,7 +11,7 @@ import (
 
 // quantity is a byte count as the API writes sizes: a quantity in binary
 // units (2147483648 is 2Gi). Reading one back is Value(), exact for whole
-// bytes; objects of earlier builds hold plain integers, which read the same.
+// bytes.
 func quantity(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.BinarySI) }
 
 func accessType(mode string) contract.AccessType {

@@ -9,7 +9,6 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -44,14 +43,13 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 		return reconcile.Result{}, nil
 	}
 	if ls.DeletionTimestamp != nil {
-		return r.finishDelete(ctx, ls)
+		// Deleted without DeleteSnapshot: its data stays, re-adopted once
+		// the object is gone (readoptGone).
+		return reconcile.Result{}, nil
 	}
 	if ls.Spec.DeleteData {
 		// DeleteSnapshot recorded its intent: the data goes, then the object.
 		return deleteRequested(ctx, r.Client, "LocalSnapshot", ls, func() error { return r.Snapshots.Delete(ls.Name) }, func(err error) { r.deleteBlocked(ctx, ls, err) })
-	}
-	if err := dropLegacyFinalizer(ctx, r.Client, ls, ls.Spec.DeleteData); err != nil {
-		return reconcile.Result{}, err
 	}
 	if ls.Status.ReadyToUse || ls.Status.Phase == v1.PhaseFailed {
 		return reconcile.Result{}, nil
@@ -89,25 +87,4 @@ func (r *LocalSnapshotReconciler) deleteBlocked(ctx context.Context, ls *v1.Loca
 	setReady(&ls.Status.Conditions, ls.Generation, false, "DeleteBlocked", err.Error())
 	_ = r.Client.Status().Update(ctx, ls)
 	klog.ErrorS(err, "Cannot delete snapshot data yet", "snapshotID", ls.Name)
-}
-
-// finishDelete removes the data of a deleted LocalSnapshot that holds the
-// finalizer (DeleteSnapshot of earlier builds) and carries the delete
-// intent (without it the data stays, to be re-adopted), then the
-// finalizer.
-func (r *LocalSnapshotReconciler) finishDelete(ctx context.Context, ls *v1.LocalSnapshot) (reconcile.Result, error) {
-	if !controllerutil.ContainsFinalizer(ls, v1.Finalizer) {
-		return reconcile.Result{}, nil
-	}
-	if ls.Spec.DeleteData {
-		if err := r.Snapshots.Delete(ls.Name); errors.Is(err, contract.ErrBusy) {
-			return reconcile.Result{RequeueAfter: busyRetry}, nil // a restore reads it
-		} else if err != nil {
-			return reconcile.Result{}, err
-		}
-	} else {
-		klog.InfoS("LocalSnapshot deleted without a DeleteSnapshot call; keeping its data as an orphan", "snapshotID", ls.Name)
-	}
-	controllerutil.RemoveFinalizer(ls, v1.Finalizer)
-	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, ls))
 }

@@ -9,7 +9,6 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -46,14 +45,13 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		return reconcile.Result{}, nil
 	}
 	if lv.DeletionTimestamp != nil {
-		return r.finishDelete(ctx, lv)
+		// Deleted without DeleteVolume (by hand, or with its CRD): its data
+		// stays, re-adopted once the object is gone (readoptGone).
+		return reconcile.Result{}, nil
 	}
 	if lv.Spec.DeleteData {
 		// DeleteVolume recorded its intent: the data goes, then the object.
 		return deleteRequested(ctx, r.Client, "LocalVolume", lv, func() error { return r.Store.Delete(lv.Name) }, func(err error) { r.deleteBlocked(ctx, lv, err) })
-	}
-	if err := dropLegacyFinalizer(ctx, r.Client, lv, lv.Spec.DeleteData); err != nil {
-		return reconcile.Result{}, err
 	}
 	before := lv.Status.DeepCopy()
 	if busy, err := r.carryOut(lv); err != nil {
@@ -203,32 +201,6 @@ func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (contract.CreateS
 		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume
 	}
 	return spec, nil
-}
-
-// finishDelete acts on a deleted LocalVolume that holds the finalizer
-// (DeleteVolume of earlier builds, or a person following their
-// documentation): with deleteData the data is removed (a mounted volume
-// waits, with the reason in its condition); without it the data stays, to
-// be re-adopted. Then the finalizer goes. An object without the finalizer
-// is gone already, or about to be.
-func (r *LocalVolumeReconciler) finishDelete(ctx context.Context, lv *v1.LocalVolume) (reconcile.Result, error) {
-	if !controllerutil.ContainsFinalizer(lv, v1.Finalizer) {
-		return reconcile.Result{}, nil
-	}
-	if lv.Spec.DeleteData {
-		if err := r.Store.Delete(lv.Name); errors.Is(err, contract.ErrBusy) {
-			return reconcile.Result{RequeueAfter: busyRetry}, nil
-		} else if err != nil {
-			r.deleteBlocked(ctx, lv, err)
-			return reconcile.Result{RequeueAfter: deleteRetry}, nil
-		}
-		klog.InfoS("Volume data deleted", "volumeID", lv.Name)
-	} else if v, err := r.Store.Get(lv.Name); err == nil {
-		klog.InfoS("LocalVolume deleted without a DeleteVolume call; keeping its data as an orphan",
-			"volumeID", lv.Name, "path", r.Store.DataPath(v))
-	}
-	controllerutil.RemoveFinalizer(lv, v1.Finalizer)
-	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, lv))
 }
 
 // deleteBlocked reports in lv's status (phase Deleting, condition Ready

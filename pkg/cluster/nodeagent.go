@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -151,9 +150,7 @@ func setCondition(conds *[]metav1.Condition, typ string, gen int64, ok bool, rea
 // finalizer. Data in use (contract.ErrBusy: mounted, a restore reading
 // it) is tried again after busyRetry; another failure is reported through
 // blocked, counted in localdir_node_reconcile_errors_total and tried again
-// after deleteRetry. An object that carries an
-// earlier build's finalizer is left Terminating, and finishDelete removes
-// the finalizer next.
+// after deleteRetry.
 func deleteRequested(ctx context.Context, c client.Client, kind string, obj client.Object, remove func() error, blocked func(error)) (reconcile.Result, error) {
 	if err := remove(); errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil
@@ -170,13 +167,3 @@ func deleteRequested(ctx context.Context, c client.Client, kind string, obj clie
 // deleteRetry is when a delete whose data could not be removed (other
 // than busy) is tried again.
 const deleteRetry = 10 * time.Second
-
-// dropLegacyFinalizer removes v1alpha1.Finalizer from a live object that
-// carries no delete intent: earlier builds put it on every object, which
-// made deleting the CRDs wait on the node plugins.
-func dropLegacyFinalizer(ctx context.Context, c client.Client, obj client.Object, deleteData bool) error {
-	if deleteData || !controllerutil.RemoveFinalizer(obj, v1.Finalizer) {
-		return nil
-	}
-	return c.Update(ctx, obj)
-}

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -107,41 +106,6 @@ func TestLocalVolumeReconcilerCreatesGrowsDeletes(t *testing.T) {
 	reconcileOnce(t, r, lv.Name)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); !apierrors.IsNotFound(err) {
 		t.Errorf("a deleted volume came back: %v", err)
-	}
-}
-
-// Objects an earlier build's DeleteVolume left behind: the intent with
-// the finalizer, deleted already or not yet (its controller stopped
-// between the two writes). Both lose their data and go.
-func TestLocalVolumeReconcilerFinishesLegacyDeletes(t *testing.T) {
-	ctx := context.Background()
-	deleted, pending := placed("pvc-old-deleted", "n", 4*mi, ""), placed("pvc-old-pending", "n", 4*mi, "")
-	c, vm := nodeFixture(t, deleted, pending)
-	r := &LocalVolumeReconciler{Client: c, NodeID: "n", Store: vm, Snapshots: vm.Snapshots()}
-	for _, lv := range []*v1.LocalVolume{deleted, pending} {
-		reconcileOnce(t, r, lv.Name)
-		if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); err != nil {
-			t.Fatal(err)
-		}
-		lv.Spec.DeleteData = true
-		controllerutil.AddFinalizer(lv, v1.Finalizer)
-		if err := c.Update(ctx, lv); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := c.Delete(ctx, deleted); err != nil {
-		t.Fatal(err)
-	}
-	for _, lv := range []*v1.LocalVolume{deleted, pending} {
-		for range 2 { // pending: the data and the delete, then the finalizer
-			reconcileOnce(t, r, lv.Name)
-		}
-		if _, err := vm.Get(lv.Name); !errors.Is(err, contract.ErrNotFound) {
-			t.Errorf("%s: data still there: %v", lv.Spec.CSIName, err)
-		}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(lv), lv); !apierrors.IsNotFound(err) {
-			t.Errorf("%s: object still there (%v), finalizers %v", lv.Spec.CSIName, err, lv.Finalizers)
-		}
 	}
 }
 

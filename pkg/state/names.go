@@ -43,53 +43,6 @@ func namesOf(vols *bolt.Bucket) (map[string]string, error) {
 	return names, err
 }
 
-// namesV1 reads the index of a format 1 file: its names bucket, each entry
-// checked against the record it names (which must exist and carry that
-// name: otherwise the migration would lose or change a name, and the file
-// is refused). It also returns the records whose name maps to another
-// volume (a later PutVolume of the same name took it over), which the
-// migration marks as such.
-func namesV1(names, vols *bolt.Bucket) (map[string]string, []string, error) {
-	index := map[string]string{}
-	if names != nil {
-		err := names.ForEach(func(k, v []byte) error {
-			var raw []byte
-			if vols != nil {
-				raw = vols.Get(v)
-			}
-			if raw == nil {
-				return fmt.Errorf("names bucket maps %q to %q, which has no record", k, v)
-			}
-			r, err := decodeName(v, raw)
-			if err != nil {
-				return err
-			}
-			if r.Name != string(k) {
-				return fmt.Errorf("names bucket maps %q to %q, whose record has the name %q", k, v, r.Name)
-			}
-			index[string(k)] = string(v)
-			return nil
-		})
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	var taken []string
-	if vols != nil {
-		err := vols.ForEach(func(k, raw []byte) error {
-			r, err := decodeName(k, raw)
-			if err == nil && r.Name != "" && index[r.Name] != string(k) {
-				taken = append(taken, string(k))
-			}
-			return err
-		})
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	return index, taken, nil
-}
-
 // applyNames makes a committed transaction's name changes (name → id, ""
 // for a name that went) part of the index.
 func (s *Store) applyNames(changes map[string]string) {

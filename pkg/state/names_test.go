@@ -14,13 +14,10 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// formatOf reads the format version and whether a names bucket exists, with
-// the store closed.
-func formatOf(t *testing.T, path string) (string, bool) {
+// formatOf reads the format version, with the store closed.
+func formatOf(t *testing.T, path string) string {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
@@ -28,13 +25,11 @@ func formatOf(t *testing.T, path string) (string, bool) {
 	}
 	defer db.Close()
 	var version string
-	var names bool
 	_ = db.View(func(tx *bolt.Tx) error {
 		version = string(tx.Bucket(bucketMeta).Get(keyVersion))
-		names = tx.Bucket(bucketNames) != nil
 		return nil
 	})
-	return version, names
+	return version
 }
 
 func wantNames(t *testing.T, s *Store, want map[string]string) {
@@ -69,8 +64,8 @@ func TestNameIndexAfterReopen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if version, names := formatOf(t, path); version != formatVersion || names {
-		t.Fatalf("format %q, names bucket %v", version, names)
+	if version := formatOf(t, path); version != formatVersion {
+		t.Fatalf("format %q, want %q", version, formatVersion)
 	}
 	s = openT(t, path)
 	wantNames(t, s, want)
@@ -92,97 +87,11 @@ func TestNameIndexAfterReopen(t *testing.T) {
 	wantNames(t, s, map[string]string{v2.Name: "", eph.Name: eph.ID})
 }
 
-// writeV1 writes a state file as format 1 drivers did: a names bucket next
-// to the volume records.
-func writeV1(t *testing.T, path string, vols []*contract.Volume, names map[string]string) {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketNames, bucketVolumes, bucketSnapNames, bucketSnapshots} {
-			if _, err := tx.CreateBucket(b); err != nil {
-				return err
-			}
-		}
-		if err := tx.Bucket(bucketMeta).Put(keyVersion, []byte(formatV1)); err != nil {
-			return err
-		}
-		for _, v := range vols {
-			raw, err := json.Marshal((*volumeJSON)(v))
-			if err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketVolumes).Put([]byte(v.ID), raw); err != nil {
-				return err
-			}
-		}
-		for name, id := range names {
-			if err := tx.Bucket(bucketNames).Put([]byte(name), []byte(id)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// A format 1 file is migrated at open: same answers, no names bucket,
-// format 2, every record kept.
-func TestMigrateFormat1(t *testing.T) {
-	path := filepath.Join(t.TempDir(), FileName)
-	v1, v2, v3, v4 := testVolume(1), testVolume(2), testVolume(3), testVolume(4)
-	v3.Name = ""
-	v4.Name = v2.Name // format 1 PutVolume of v4 took the name of v2 over
-	v5 := testVolume(5)
-	v5.Name = "\x00ephemeral/inline-1"
-	v6 := testVolume(6) // its name's holder was deleted after taking it over
-	writeV1(t, path, []*contract.Volume{v1, v2, v3, v4, v5, v6}, map[string]string{v1.Name: v1.ID, v2.Name: v4.ID, v5.Name: v5.ID})
-	want := map[string]string{v1.Name: v1.ID, v2.Name: v4.ID, v5.Name: v5.ID, v6.Name: "", "": ""}
-
-	s := openT(t, path)
-	wantNames(t, s, want)
-	for _, v := range []*contract.Volume{v1, v2, v3, v4, v5, v6} {
-		if got := getVolume(t, s, v.ID); got == nil || got.Name != v.Name || got.CapacityBytes != v.CapacityBytes {
-			t.Fatalf("record %s after migration: %+v", v.ID, got)
-		}
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if version, names := formatOf(t, path); version != formatVersion || names {
-		t.Fatalf("after migration: format %q, names bucket %v", version, names)
-	}
-	s = openT(t, path)
-	defer s.Close()
-	wantNames(t, s, want)
-	// The names work as before: a taken-over name stays with its holder.
-	if err := s.Update(func(tx *Tx) error { return tx.DeleteVolume(v2.ID) }); err != nil {
-		t.Fatal(err)
-	}
-	wantNames(t, s, map[string]string{v2.Name: v4.ID})
-	putT(t, s, testVolume(7))
-	wantNames(t, s, map[string]string{testVolume(7).Name: volID(7)})
-}
-
-// A format 1 file whose names bucket disagrees with its records, or a
-// format 2 file with two records holding one name, is refused and left
-// byte for byte.
+// A file with two records holding one name is refused and left byte for
+// byte.
 func TestNamesThatDisagreeAreRefused(t *testing.T) {
 	v1, v2 := testVolume(1), testVolume(2)
 	cases := map[string]func(path string){
-		"format 1, name of a missing record": func(path string) {
-			writeV1(t, path, []*contract.Volume{v1}, map[string]string{v1.Name: v1.ID, "gone": v2.ID})
-		},
-		"format 1, name of a record with another name": func(path string) {
-			writeV1(t, path, []*contract.Volume{v1, v2}, map[string]string{v1.Name: v1.ID, "other": v2.ID})
-		},
 		"format 2, two records of one name": func(path string) {
 			s := openT(t, path)
 			putT(t, s, v1, v2)

@@ -7,12 +7,9 @@
 //
 // The CSI name → volume_id index is kept in memory, derived from the volume
 // records (each holds its name) when the file is opened and updated with
-// every commit; it is not a second durable copy of the names. Format 1 files
-// also kept it in a bucket of their own: its pages were rewritten by every
-// create and delete, on top of those of the volume records (two of the six
-// pages a commit wrote with 2,000 volumes), so format 2 dropped it. A format
-// 1 file is migrated when it is opened (one transaction), after checking that
-// its name bucket and its records agree.
+// every commit; it is not a second durable copy of the names (a bucket of
+// them would be rewritten by every create and delete, on top of the volume
+// records' pages).
 //
 // The store never repairs or rewrites a file it cannot read: Open fails with
 // an error naming the file and what to do (a damaged state file must be
@@ -34,24 +31,16 @@ import (
 // FileName is the name of the state file inside the data root.
 const FileName = "state.db"
 
-// formatVersion is stored in the meta bucket; a file written by a newer,
-// incompatible format is refused rather than misread. Format 1 had a names
-// bucket (CSI volume name → volume_id) next to the volume records; format 2
-// derives that index from the records. Drivers that read only format 1
-// refuse a format 2 file (they would miss the names).
-const (
-	formatVersion = "2"
-	formatV1      = "1"
-)
+// formatVersion is stored in the meta bucket; a file of any other format is
+// refused rather than misread.
+const formatVersion = "2"
 
 var (
 	bucketMeta      = []byte("meta")
-	bucketNames     = []byte("names")     // format 1 only: CSI volume name → volume_id
 	bucketVolumes   = []byte("volumes")   // volume_id → JSON Volume
 	bucketSnapNames = []byte("snapnames") // CSI snapshot name → snapshot_id
 	bucketSnapshots = []byte("snapshots") // snapshot_id → JSON Snapshot
-	// bucketPublications: added after format 2 (older drivers ignore it):
-	// volume_id NUL target_path → JSON Publication.
+	// bucketPublications: volume_id NUL target_path → JSON Publication.
 	bucketPublications = []byte("publications")
 	keyVersion         = []byte("format")
 )
@@ -184,8 +173,6 @@ func corrupt(path string, cause error) error {
 }
 
 func (s *Store) initBuckets(fresh bool) error {
-	version := formatVersion
-	var taken []string // format 1: records to mark as not holding their name
 	if !fresh {
 		// Read-only checks first: a file of another format, or one whose
 		// names cannot be told from its records, is never written.
@@ -194,19 +181,11 @@ func (s *Store) initBuckets(fresh bool) error {
 			if m == nil {
 				return errors.New("no meta bucket: not a localdir state file")
 			}
-			version = string(m.Get(keyVersion))
-			var err error
-			switch version {
-			case formatVersion:
-				if tx.Bucket(bucketNames) != nil {
-					return fmt.Errorf("format %s file with a format %s names bucket", formatVersion, formatV1)
-				}
-				s.names, err = namesOf(tx.Bucket(bucketVolumes))
-			case formatV1:
-				s.names, taken, err = namesV1(tx.Bucket(bucketNames), tx.Bucket(bucketVolumes))
-			default:
-				err = fmt.Errorf("format version %q, this driver reads %q and %q", version, formatV1, formatVersion)
+			if version := string(m.Get(keyVersion)); version != formatVersion {
+				return fmt.Errorf("format version %q, this driver reads %q", version, formatVersion)
 			}
+			var err error
+			s.names, err = namesOf(tx.Bucket(bucketVolumes))
 			return err
 		})
 		if err != nil {
@@ -217,21 +196,6 @@ func (s *Store) initBuckets(fresh bool) error {
 		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots, bucketPublications} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
-			}
-		}
-		if version == formatV1 {
-			// Migration, in this one transaction: from now on the index
-			// is rebuilt from the records at every open.
-			t := &Tx{tx: tx, s: s}
-			for _, id := range taken {
-				if err := t.markNameTaken(id); err != nil {
-					return err
-				}
-			}
-			if tx.Bucket(bucketNames) != nil {
-				if err := tx.DeleteBucket(bucketNames); err != nil {
-					return err
-				}
 			}
 		}
 		return tx.Bucket(bucketMeta).Put(keyVersion, []byte(formatVersion))

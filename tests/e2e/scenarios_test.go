@@ -195,7 +195,7 @@ func TestOnlineResize(t *testing.T) {
 		})
 	}
 	lv := localVolume(t, id)
-	// spec.size is a quantity ("160Mi"; integers from earlier builds).
+	// spec.size is a quantity ("160Mi").
 	if size, _, _ := unstructured.NestedFieldNoCopy(lv.Object, "spec", "size"); mustQuantity(fmt.Sprint(size)) != mustQuantity("160Mi") {
 		t.Fatalf("LocalVolume %s size %v, want 160Mi", id, size)
 	}

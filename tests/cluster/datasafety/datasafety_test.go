@@ -1,7 +1,7 @@
 // Package datasafety shows that users' data is destroyed only by a
 // DeleteVolume or DeleteSnapshot for it: deleting the CRDs (with the node
-// plugin running or gone), deleting a LocalVolume by hand (a pending
-// delete's too) or clearing an earlier build's finalizer keeps the data, and the node plugin re-adopts it
+// plugin running or gone) or deleting a LocalVolume by hand (a pending
+// delete's too) keeps the data, and the node plugin re-adopts it
 // (re-creates the objects) so existing volumes work again with no manual
 // step. Live objects carry no finalizer, so none of this waits on a node
 // plugin.
@@ -252,36 +252,6 @@ func TestLocalVolumeDeletedByHandIsReadopted(t *testing.T) {
 	}
 }
 
-// Objects written by earlier builds carry the finalizer while alive;
-// the node plugin removes it, so a later CRD deletion does not wait.
-func TestLegacyFinalizerIsDropped(t *testing.T) {
-	f := start(t)
-	id, marker := f.volume(t, "pvc-legacy")
-	lv := &v1.LocalVolume{}
-	f.noFinalizers(t, lv, id)
-	f.node.Stop(t)
-	p := client.MergeFrom(lv.DeepCopy())
-	lv.Finalizers = []string{v1.Finalizer}
-	if err := f.env.Client.Patch(f.ctx, lv, p); err != nil {
-		t.Fatal(err)
-	}
-	f.node = f.env.StartNodeWith(t, f.node.Dir, f.node.Opts)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil {
-			t.Fatal(err)
-		}
-		if len(lv.Finalizers) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("legacy finalizer still there: %v", lv.Finalizers)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	mustHave(t, marker, "data of pvc-legacy")
-}
-
 // A DeleteVolume while the node plugin is gone for good leaves the object
 // alive with the delete intent (spec.deleteData), waiting for the node
 // plugin, and no finalizer. Deleting it by hand, the documented command,
@@ -323,34 +293,6 @@ func TestStuckDeleteDeletedByHandKeepsData(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// A DeleteVolume of an earlier build left its object Terminating on the
-// finalizer while the node plugin was gone: clearing the finalizer, the
-// command documented then, still deletes nothing; the data is re-adopted.
-func TestClearingALegacyFinalizerKeepsData(t *testing.T) {
-	f := start(t)
-	id, marker := f.volume(t, "pvc-legacy-stuck")
-	f.node.Stop(t)
-	lv := &v1.LocalVolume{}
-	if err := f.env.Client.Get(f.ctx, client.ObjectKey{Name: id}, lv); err != nil {
-		t.Fatal(err)
-	}
-	// What the earlier DeleteVolume wrote: the intent and the finalizer,
-	// then the delete.
-	p := client.RawPatch("application/merge-patch+json",
-		[]byte(`{"metadata":{"finalizers":["`+v1.Finalizer+`"]},"spec":{"deleteData":true}}`))
-	if err := f.env.Client.Patch(f.ctx, lv, p); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.env.Client.Delete(f.ctx, lv); err != nil {
-		t.Fatal(err)
-	}
-	clear := client.RawPatch("application/json-patch+json", []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`))
-	if err := f.env.Client.Patch(f.ctx, lv, clear); err != nil {
-		t.Fatal(err)
-	}
-	f.keptAndReadopted(t, id, marker, "pvc-legacy-stuck", "clearing its finalizer")
 }
 
 // keptAndReadopted checks that LocalVolume id (of the PVC name, whose

@@ -28,21 +28,11 @@ func AddToScheme(s *runtime.Scheme) error {
 	return nil
 }
 
-// Label and finalizer names.
+// Label names.
 const (
 	// NodeLabel on LocalVolume and LocalSnapshot objects names the node that
 	// holds the data, so each node plugin watches only its own objects.
 	NodeLabel = "localdir.csi.dev/node"
-	// Finalizer was put on an object together with spec.deleteData by the
-	// DeleteVolume/DeleteSnapshot of earlier builds, just before they
-	// deleted the object; the node plugin still honours it (removes the
-	// data, then the finalizer). This build's controller sets
-	// spec.deleteData alone and the node plugin deletes the object after
-	// the data, so no object carries a finalizer: deleting the CRDs (an
-	// uninstall) or an object by hand never waits on a node plugin. The
-	// builds before those put it on every object; the node plugin removes
-	// it from live objects without deleteData.
-	Finalizer = "localdir.csi.dev/node-data"
 	// ReadoptedLabel marks objects a node plugin re-created for data it
 	// still held after their object went away without a delete request
 	// (CRDs deleted, an object deleted by hand). Value: "true".
@@ -72,9 +62,8 @@ const (
 )
 
 // Sizes are resource.Quantity values of bytes: the controller and the node
-// plugin write them in binary units (2Gi), and objects written by earlier
-// builds, which stored plain integers (2147483648), read the same: the
-// schema accepts an integer or a quantity string (x-kubernetes-int-or-string).
+// plugin write them in binary units (2Gi); the schema accepts an integer
+// or a quantity string (x-kubernetes-int-or-string).
 
 // ErrorCode is the name of a gRPC status code as codes.Code.String() spells
 // it (ResourceExhausted, NotFound, …).
@@ -99,8 +88,7 @@ type LocalVolumeSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
 	Node string `json:"node"`
-	// Size is the volume's capacity in bytes. It is a quantity (2Gi);
-	// integers written by earlier builds read the same.
+	// Size is the volume's capacity in bytes. It is a quantity (2Gi).
 	// ControllerExpandVolume raises it; the node plugin then grows the
 	// volume (btrfs qgroup limit, image file size).
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isInteger() && quantity(string(self)).compareTo(quantity('1')) >= 0",message="size must be a whole number of bytes, at least 1"
@@ -458,8 +446,8 @@ type LocalNodeList struct {
 
 // Deleting says whether the volume is on its way out: a DeleteVolume
 // recorded spec.deleteData (the node plugin removes the data, then the
-// object), or the object is deleted (by hand, or by an earlier build's
-// DeleteVolume). The CSI Controller service no longer lists it.
+// object), or the object is deleted (by hand, or with its CRD). The CSI
+// Controller service no longer lists it.
 func (lv *LocalVolume) Deleting() bool {
 	return lv.Spec.DeleteData || lv.DeletionTimestamp != nil
 }
