@@ -1,8 +1,6 @@
-// Package app wires a localdir process for its mode: on a node the Store
-// and Publisher, opened and recovered before anything is served (OpenNode),
-// the CSI gRPC server, and in cluster modes the API-server side (controller
-// backend or node agent). cmd/localdir-csi only parses flags and handles
-// signals.
+// Package app wires a localdir process for its mode: the node's Store and
+// Publisher (OpenNode), the CSI gRPC server, and in cluster modes the
+// API-server side. cmd/localdir-csi only parses flags and handles signals.
 package app
 
 import (
@@ -29,9 +27,8 @@ import (
 // mode (pkg/cluster implements pkg/driver's Backend without importing it).
 var _ driver.Backend = (*cluster.ControllerBackend)(nil)
 
-// RestConfig loads opts.Kubeconfig, or the in-cluster configuration when
-// it is empty, with the client rate limits of --kube-api-qps and
-// --kube-api-burst.
+// RestConfig loads opts.Kubeconfig (empty: in-cluster) with the rate limits
+// of --kube-api-qps and --kube-api-burst.
 func RestConfig(opts driver.Options) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
@@ -52,13 +49,10 @@ type Node struct {
 	Publisher *publish.Publisher
 }
 
-// OpenNode opens the node's data root (opts.DataRoot, --capacity,
-// --engine, --cgroup-root) in the order a start after a crash needs, each
-// step logged: it thaws what a killed process left frozen (before anything
-// that could fail), opens the state file, and recovers the data root
-// (interrupted creates, deletes and expansions; data no record claims is
-// moved aside). mounter is the Publisher's mount.Interface (nil: the real
-// one). On failure nothing stays open.
+// OpenNode opens the node's data root in the order a start after a crash
+// needs, each step logged: thaw what a killed process left frozen (before
+// anything can fail), open the state file, recover. mounter nil: the real
+// one. On failure nothing stays open.
 func OpenNode(opts driver.Options, mounter mount.Interface) (*Node, error) {
 	klog.InfoS("Thawing what a killed driver left frozen", "dataRoot", opts.DataRoot)
 	publish.ThawFrozen(opts.DataRoot, opts.CgroupRoot)
@@ -124,10 +118,8 @@ func NodeMetrics(n *Node, node string, orphans func() int64) metrics.StateFunc {
 	}
 }
 
-// endpointDirExists checks, before anything is created, that the
-// directory of the endpoint's socket exists: the driver makes the socket,
-// not its directory (the CO's, e.g. a hostPath volume of the node plugin).
-// A start that fails here has not touched the data root.
+// endpointDirExists checks, before anything is created, that the socket's
+// directory exists: it is the CO's, not ours to make.
 func endpointDirExists(endpoint string) error {
 	p, err := driver.ParseEndpoint(endpoint)
 	if err != nil {

@@ -26,14 +26,10 @@ const (
 	metricsKeyFile  = "tls.key"
 )
 
-// MetricsServer serves metrics.Gatherer at /metrics on --metrics-address.
-// In controller and node mode it serves HTTPS and lets a request through
-// only when the API server authenticates its bearer token (TokenReview) and
-// allows that user get on the non-resource URL /metrics
-// (SubjectAccessReview): controller-runtime's
-// filters.WithAuthenticationAndAuthorization, what kubebuilder projects
-// serve their metrics with. All mode has no API server: it serves plain
-// HTTP, which Options.Validate allows on a loopback address only.
+// MetricsServer serves metrics.Gatherer at /metrics: in controller and node
+// mode over HTTPS to bearer tokens the API server authenticates and allows get
+// on /metrics (controller-runtime's filters, as kubebuilder projects do); in
+// all mode, without an API server, plain HTTP on loopback only.
 type MetricsServer struct {
 	addr    string
 	certDir string                   // "" in all mode, or for a self-signed certificate
@@ -42,12 +38,9 @@ type MetricsServer struct {
 	filter  metricsserver.Filter     // nil in all mode
 }
 
-// NewMetricsServer prepares /metrics for opts, or returns nil when
-// opts.MetricsAddress is empty. cfg is the API server the tokens are
-// checked with (controller and node mode); nil in all mode. Everything
-// that can be wrong with the flags fails here, before the process starts
-// anything: a --metrics-cert-dir without a readable key pair, a filter
-// that cannot be built from cfg.
+// NewMetricsServer prepares /metrics for opts (nil when opts.MetricsAddress
+// is empty); cfg is the API server tokens are checked with, nil in all mode.
+// Everything wrong with the flags fails here, before the process starts.
 func NewMetricsServer(opts driver.Options, cfg *rest.Config) (*MetricsServer, error) {
 	if opts.MetricsAddress == "" {
 		return nil, nil
@@ -71,8 +64,7 @@ func NewMetricsServer(opts driver.Options, cfg *rest.Config) (*MetricsServer, er
 		s.tls.GetCertificate = w.GetCertificate
 	} else {
 		// Encryption without a name anyone can check, as controller-runtime's
-		// metrics server (and kube-controller-manager) does by default; the
-		// scraper skips verification or --metrics-cert-dir gives a real one.
+		// metrics server does by default; --metrics-cert-dir gives a real one.
 		crt, key, err := certutil.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("self-signed certificate for /metrics: %w", err)

@@ -1,7 +1,5 @@
-// Package blockdev holds the generic block-device helpers several layers
-// share (the mount code, the loop devices, the cgroup I/O limits): a
-// device's size and number, and whether a path is a node of a device. It is
-// a leaf: it imports no other localdir package.
+// Package blockdev holds block-device helpers the mount, loop and cgroup code
+// share. It imports no other localdir package.
 package blockdev
 
 import (
@@ -38,9 +36,8 @@ func Rdev(dev string) (uint64, error) {
 	return st.Rdev, nil
 }
 
-// NodeOf reports whether p (not followed when it is a symlink) is a block
-// device node with the device number of the device node dev; a missing p
-// is false.
+// NodeOf reports whether p (a symlink not followed) is a block device node
+// of dev's device number; a missing p is false.
 func NodeOf(p, dev string) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {

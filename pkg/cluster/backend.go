@@ -25,10 +25,8 @@ import (
 )
 
 // ControllerBackend implements driver.Backend on the API server (controller
-// mode): the CSI Controller service's calls become LocalVolume and
-// LocalSnapshot objects that the node plugins carry out. It never touches a
-// disk. Placement is in placement.go, waiting for a node in wait.go, the
-// snapshot calls in backend_snapshots.go.
+// mode): the Controller service's calls become LocalVolume and LocalSnapshot
+// objects that the node plugins carry out; it never touches a disk.
 type ControllerBackend struct {
 	c client.WithWatch
 	// Wait bounds how long a call waits for a node plugin when the caller's
@@ -48,26 +46,18 @@ type ControllerBackend struct {
 	counted map[string]countedSize           // by volume id: what used counts for each cached LocalVolume
 	used    map[string]int64                 // by node: Σ counted sizes of its LocalVolumes, in bytes
 
-	// deleted holds the ids of the LocalVolumes and LocalSnapshots this
-	// controller deleted with the intent (deleteWithIntent), so that the
-	// CO's repeated DeleteVolume or DeleteSnapshot of an object its cache
-	// no longer holds answers at once instead of asking the API server
-	// (csi-provisioner sends about four in five deletes twice; each repeat
-	// cost a GET). Such an object cannot come back on its own: its node
-	// plugin removes the data before the object goes, so there is nothing
-	// to re-adopt; a create of the same name removes the id before it
-	// writes. A controller that just took over knows none, and reads the
-	// API server as before. Beyond maxDeletedIDs the least recently used
-	// are forgotten.
+	// deleted holds the ids this controller deleted (deleteWithIntent), so a
+	// repeated delete of one the cache no longer holds needs no GET
+	// (csi-provisioner sends about four in five deletes twice). Such an object
+	// cannot come back: its data goes first, and a create of the name drops the id.
 	deleted *lru.Cache
 }
 
 // maxDeletedIDs bounds ControllerBackend.deleted (about 100 bytes each).
 const maxDeletedIDs = 10000
 
-// deletedAndGone reports whether this controller deleted id (a
-// LocalVolume or LocalSnapshot, by the informer inf that caches its kind)
-// and the cache no longer holds it.
+// deletedAndGone reports whether this controller deleted id (of the kind
+// inf caches) and the cache no longer holds it.
 func deletedAndGone[T client.Object](b *ControllerBackend, inf cache.SharedIndexInformer, id string) bool {
 	if _, cached := get[T](inf, id); cached {
 		return false
@@ -76,10 +66,8 @@ func deletedAndGone[T client.Object](b *ControllerBackend, inf cache.SharedIndex
 	return deleted
 }
 
-// NewControllerBackend connects to the API server with cfg (its QPS and
-// Burst bound the backend's requests) and fills its object cache: it
-// returns once every LocalNode, LocalVolume and LocalSnapshot was listed,
-// and keeps the cache current until ctx is done.
+// NewControllerBackend connects to the API server with cfg and returns once
+// its object cache has listed every kind; the cache runs until ctx is done.
 func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes int64) (*ControllerBackend, error) {
 	ctrllog.SetLogger(klog.NewKlogr())
 	c, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme()})
@@ -138,9 +126,8 @@ func (b *ControllerBackend) getVolume(ctx context.Context, id string) (*v1.Local
 	return lv, nil
 }
 
-// liveVolume is getVolume for the calls that act on a volume: one whose
-// delete was requested (spec.deleteData) is gone for them, NOT_FOUND
-// (contract.ErrNotFound), while its node plugin removes it.
+// liveVolume is getVolume for calls that act on a volume: one whose delete
+// was requested is NOT_FOUND for them.
 func (b *ControllerBackend) liveVolume(ctx context.Context, id string) (*v1.LocalVolume, error) {
 	lv, err := b.getVolume(ctx, id)
 	if err == nil && lv.Deleting() {
@@ -191,9 +178,8 @@ func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit
 	return out, "", nil
 }
 
-// CreateVolume implements driver.Backend: it places the volume (on the
-// source's node for a restore or clone), records a LocalVolume and waits
-// until that node's plugin reports it Ready or Failed.
+// CreateVolume implements driver.Backend: it places a LocalVolume (on the
+// source's node for a restore or clone) and waits until it is Ready or Failed.
 func (b *ControllerBackend) CreateVolume(ctx context.Context, spec contract.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error) {
 	id := VolumeIDFor(spec.Name)
 	lv, err := b.cachedVolume(id)
@@ -258,14 +244,10 @@ func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) erro
 	return b.deleteWithIntent(ctx, lv, &lv.Spec.DeleteData)
 }
 
-// deleteWithIntent records the delete intent on obj: it sets the object's
-// spec.deleteData (*intent, a field of obj) in one merge patch, unless an
-// earlier call did (a CO's repeated DeleteVolume costs no request), and
-// waits until the cache shows it. The node plugin then removes the data
-// and deletes the object itself (its LocalVolumeReconciler): a delete
-// costs two writes on localdir's objects, and no object ever carries a
-// finalizer, so an uninstall deleting the CRDs waits on no node plugin.
-// An object deleted meanwhile is no error.
+// deleteWithIntent sets obj's spec.deleteData (*intent) in one merge patch
+// unless done already and waits until the cache shows it; the node plugin
+// then removes the data and the object. No object carries a finalizer, so an
+// uninstall deleting the CRDs waits on no node plugin.
 func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
 	if !*intent {
 		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
@@ -275,9 +257,8 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 		}
 	}
 	b.deleted.Add(obj.GetName(), nil)
-	// Read your writes: the calls after this one answer from the cache,
-	// where the object must no longer look alive (ListSnapshots right after
-	// DeleteSnapshot, say).
+	// Read your writes: later calls answer from the cache, where the object
+	// must no longer look alive.
 	kind, inf := "LocalVolume", b.cache.volumes
 	deleting := func(o client.Object) bool { return o.(*v1.LocalVolume).Deleting() }
 	if _, ok := obj.(*v1.LocalSnapshot); ok {
@@ -291,9 +272,8 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 	})
 }
 
-// DeleteVolume implements driver.Backend: the delete intent is recorded on
-// the object (spec.deleteData); the node plugin removes the data and then
-// the object, now or when it comes back.
+// DeleteVolume implements driver.Backend by recording the delete intent
+// (deleteWithIntent).
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 	if deletedAndGone[*v1.LocalVolume](b, b.cache.volumes, id) {
 		return nil // deleted here, and gone since
@@ -309,9 +289,8 @@ func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 	return b.remove(ctx, lv)
 }
 
-// ExpandVolume implements driver.Backend: it checks the node has room for
-// the growth, raises spec.size and waits for the node to report the new
-// capacity (a retry whose spec.size is raised already only waits).
+// ExpandVolume implements driver.Backend: it raises spec.size if the node
+// has room and waits for the node to report the capacity.
 func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size int64) (int64, error) {
 	lv, err := b.liveVolume(ctx, id)
 	if err != nil {
@@ -330,12 +309,9 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 	return b.waitExpanded(ctx, id, size, lv.Generation)
 }
 
-// ModifyVolume implements driver.Backend: it merges params into the
-// LocalVolume's spec.mutableParameters and waits until the node plugin
-// reports them in effect (a retry whose spec has them already only waits).
-// A modify the node refuses as INVALID_ARGUMENT (compression on a node
-// whose data root is not btrfs) is taken back from the spec, so the
-// volume's later modifies are not blocked by it.
+// ModifyVolume implements driver.Backend: it merges params into
+// spec.mutableParameters and waits until the node reports them in effect; one
+// the node refuses as INVALID_ARGUMENT is taken back so later ones proceed.
 func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params map[string]string) error {
 	lv, err := b.liveVolume(ctx, id)
 	if err != nil {

@@ -18,11 +18,9 @@ import (
 )
 
 // The volume group snapshot calls of ControllerBackend (driver.GroupBackend).
-// A group is a LocalGroupSnapshot, named by its group_snapshot_id, that the
-// node plugin holding all its volumes cuts at one point in time
-// (NodeSnapshots.CreateGroupWithIDs); that node then creates a
-// LocalSnapshot per member (spec.groupSnapshot), which restores, lists and
-// deletes like any snapshot.
+// A group is a LocalGroupSnapshot that the node holding all its volumes cuts
+// at one point in time; that node then creates a LocalSnapshot per member,
+// which restores, lists and deletes like any snapshot.
 
 // memberSnapshotID is the snapshot_id of group gid's snapshot of volume
 // volID: the same on every retry.
@@ -30,10 +28,9 @@ func memberSnapshotID(gid, volID string) string {
 	return SnapshotIDFor("\x00group/" + gid + "/" + volID)
 }
 
-// CreateGroupSnapshot implements driver.GroupBackend: every volume must be
-// Ready on one node (FAILED_PRECONDITION naming the nodes otherwise); it
-// records the LocalGroupSnapshot and waits until the node reports it cut
-// and its members' LocalSnapshots exist.
+// CreateGroupSnapshot implements driver.GroupBackend: all volumes must be
+// Ready on one node (FAILED_PRECONDITION otherwise); it records the
+// LocalGroupSnapshot and waits until the node cut it and made its members.
 func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
 	gid := contract.GroupSnapshotIDFor(name)
 	ids := slices.Sorted(slices.Values(sourceIDs))
@@ -85,9 +82,8 @@ func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string
 	return b.waitGroup(ctx, gid)
 }
 
-// waitGroup waits until group gid is cut and its members' LocalSnapshots
-// are ready (known: it was just created or found), or fails; a Failed
-// group is removed so that a retry starts afresh.
+// waitGroup waits until group gid is cut with its members ready, or fails; a
+// Failed group is removed so that a retry starts afresh.
 func (b *ControllerBackend) waitGroup(ctx context.Context, gid string) (*contract.GroupSnapshot, error) {
 	g := &v1.LocalGroupSnapshot{}
 	err := b.waitFor(ctx, "LocalGroupSnapshot", b.cache.groups, &v1.LocalGroupSnapshot{}, gid, true,
@@ -150,9 +146,8 @@ func (b *ControllerBackend) GroupSnapshot(ctx context.Context, id string, snapsh
 	return out, nil
 }
 
-// DeleteGroupSnapshot implements driver.GroupBackend: the members are
-// deleted like DeleteSnapshot (the node removes their data), then the
-// group. An unknown group succeeds.
+// DeleteGroupSnapshot implements driver.GroupBackend: the members as by
+// DeleteSnapshot, then the group; an unknown group succeeds.
 func (b *ControllerBackend) DeleteGroupSnapshot(ctx context.Context, id string, snapshotIDs []string) error {
 	g, err := b.getGroup(ctx, id)
 	if errors.Is(err, contract.ErrNotFound) {

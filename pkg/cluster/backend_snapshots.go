@@ -32,9 +32,7 @@ func (b *ControllerBackend) getSnapshot(ctx context.Context, id string) (*v1.Loc
 	return ls, nil
 }
 
-// liveSnapshot is getSnapshot for the calls that use a snapshot: one whose
-// delete was requested (spec.deleteData) is gone for them, NOT_FOUND
-// (contract.ErrNotFound), while its node plugin removes it.
+// liveSnapshot is liveVolume for snapshots.
 func (b *ControllerBackend) liveSnapshot(ctx context.Context, id string) (*v1.LocalSnapshot, error) {
 	ls, err := b.getSnapshot(ctx, id)
 	if err == nil && ls.Deleting() {

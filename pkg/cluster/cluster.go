@@ -1,10 +1,7 @@
-// Package cluster carries localdir to a Kubernetes cluster. The controller
-// Deployment records intent in LocalVolume / LocalSnapshot custom resources
-// (ControllerBackend, the Backend of the CSI Controller service: backend.go,
-// with placement.go choosing nodes and wait.go waiting for them), and every
-// node plugin carries out the ones of its own node with the same pkg/volume
-// code that all mode calls (NodeAgent, which runs LocalVolumeReconciler,
-// LocalSnapshotReconciler and the LocalNode heartbeat).
+// Package cluster carries localdir to a Kubernetes cluster: the controller
+// records intent in LocalVolume / LocalSnapshot custom resources
+// (ControllerBackend), and every node plugin carries out those of its node
+// with the pkg/volume code all mode uses (NodeAgent).
 package cluster
 
 import (
@@ -26,9 +23,8 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
-// VolumeIDFor is the volume_id the controller gives the volume of a CSI
-// name: deterministic, so a retried CreateVolume finds the object its first
-// attempt created, and of the driver's id shape (vol- + 32 hex digits).
+// VolumeIDFor is the volume_id of the volume of a CSI name: deterministic, so
+// a retried CreateVolume finds its first attempt's object.
 func VolumeIDFor(name string) string {
 	h := sha256.Sum256([]byte("volume\x00" + name))
 	return "vol-" + hex.EncodeToString(h[:16])
@@ -40,7 +36,6 @@ func SnapshotIDFor(name string) string {
 	return "snap-" + hex.EncodeToString(h[:16])
 }
 
-// StaleAfter is how old a LocalNode heartbeat may be before the controller
-// treats the node plugin as gone (no capacity, no placement), by default
-// (--node-stale-after; ControllerBackend.StaleAfter).
+// StaleAfter is the default of --node-stale-after: how old a LocalNode
+// heartbeat may be before the node counts as gone.
 const StaleAfter = 3 * time.Minute

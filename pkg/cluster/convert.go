@@ -9,9 +9,8 @@ import (
 
 // The API objects meet the backends' contract types here and only here.
 
-// quantity is a byte count as the API writes sizes: a quantity in binary
-// units (2147483648 is 2Gi). Reading one back is Value(), exact for whole
-// bytes.
+// quantity is a byte count as the API writes sizes (binary units; Value()
+// reads it back exactly).
 func quantity(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.BinarySI) }
 
 func accessType(mode string) contract.AccessType {

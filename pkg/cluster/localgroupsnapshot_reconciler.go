@@ -16,12 +16,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// LocalGroupSnapshotReconciler cuts the LocalGroupSnapshots of one node:
-// one snapshot of each volume at one point in time
-// (NodeSnapshots.CreateGroupWithIDs, with the member ids the
-// controller chose), then a LocalSnapshot for each member, then the
-// group's status. Deleting a group is the controller's: it deletes the
-// members like any snapshot.
+// LocalGroupSnapshotReconciler cuts the LocalGroupSnapshots of one node
+// (NodeSnapshots.CreateGroupWithIDs with the controller's member ids), then
+// makes a LocalSnapshot per member. Deleting a group is the controller's.
 type LocalGroupSnapshotReconciler struct {
 	Client    client.Client
 	NodeID    string

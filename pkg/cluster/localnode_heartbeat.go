@@ -15,9 +15,7 @@ import (
 )
 
 // LocalNodeHeartbeat is a manager.Runnable that writes its node's LocalNode
-// status now and every Interval: engine, capacity, allocatable and free
-// bytes, version, heartbeat, recovery problems, and the orphans — local
-// data no object claims, which it first tries to re-adopt.
+// status now and every Interval, re-adopting orphaned data first.
 type LocalNodeHeartbeat struct {
 	Client         client.Client
 	NodeID         string

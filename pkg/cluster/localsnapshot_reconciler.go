@@ -15,9 +15,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// LocalSnapshotReconciler carries out the LocalSnapshots of one node: it
-// takes the snapshot once, reports it in status, and removes the data of
-// an object deleted with spec.deleteData.
+// LocalSnapshotReconciler carries out the LocalSnapshots of one node: it takes
+// each once, reports it in status, and removes it after spec.deleteData.
 type LocalSnapshotReconciler struct {
 	Client    client.Client
 	NodeID    string
@@ -79,9 +78,8 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	return reconcile.Result{}, r.Client.Status().Update(ctx, ls)
 }
 
-// deleteBlocked reports on the LocalSnapshot why its requested delete
-// cannot remove the data yet: phase Deleting, no longer ready to use, and
-// a Ready condition False with reason DeleteBlocked.
+// deleteBlocked reports why a requested delete cannot remove the data yet
+// (phase Deleting, not ready to use, Ready False reason DeleteBlocked).
 func (r *LocalSnapshotReconciler) deleteBlocked(ctx context.Context, ls *v1.LocalSnapshot, err error) {
 	ls.Status.Phase, ls.Status.ReadyToUse = v1.PhaseDeleting, false
 	setReady(&ls.Status.Conditions, ls.Generation, false, "DeleteBlocked", err.Error())

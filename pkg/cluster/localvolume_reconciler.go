@@ -15,10 +15,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// LocalVolumeReconciler carries out the LocalVolumes of one node: it
-// creates (or restores, or clones) the volume's data, grows it when
-// spec.size grows, reports the outcome in status, and removes the data of
-// an object deleted with spec.deleteData.
+// LocalVolumeReconciler carries out the LocalVolumes of one node: creates,
+// grows and modifies their data, reports status, and removes it after
+// spec.deleteData.
 type LocalVolumeReconciler struct {
 	Client    client.Client
 	NodeID    string
@@ -72,9 +71,8 @@ func (r *LocalVolumeReconciler) data() nodeData {
 	return nodeData{r.Client, r.NodeID, r.Store, r.Snapshots}
 }
 
-// carryOut brings the node's data in line with lv and records the outcome
-// in lv.Status. busy: a conflicting operation holds the data (or its
-// source); try again after busyRetry.
+// carryOut brings the node's data in line with lv and records the outcome in
+// lv.Status. busy: a conflicting operation; try again after busyRetry.
 func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err error) {
 	local, err := r.Store.Get(lv.Name)
 	notFound := errors.Is(err, contract.ErrNotFound)
@@ -94,10 +92,8 @@ func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err err
 	return r.ready(lv, local), nil
 }
 
-// create creates lv's volume. On failure it records it in lv.Status
-// (Failed, with the error's code) and returns nil; busy: its source is
-// being deleted or changed, try again shortly (it is then gone, NOT_FOUND,
-// or free).
+// create creates lv's volume; a failure is recorded in lv.Status (Failed,
+// with its code) and nil returned. busy: its source is being changed.
 func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volume, busy bool) {
 	spec, err := r.createSpec(lv)
 	if err == nil {
@@ -116,14 +112,10 @@ func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volu
 	return local, false
 }
 
-// ready grows the existing volume local to lv's spec.size if it is
-// smaller and records it Ready in lv.Status (with the expansion's error
-// code if that failed). busy: the expansion met a conflicting operation.
-// A growth the object does not report yet is expanded again even when the
-// node's record has the size already: a node plugin killed between the
-// record and the growth of an image file left the file smaller than its
-// record, and the engine's Expand finishes it (found by the cluster-mode
-// crash storm, TestCrashStormNodeMode).
+// ready grows local to lv's spec.size if smaller and records it Ready (with
+// an expansion's error code). A growth the object does not report is expanded
+// even when the record has the size: a node plugin killed between the record
+// and an image's growth left the file smaller (TestCrashStormNodeMode).
 func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
 	size := lv.Spec.Size.Value()
 	reported := lv.Status.CapacityBytes.Value()
@@ -150,11 +142,9 @@ func (r *LocalVolumeReconciler) ready(lv *v1.LocalVolume, local *contract.Volume
 	return false
 }
 
-// modify applies lv's spec.mutableParameters that the node's record of the
-// volume (local) does not have in effect, and records the outcome in
-// lv.Status: the parameters in effect, and the Modified condition (with
-// status.modifyErrorCode when the apply failed). busy: a conflicting
-// operation holds the volume.
+// modify applies the spec.mutableParameters local does not have in effect
+// and records the outcome in lv.Status (the Modified condition,
+// status.modifyErrorCode on failure). busy: a conflicting operation.
 func (r *LocalVolumeReconciler) modify(lv *v1.LocalVolume, local *contract.Volume) (busy bool) {
 	lv.Status.ModifyErrorCode = ""
 	if !inEffect(lv.Spec.MutableParameters, local.MutableParameters) {
@@ -178,10 +168,9 @@ func (r *LocalVolumeReconciler) modify(lv *v1.LocalVolume, local *contract.Volum
 	return false
 }
 
-// createSpec is the create of lv's volume. Its parameters are parsed as the
-// controller's CreateVolume parsed them (contract.ParseParams); a value it
-// refuses (an object written by hand) fails the create with
-// INVALID_ARGUMENT instead of falling back to a default.
+// createSpec is the create of lv's volume, its parameters parsed as
+// CreateVolume parsed them: a value written by hand that they refuse fails
+// the create with INVALID_ARGUMENT instead of falling back to a default.
 func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (contract.CreateSpec, error) {
 	params, err := contract.ParseParams(lv.Spec.Parameters)
 	if err != nil {

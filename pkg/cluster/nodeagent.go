@@ -27,16 +27,11 @@ import (
 	"github.com/localdir-csi/localdir/pkg/metrics"
 )
 
-// NodeAgent is the node plugin's operator half. It runs, in one
-// controller-runtime manager whose cache holds only the objects of its node
-// (the localdir.csi.dev/node label), the LocalVolumeReconciler and the
-// LocalSnapshotReconciler, which carry those objects out with the same
-// pkg/volume code all mode uses, and the LocalNodeHeartbeat, which keeps
-// its LocalNode current. On start it reconciles every object of its node.
-// It removes data only for objects whose spec.deleteData the controller set
-// (and then deletes the object); data whose object went away otherwise
-// stays and is re-adopted, or listed in LocalNode status.orphans while it
-// cannot be.
+// NodeAgent is the node plugin's operator half: a controller-runtime manager
+// caching only its node's objects runs their reconcilers (the pkg/volume code
+// all mode uses) and the LocalNodeHeartbeat. It removes data only after the
+// controller set spec.deleteData; data whose object went otherwise is
+// re-adopted, or listed in LocalNode status.orphans.
 type NodeAgent struct {
 	NodeID         string
 	Store          NodeStore
@@ -67,11 +62,9 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		}},
 		HealthProbeBindAddress: "0",
 		Logger:                 klog.NewKlogr(),
-		// Several node agents may share a process (tests run three nodes);
-		// controller names need not be unique then.
-		// Volumes are independent: create them in parallel (one at a time,
-		// 100 PVCs took 40 s on btrfs in the e2e scale test). A burst of
-		// PVCs is mostly waiting on fsync and the API server: reconcileWorkers.
+		// Agents may share a process (tests), so names need not be unique.
+		// Volumes are independent: in parallel (one at a time, 100 PVCs took
+		// 40 s on btrfs in the e2e scale test).
 		Controller: config.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: reconcileWorkers},
 	})
 	if err != nil {
@@ -97,17 +90,14 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 	return mgr.Start(ctx)
 }
 
-// reconcileWorkers is how many LocalVolumes (and, apart, LocalSnapshots
-// and LocalGroupSnapshots) a node agent carries out at once. A reconcile
-// mostly waits (on the API server, on fsync), so workers are cheap: with
-// 16, a burst of 1,000 PVCs on one node waited 0.55 s on average for a
-// worker (workqueue_queue_duration_seconds); with 64, 1.4 ms
-// (docs/benchmarks.md).
+// reconcileWorkers is how many LocalVolumes (and, apart, LocalSnapshots and
+// LocalGroupSnapshots) a node agent carries out at once. A reconcile mostly
+// waits on the API server and fsync, so workers are cheap: a burst of 1,000
+// PVCs waited 0.55 s for a worker with 16, 1.4 ms with 64 (docs/benchmarks.md).
 const reconcileWorkers = 64
 
-// busyRetry is when a reconcile that met a conflicting operation on the
-// same data (contract.ErrBusy: a restore reading a snapshot being deleted,
-// say) runs again.
+// busyRetry is when a reconcile that met contract.ErrBusy (a conflicting
+// operation on the same data) runs again.
 const busyRetry = 250 * time.Millisecond
 
 // counted wraps a reconciler to count its failures in
@@ -143,14 +133,10 @@ func setCondition(conds *[]metav1.Condition, typ string, gen int64, ok bool, rea
 	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
 
-// deleteRequested carries out a delete the controller recorded on a live
-// LocalVolume or LocalSnapshot (spec.deleteData, set by DeleteVolume or
-// DeleteSnapshot; kind names it in the log): remove removes the data, then the object is deleted
-// (with its UID as precondition), which ends the handshake with no
-// finalizer. Data in use (contract.ErrBusy: mounted, a restore reading
-// it) is tried again after busyRetry; another failure is reported through
-// blocked, counted in localdir_node_reconcile_errors_total and tried again
-// after deleteRetry.
+// deleteRequested carries out a delete recorded in spec.deleteData: remove
+// removes the data, then the object is deleted with its UID as precondition,
+// ending the handshake without a finalizer. contract.ErrBusy is retried after
+// busyRetry; other failures are reported through blocked, after deleteRetry.
 func deleteRequested(ctx context.Context, c client.Client, kind string, obj client.Object, remove func() error, blocked func(error)) (reconcile.Result, error) {
 	if err := remove(); errors.Is(err, contract.ErrBusy) {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil

@@ -2,9 +2,8 @@ package cluster
 
 import "github.com/localdir-csi/localdir/pkg/contract"
 
-// NodeStore is the node's volumes as the node agent's reconcilers and
-// heartbeat carry them out: pkg/volume's Store implements it. The
-// controller side of this package never uses it (nor NodeSnapshots).
+// NodeStore is the node's volumes as the node agent uses them (pkg/volume's
+// Store); the controller side never uses it.
 type NodeStore interface {
 	Get(id string) (*contract.Volume, error)
 	List(after string, limit int) ([]*contract.Volume, string, error)

@@ -16,15 +16,11 @@ import (
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
 )
 
-// objectCache is the controller's view of the localdir objects: one
-// client-go shared informer each for LocalNodes, LocalVolumes and
-// LocalSnapshots (one LIST and one WATCH per kind for the life of the
-// process). Every read of the CSI Controller service is answered from it
-// (an id the CO gave that it lacks is read from the API server once:
-// getOrRead),
-// and a wait for a node plugin is woken by its events: a provisioned volume
-// costs the API server its create and the node's status write, no GET, LIST
-// or WATCH of its own.
+// objectCache is the controller's view of the localdir objects: one shared
+// informer per kind (one LIST and WATCH each for the process's life). Every
+// read of the Controller service is answered from it (getOrRead for ids it
+// lacks), and waits for node plugins are woken by its events: a provisioned
+// volume costs the API server its create and the node's status write only.
 type objectCache struct {
 	nodes, volumes, snapshots, groups cache.SharedIndexInformer
 
@@ -59,18 +55,16 @@ func informer(c client.WithWatch, obj client.Object, newList func() client.Objec
 	return cache.NewSharedIndexInformer(lw, obj, 0, idx)
 }
 
-// listThenWatch makes the reflector list, then watch, instead of asking
-// for the initial state as a stream of watch events (WatchList), which a
-// client that does not pass that request on (controller-runtime's fake
-// client) never ends.
+// listThenWatch makes the reflector list, then watch, instead of a WatchList
+// stream, which a client that does not pass it on (controller-runtime's
+// fake) never ends.
 type listThenWatch struct{ *cache.ListWatch }
 
 // IsWatchListSemanticsUnSupported is what client-go's reflector asks.
 func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
-// start runs the informers until ctx is done and waits for their first
-// LIST, and for handlers (their registrations' HasSynced) to have seen it
-// (cacheSyncTimeout at most).
+// start runs the informers until ctx is done and waits (cacheSyncTimeout at
+// most) until their first LIST and handlers have synced.
 func (oc *objectCache) start(ctx context.Context, handlers ...cache.InformerSynced) error {
 	for kind, inf := range oc.kinds() {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -147,11 +141,8 @@ func get[T client.Object](inf cache.SharedIndexInformer, name string) (T, bool) 
 	return o.(runtime.Object).DeepCopyObject().(T), true
 }
 
-// getOrRead is get, or, when the cache has no such object, a GET from the
-// API server into obj (found false on NotFound). The cache may lag behind
-// objects this process did not write: one a node plugin re-created for
-// re-adopted data, or all of them while a watch is re-established after
-// the CRDs came back. For a name the CO gave (it exists, or existed): a
+// getOrRead is get, else a GET into obj (found false on NotFound): the cache
+// may lag behind objects other processes wrote. For names the CO gave, so a
 // miss costs one request.
 func getOrRead[T client.Object](ctx context.Context, c client.Reader, inf cache.SharedIndexInformer, name string, obj T) (T, bool, error) {
 	if o, ok := get[T](inf, name); ok {

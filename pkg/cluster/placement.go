@@ -19,13 +19,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Placement: which node a volume goes to, how much room a node has, and the
-// capacity the controller reports. A node's room is computed from the
-// sizes of its LocalVolumes as the object cache's events showed them (a
-// running sum per node, kept by seen: O(1) per create, whatever the number
-// of volumes) plus the sizes this process wrote that the cache has not
-// seen yet (pending), under a per-node lock, so concurrent creates and
-// expansions never oversubscribe a node.
+// Placement. A node's room comes from its LocalVolumes' sizes as the cache
+// showed them (a running sum per node, O(1) per create) plus the sizes this
+// process wrote that the cache has not shown yet (pending), under a per-node
+// lock, so concurrent creates and growths never oversubscribe a node.
 
 func (b *ControllerBackend) nodeLock(node string) *sync.Mutex {
 	b.mu.Lock()
@@ -53,9 +50,8 @@ type unseenSize struct {
 	written time.Time
 }
 
-// unseenFor is how long a pending size is counted at most: the cache shows
-// a write within milliseconds; only an object created and deleted before
-// the controller recorded its size is never seen to go.
+// unseenFor is how long a pending size counts at most: only an object created
+// and deleted before its size was recorded is never seen to go.
 const unseenFor = time.Minute
 
 // countedSize is what a node's used bytes count for one cached
@@ -88,9 +84,8 @@ func (b *ControllerBackend) wrote(node, id string, size int64) {
 	b.pending[node][id] = unseenSize{size, time.Now()}
 }
 
-// seen is the cache's event handler for LocalVolumes: it keeps each node's
-// used bytes, and forgets a pending size once the cache shows it, or shows
-// the volume deleted.
+// seen is the LocalVolume event handler: it keeps each node's used bytes and
+// forgets a pending size once the cache shows it.
 func (b *ControllerBackend) seen(o any, deleted bool) {
 	lv, ok := o.(*v1.LocalVolume)
 	if !ok { // a deletion the watch missed: the object's last known state
@@ -120,10 +115,9 @@ func (b *ControllerBackend) seen(o any, deleted bool) {
 	}
 }
 
-// usedOn is the bytes the LocalVolumes of node take: the cached ones'
-// counted sizes, grown to the sizes written on node that the cache does
-// not show yet, plus those of volumes it does not show at all (pending
-// sizes older than unseenFor are forgotten).
+// usedOn is the bytes node's LocalVolumes take: the cached ones' counted sizes,
+// grown to the pending sizes the cache does not show yet, plus pending volumes
+// it does not show at all.
 func (b *ControllerBackend) usedOn(node string) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -157,9 +151,8 @@ func (b *ControllerBackend) room(_ context.Context, node string) (nodeRoom, erro
 		return r, nil
 	}
 	used := b.usedOn(node)
-	// The node's figures are as of its last heartbeat: free space less what
-	// the volumes it held then may still write, less the volumes placed
-	// since (or grown: the sizes here beyond what it counted).
+	// The heartbeat's free space, less what its volumes may still write, less
+	// what was placed or grown since.
 	pending := used - ln.Status.AllocatedBytes.Value()
 	free := ln.Status.FreeBytes.Value() - ln.Status.HeadroomBytes.Value() - pending
 	r.available = max(min(ln.Status.CapacityBytes.Value()-used, free), 0)
@@ -180,10 +173,9 @@ func nodeOf(t *csi.Topology) (string, bool) {
 	return "", false
 }
 
-// candidates lists the nodes a volume may go to, in order: the preferred
-// topologies first (in their order, restricted to the requisite ones when
-// those are given), then the other admissible nodes — the requisite ones,
-// or without requirements every node with a LocalNode — most room first.
+// candidates lists the nodes a volume may go to: the preferred topologies in
+// order (restricted to the requisite ones), then the other admissible nodes
+// (requisite, or every LocalNode), most room first.
 func (b *ControllerBackend) candidates(ctx context.Context, req *csi.TopologyRequirement) ([]string, error) {
 	var first, rest []string
 	seen := map[string]bool{}
@@ -269,11 +261,9 @@ func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume,
 	return fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", contract.ErrNoSpace, lv.Spec.Size.Value(), strings.Join(refused, "; "))
 }
 
-// place creates lv on node if the node has room. Decisions for one node
-// are serialized and reserve the size they grant before the object is
-// written (pending, counted by room until the cache shows the object), so
-// concurrent creates never oversubscribe a node, and their API writes run
-// in parallel instead of one after another under the node's lock.
+// place creates lv on node if the node has room. Decisions for one node are
+// serialized and reserve the size they grant before the object is written,
+// so the API writes run in parallel, not one by one under the node's lock.
 func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node string) (bool, string, error) {
 	release, why, err := b.reserve(ctx, lv, node)
 	if why != "" || err != nil {
@@ -293,11 +283,9 @@ func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node 
 	return true, "", nil
 }
 
-// reserve records lv's size as placed on node (wrote) if the node has
-// room for it, under the node's lock, and returns the function that takes
-// the reservation back (for a write that failed: what was pending for lv
-// before, an earlier attempt's size, is pending again); otherwise it says
-// why not.
+// reserve records lv's size as placed on node (wrote) if the node has room,
+// under the node's lock, and returns the undo for a write that failed (an
+// earlier attempt's pending size is pending again); otherwise it says why not.
 func (b *ControllerBackend) reserve(ctx context.Context, lv *v1.LocalVolume, node string) (release func(), why string, err error) {
 	l := b.nodeLock(node)
 	l.Lock()

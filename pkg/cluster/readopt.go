@@ -12,9 +12,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// nodeData is one node's data as its reconcilers and heartbeat see it:
-// finding the data no object claims (orphans) and re-creating objects for
-// it (re-adoption).
+// nodeData finds one node's data that no object claims (orphans) and
+// re-creates objects for it (re-adoption).
 type nodeData struct {
 	c     client.Client
 	node  string
@@ -22,10 +21,9 @@ type nodeData struct {
 	snaps NodeSnapshots
 }
 
-// readoptGone re-adopts at once the data of an object that was just deleted
-// without a delete intent (by hand, or with its CRD), instead of waiting for
-// the next heartbeat. Data removed for a DeleteVolume/DeleteSnapshot is
-// already gone when its object goes, so nothing is re-adopted then.
+// readoptGone re-adopts at once the data of an object just deleted without a
+// delete intent, instead of at the next heartbeat (after a DeleteVolume the
+// data is already gone).
 func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
 	var path string
 	switch {
@@ -49,14 +47,9 @@ func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
 	return nil
 }
 
-// readopt re-creates the LocalVolume / LocalSnapshot objects for data this
-// node holds but no object claims. Such data lost its object without a
-// DeleteVolume/DeleteSnapshot (for those the node plugin removes the data
-// and its local record before it deletes the object): its CRD was
-// deleted, or the object was deleted by hand (a pending delete's too).
-// Re-creating the object lets existing PVs work again with no manual
-// step. The objects carry ReadoptedLabel. It returns the orphans it could
-// not re-adopt (e.g. while the CRDs are missing).
+// readopt re-creates objects (with ReadoptedLabel) for data this node holds
+// that no object claims, its object gone by hand or with its CRD, so existing
+// PVs work again with no manual step. It returns what it could not re-adopt.
 func (d nodeData) readopt(ctx context.Context, orphans []v1.OrphanedData) []v1.OrphanedData {
 	var left []v1.OrphanedData
 	for _, o := range orphans {

@@ -25,10 +25,8 @@ func (b *ControllerBackend) waitCtx(ctx context.Context) (context.Context, conte
 	return context.WithTimeout(ctx, b.Wait)
 }
 
-// awaitCache calls cond with the cached state of the object name of kind
-// (inf's; nil and false while the cache lacks it) now and after each change
-// the cache sees, until cond says finished or fails, or ctx ends (its
-// error).
+// awaitCache calls cond with the cached state of object name of kind (nil and
+// false while absent) now and after each change, until it is done or ctx ends.
 func (b *ControllerBackend) awaitCache(ctx context.Context, kind string, inf cache.SharedIndexInformer, name string, cond func(obj client.Object, ok bool) (bool, error)) error {
 	woken, stop := b.cache.subscribe(kind, name)
 	defer stop()
@@ -45,12 +43,9 @@ func (b *ControllerBackend) awaitCache(ctx context.Context, kind string, inf cac
 	}
 }
 
-// waitFor waits, on the object cache's events, until done, called with
-// each state of the object name of kind (inf's), says it is finished or
-// failed. known: the caller has just created the object (the cache may not
-// have it yet); otherwise one GET (objType) tells whether an object the
-// cache lacks exists. Running out of time is DEADLINE_EXCEEDED, the object
-// going away ABORTED.
+// waitFor waits on cache events until done says object name of kind is done.
+// known: just created; otherwise one GET (objType) tells whether one the cache
+// lacks exists. Out of time is DEADLINE_EXCEEDED, the object gone ABORTED.
 func (b *ControllerBackend) waitFor(ctx context.Context, kind string, inf cache.SharedIndexInformer, objType client.Object, name string, known bool, done func(client.Object) (bool, error)) error {
 	ctx, cancel := b.waitCtx(ctx)
 	defer cancel()
@@ -144,10 +139,9 @@ func (b *ControllerBackend) waitVolume(ctx context.Context, id string, known boo
 	return toVolume(lv), nil
 }
 
-// waitExpanded waits until volume id's node reports at least size bytes,
-// or an error for generation gen (the one whose spec.size asked for size)
-// or later: a cached state older than the write that grew the volume may
-// still show the error of an earlier attempt.
+// waitExpanded waits until volume id's node reports at least size bytes, or
+// an error for generation gen or later: an older cached state may still show
+// an earlier attempt's error.
 func (b *ControllerBackend) waitExpanded(ctx context.Context, id string, size, gen int64) (int64, error) {
 	lv := &v1.LocalVolume{}
 	err := b.waitFor(ctx, "LocalVolume", b.cache.volumes, &v1.LocalVolume{}, id, true,
@@ -194,9 +188,8 @@ func (b *ControllerBackend) waitSnapshot(ctx context.Context, id string, known b
 	return toSnapshot(ls), nil
 }
 
-// waitModified waits until volume id's node reports the mutable
-// parameters want in effect, or an error for generation gen (the one whose
-// spec asked for them) or later.
+// waitModified waits until volume id's node reports want in effect, or an
+// error for generation gen or later.
 func (b *ControllerBackend) waitModified(ctx context.Context, id string, want map[string]string, gen int64) (*v1.LocalVolume, error) {
 	lv := &v1.LocalVolume{}
 	err := b.waitFor(ctx, "LocalVolume", b.cache.volumes, &v1.LocalVolume{}, id, true,

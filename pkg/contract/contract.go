@@ -1,9 +1,7 @@
-// Package contract holds what localdir's CSI services (pkg/driver) and the
-// backends they drive (pkg/volume in all mode, pkg/cluster in controller and
-// node mode) agree on: the volume and snapshot the backends exchange, the
-// topology key, the StorageClass parameters and their parsing, topology
-// matching, the data-plane error sentinels and their one mapping to gRPC
-// codes. It is a leaf: it imports no other localdir package.
+// Package contract holds what localdir's CSI services (pkg/driver) and their
+// backends (pkg/volume, pkg/cluster) agree on: the volume and snapshot types,
+// topology, StorageClass and mutable parameters, the error sentinels and
+// their one mapping to gRPC codes. It imports no other localdir package.
 package contract
 
 import (
@@ -36,9 +34,8 @@ func Admits(t *csi.Topology, node string) bool {
 	return true
 }
 
-// Reachable reports whether a topology requirement (CSI
-// accessibility_requirements) admits node. With requisite topologies given,
-// one must name the node; preferred ones alone are only a preference.
+// Reachable reports whether accessibility_requirements admit node: one
+// requisite topology must name it; preferred ones alone are a preference.
 func Reachable(req *csi.TopologyRequirement, node string) bool {
 	if len(req.GetRequisite()) == 0 {
 		return true
@@ -51,9 +48,8 @@ func Reachable(req *csi.TopologyRequirement, node string) bool {
 	return false
 }
 
-// Parameters. The csi.storage.k8s.io/ prefix is reserved for what
-// external-provisioner adds (PVC name, namespace, secrets refs); those are
-// accepted and not stored. Anything else must be one of these.
+// Parameters. Those with the csi.storage.k8s.io/ prefix (external-provisioner's)
+// are accepted and not stored; anything else must be one of these.
 const (
 	// ParamDirMode is the octal permission of a mount volume's root
 	// directory, e.g. "0770". Default DefaultDirMode.
@@ -91,9 +87,8 @@ type Params struct {
 	DirMode uint32
 }
 
-// ParseParams validates StorageClass parameters (the CreateVolume request's,
-// or those stored with a volume). Errors: INVALID_ARGUMENT naming the
-// unknown parameter or the bad value.
+// ParseParams validates StorageClass parameters (a request's or a record's).
+// Errors: INVALID_ARGUMENT naming the unknown parameter or the bad value.
 func ParseParams(p map[string]string) (Params, error) {
 	vp := Params{DirMode: DefaultDirMode}
 	keys := sort.StringSlice(nil)
@@ -118,22 +113,15 @@ func ParseParams(p map[string]string) (Params, error) {
 }
 
 // Mutable parameters: what a VolumeAttributesClass may set, in CreateVolume
-// (mutable_parameters) and ControllerModifyVolume (CSI spec
-// "ControllerModifyVolume"). Only the keys given are changed.
+// and ControllerModifyVolume. Only the keys given are changed.
 const (
 	// ParamCompression is the btrfs compression of a directory volume on
-	// btrfs: one of Compressions. Data written after the change is
-	// compressed with it (btrfs property "compression"; "none" turns
-	// compression off, whatever the mount options say).
+	// btrfs (one of Compressions), for data written after the change.
 	ParamCompression = "compression"
 
-	// I/O limits of an image volume (raw block, or a filesystem on an
-	// image) for each pod that uses it, on the volume's loop device: bytes
-	// per second and I/O operations per second, a Kubernetes quantity or
-	// integer ("10Mi", "500"); "0" removes the limit. The node sets them on
-	// the pod's cgroup (v1 blkio.throttle.*, v2 io.max) at
-	// NodePublishVolume and whenever they change, and removes them at
-	// NodeUnpublishVolume.
+	// I/O limits of an image volume per pod on its loop device, per second: a
+	// quantity or integer ("10Mi", "500"), "0" for none. The node keeps them on
+	// the pod's cgroup from NodePublishVolume to NodeUnpublishVolume.
 	ParamReadBytesPerSecond  = "readBytesPerSecond"
 	ParamWriteBytesPerSecond = "writeBytesPerSecond"
 	ParamReadIOPS            = "readIOPS"
@@ -151,8 +139,7 @@ type IOLimits struct {
 	ReadIOPS, WriteIOPS uint64
 }
 
-// field is the IOLimits field of I/O limit parameter k (nil for another
-// key).
+// field is the IOLimits field of I/O limit parameter k, nil for another key.
 func (l *IOLimits) field(k string) *uint64 {
 	switch k {
 	case ParamReadBytesPerSecond:
@@ -194,9 +181,8 @@ func parseRate(k, v string) (uint64, error) {
 // Compressions are the values of ParamCompression.
 var Compressions = []string{"none", "zstd", "lzo", "zlib"}
 
-// KnownMutableParameters lists every mutable parameter, for docs and
-// tests. ParamDirMode is one too: the permission of a filesystem volume's
-// root (a directory volume's, an image volume's filesystem), changed in place.
+// KnownMutableParameters lists every mutable parameter, for docs and tests;
+// ParamDirMode changes a filesystem volume's root permission in place.
 var KnownMutableParameters = append([]string{ParamCompression, ParamDirMode}, IOLimitParameters...)
 
 // Mutable is a parsed, validated set of mutable parameters; nil fields
@@ -210,10 +196,8 @@ type Mutable struct {
 	IO map[string]uint64
 }
 
-// ParseMutable validates mutable parameters (a CreateVolume or
-// ControllerModifyVolume request's mutable_parameters, or those stored
-// with a volume). Errors: INVALID_ARGUMENT naming the unknown parameter
-// or the bad value.
+// ParseMutable validates mutable parameters (a request's or a record's).
+// Errors: INVALID_ARGUMENT naming the unknown parameter or the bad value.
 func ParseMutable(p map[string]string) (Mutable, error) {
 	var m Mutable
 	keys := make([]string, 0, len(p))
@@ -251,9 +235,8 @@ func ParseMutable(p map[string]string) (Mutable, error) {
 	return m, nil
 }
 
-// MergeMutable is the mutable parameters have with those of params set on
-// top (only the keys given change: spec "ControllerModifyVolume"); a new
-// map, never nil.
+// MergeMutable is have with params set on top (only the keys given change);
+// a new map, never nil.
 func MergeMutable(have, params map[string]string) map[string]string {
 	out := make(map[string]string, len(have)+len(params))
 	maps.Copy(out, have)
@@ -271,9 +254,8 @@ func ParseDirMode(k, v string) (uint32, error) {
 	return uint32(m), nil
 }
 
-// ToStatus is the one boundary where storage errors become gRPC codes (CSI
-// spec, "Error Scheme"). An error that already carries a status keeps it; an
-// error wrapping none of the volume sentinels is INTERNAL.
+// ToStatus is the one place storage errors become gRPC codes (CSI "Error
+// Scheme"); an error with a status keeps it, one without a sentinel is INTERNAL.
 func ToStatus(err error) error {
 	if err == nil {
 		return nil
@@ -314,8 +296,7 @@ func Code(err error) codes.Code {
 }
 
 // Reported is the failure of an operation another localdir process carried
-// out and reported by its gRPC code (in cluster mode, the node plugin's
-// status.errorCode): ToStatus and Code give it that code.
+// out, with the gRPC code it reported (a node plugin's status.errorCode).
 type Reported struct {
 	Code    codes.Code
 	Message string

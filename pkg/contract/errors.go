@@ -2,10 +2,9 @@ package contract
 
 import "errors"
 
-// Sentinel errors of the data plane. Every error pkg/volume and pkg/cluster return for a
-// caller mistake or a state conflict wraps exactly one of them (errors.Is);
-// ToStatus maps them to gRPC codes in one place. Anything else is an
-// internal failure.
+// Sentinel errors of the data plane. Every error pkg/volume and pkg/cluster
+// return for a caller mistake or a state conflict wraps exactly one of them;
+// ToStatus maps them to gRPC codes. Anything else is an internal failure.
 var (
 	// ErrNotFound: the volume, snapshot or path does not exist (NOT_FOUND).
 	ErrNotFound = errors.New("not found")
@@ -20,12 +19,10 @@ var (
 	// ErrInvalid: malformed input, e.g. an unknown mount flag or a target
 	// path that is a symlink (INVALID_ARGUMENT).
 	ErrInvalid = errors.New("invalid argument")
-	// ErrPrecondition: the object is in the wrong state for the call, e.g.
-	// deleting a mounted volume or publishing one that is not staged
-	// (FAILED_PRECONDITION).
+	// ErrPrecondition: the object is in the wrong state for the call, e.g. a
+	// mounted volume deleted (FAILED_PRECONDITION).
 	ErrPrecondition = errors.New("failed precondition")
-	// ErrBusy: another operation on the same volume or snapshot is in
-	// progress and conflicts with this one, e.g. deleting a snapshot that
-	// a restore is reading (ABORTED: the CO retries).
+	// ErrBusy: a conflicting operation on the same volume or snapshot is in
+	// progress (ABORTED: the CO retries).
 	ErrBusy = errors.New("operation pending")
 )

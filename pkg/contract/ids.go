@@ -9,10 +9,9 @@ import (
 )
 
 // Volume and snapshot ids are generated here and nowhere else. They are the
-// only strings from which a path under the data root is ever built, and every
+// only strings a path under the data root is ever built from, and every
 // path-building function checks them against these patterns first, so a
-// caller-supplied "../x", absolute path or NUL byte can never reach the
-// filesystem.
+// caller-supplied "../x", absolute path or NUL byte never reaches the disk.
 var (
 	volumeIDPattern   = regexp.MustCompile(`^vol-[0-9a-f]{32}$`)
 	snapshotIDPattern = regexp.MustCompile(`^snap-[0-9a-f]{32}$`)
@@ -26,11 +25,9 @@ func ValidVolumeID(id string) bool { return volumeIDPattern.MatchString(id) }
 // driver issues: "snap-" followed by 32 lowercase hex digits.
 func ValidSnapshotID(id string) bool { return snapshotIDPattern.MatchString(id) }
 
-// newID returns prefix + the 32 hex digits of a UUIDv7 (RFC 9562: 48 bits
-// of Unix time in milliseconds, then version, variant and 74 random bits).
-// Ids made later sort later, so new records land at the end of the state
-// file's B-tree instead of in random pages: a commit writes fewer pages, and
-// its cost does not grow with the number of volumes.
+// newID returns prefix + the hex of a UUIDv7 (time-ordered, 74 random bits):
+// later ids sort later, so new records land at the end of the state file's
+// B-tree, not in random pages, and a commit writes fewer pages.
 func newID(prefix string) string {
 	u, err := uuid.NewV7()
 	if err != nil {
@@ -51,9 +48,8 @@ var groupSnapshotIDPattern = regexp.MustCompile(`^group-[0-9a-f]{32}$`)
 // group_snapshot_id.
 func ValidGroupSnapshotID(id string) bool { return groupSnapshotIDPattern.MatchString(id) }
 
-// GroupSnapshotIDFor is the group_snapshot_id of the group snapshot of a
-// CSI name: "group-" and 32 hex digits of its SHA-256, so that a retried
-// create finds its group by id.
+// GroupSnapshotIDFor is the group_snapshot_id for a CSI name ("group-" + a
+// SHA-256 prefix), so that a retried create finds its group.
 func GroupSnapshotIDFor(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "group-" + hex.EncodeToString(sum[:16])

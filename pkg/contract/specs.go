@@ -1,8 +1,7 @@
 package contract
 
-// The requests the CSI services hand to a backend, and what a backend
-// answers besides Volume and Snapshot: shared here so that the controller
-// side (pkg/cluster) uses them without importing the data plane.
+// The requests the CSI services hand to a backend and its other answers,
+// shared so that pkg/cluster uses them without importing the data plane.
 
 import (
 	"fmt"
@@ -15,9 +14,8 @@ import (
 
 // CreateSpec describes a new volume.
 type CreateSpec struct {
-	// ID is the volume_id to use; empty means a fresh random one. The
-	// cluster controller chooses ids, and a node creating an id it already
-	// holds gets the existing volume back (the reconciler's idempotency).
+	// ID is the volume_id to use; "": a fresh one. A node creating an id it
+	// already holds returns the existing volume (reconciler idempotency).
 	ID string
 	// Name is the CSI name (stored, never used in a path).
 	Name string
@@ -25,17 +23,15 @@ type CreateSpec struct {
 	SizeBytes int64
 	// AccessType is AccessMount or AccessBlock.
 	AccessType AccessType
-	// FsType makes a mount volume an image volume: an image file of
-	// SizeBytes (at least FsTypes[FsType]) that the node formats
-	// with this filesystem when it is first staged. "" for a directory.
+	// FsType makes a mount volume an image volume: an image file the node
+	// formats with this filesystem at its first stage. "": a directory.
 	FsType string
 	// Parameters are stored with the record.
 	Parameters map[string]string
 	// MutableParameters (ParseMutable) are applied to the new
 	// volume's data before its record is committed, and stored with it.
 	MutableParameters map[string]string
-	// DirMode is the permission of a mount volume's root directory (chmod(2)
-	// bits, e.g. 0o2770).
+	// DirMode is the chmod(2) bits of a mount volume's root, e.g. 0o2770.
 	DirMode uint32
 	// SourceSnapshotID / SourceVolumeID fill the new volume with a copy of
 	// a snapshot or another volume (at most one is set).
@@ -46,9 +42,8 @@ type CreateSpec struct {
 	EphemeralID string
 }
 
-// EphemeralName is the name key under which the ephemeral volume for a
-// CO-chosen volume_id is recorded. It starts with a NUL byte, which no CSI
-// name may contain, so it never collides with a CreateVolume name.
+// EphemeralName is the name the ephemeral volume of a CO-chosen id is recorded
+// under; its leading NUL byte, banned in CSI names, keeps it apart from them.
 func EphemeralName(coID string) string { return "\x00ephemeral/" + coID }
 
 // SnapshotSpec describes a new snapshot.
@@ -68,12 +63,9 @@ type GroupSnapshot struct {
 	CreatedAt time.Time
 }
 
-// CheckGroupMembers checks the snapshot_ids a CO gave for group gid
-// (none: no check) against members, the group's snapshot ids: every
-// member that still exists is named, and every id named is a member or a
-// snapshot that no longer exists (one a delete cut short removed already).
-// exists tells whether a snapshot id exists. Errors: ErrInvalid
-// naming the snapshot.
+// CheckGroupMembers checks the snapshot_ids a CO gave for group gid (none: no
+// check): every existing member is named, and every named id is a member or
+// gone (a cut-short delete). Errors: ErrInvalid naming the snapshot.
 func CheckGroupMembers(gid string, members, given []string, exists func(id string) bool) error {
 	if len(given) == 0 {
 		return nil
@@ -105,11 +97,8 @@ type Problem struct {
 	Message string
 }
 
-// CheckMutableKind tells whether volume id ("" for a volume not created
-// yet: CreateVolume's mutable_parameters, before it is placed), of
-// accessType and fsType, can take the mutable parameters params:
-// ErrInvalid naming the one it cannot take. That compression
-// needs a data root on btrfs is only known on the node.
+// CheckMutableKind is CheckMutable for a volume of accessType and fsType (id
+// "": not created yet); compression's need of btrfs is checked on the node.
 func CheckMutableKind(id string, accessType AccessType, fsType string, params map[string]string) error {
 	mut, err := MutableOf(params)
 	if err != nil {
@@ -173,25 +162,21 @@ type PublishOptions struct {
 	// MountFlags are the capability's mount flags (mount.ParseFlags).
 	MountFlags []string
 	// PodUID is the pod the volume is published for (volume_context
-	// csi.storage.k8s.io/pod.uid), "" when the CO did not say: recorded
-	// for the volume's I/O limits and group snapshot freezes (pods.go).
+	// csi.storage.k8s.io/pod.uid), "" when the CO did not say.
 	PodUID string
 }
 
 // Usage is what a volume holds, for CSI NodeGetVolumeStats.
 type Usage struct {
-	// TotalBytes is the volume's capacity in bytes; UsedBytes the space its
-	// files occupy (qgroup referenced bytes on btrfs; allocated blocks with
-	// hard links counted once on dir; for block volumes the bytes written
-	// to the image, its data segments); AvailableBytes = TotalBytes -
-	// UsedBytes, never negative.
+	// TotalBytes is the capacity; UsedBytes the space its files occupy
+	// (the engine's figure; for block volumes the bytes written to the
+	// image); AvailableBytes the rest, never negative.
 	TotalBytes, UsedBytes, AvailableBytes int64
 	// HasInodes says whether the inode figures are known (not for block
 	// volumes, nor on btrfs, which has no inode limit).
 	HasInodes bool
-	// UsedInodes counts the volume's files and directories (hard links
-	// once); FreeInodes is what its filesystem has left; TotalInodes is
-	// their sum.
+	// UsedInodes counts the volume's files and directories, FreeInodes what
+	// its filesystem has left; TotalInodes is their sum.
 	TotalInodes, UsedInodes, FreeInodes int64
 }
 
@@ -199,18 +184,15 @@ type Usage struct {
 type CapacityInfo struct {
 	// Total is the configured capacity, or the filesystem's size.
 	Total int64
-	// Allocated is the sum of the sizes of existing volumes (and of the
-	// creates and expansions in progress).
+	// Allocated is the sum of the volumes' sizes, creates and growths included.
 	Allocated int64
 	// Free is the free space of the filesystem (statfs f_bavail).
 	Free int64
-	// Headroom is what existing volumes may still write: the sum over them
-	// of their size minus the bytes they use (never below 0 per volume), as
-	// last measured.
+	// Headroom is what existing volumes may still write: the sum of their
+	// size minus their last measured use (at least 0 each).
 	Headroom int64
 	// Available is what a new volume can still be guaranteed:
-	// min(Total - Allocated, Free - Headroom), never negative. Creating a
-	// volume of S bytes lowers it by S; deleting it gives S back.
+	// min(Total - Allocated, Free - Headroom), never negative.
 	Available int64
 }
 

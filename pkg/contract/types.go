@@ -24,19 +24,16 @@ const (
 	EngineAuto  Engine = "auto"
 )
 
-// FsTypes are the filesystems an image volume can be made with
-// (VolumeCapability.mount.fs_type, the StorageClass parameter
-// csi.storage.k8s.io/fstype), each with the smallest size in bytes its
-// mkfs accepts: mkfs.xfs refuses filesystems under 300 MiB.
+// FsTypes are the filesystems an image volume can be made with (fs_type,
+// csi.storage.k8s.io/fstype), each with the smallest size its mkfs accepts
+// (mkfs.xfs refuses filesystems under 300 MiB).
 var FsTypes = map[string]int64{
 	"ext4": 1 << 20,
 	"xfs":  300 << 20,
 }
 
-// Volume is one CSI volume as the backends hand it to the CSI services: the
-// node-local store (pkg/state, through pkg/volume) in all and node mode, a
-// LocalVolume object (pkg/cluster) in controller mode. How each stores it is
-// its own business.
+// Volume is one CSI volume as the backends hand it to the CSI services
+// (pkg/volume's records, pkg/cluster's LocalVolume objects).
 type Volume struct {
 	// ID is the driver-issued volume_id (see pkg/volume for its pattern).
 	ID string
@@ -47,12 +44,10 @@ type Volume struct {
 	CapacityBytes int64
 	// AccessType is AccessMount or AccessBlock.
 	AccessType AccessType
-	// FsType is an image volume's filesystem (a key of FsTypes): a mount
-	// volume whose data is an image file formatted with it. "" for a
+	// FsType is an image volume's filesystem (a key of FsTypes); "" for a
 	// directory volume and for raw block.
 	FsType string
-	// Parameters are the StorageClass parameters the volume was created with
-	// (the csi.storage.k8s.io/ ones excluded).
+	// Parameters are the StorageClass parameters, csi.storage.k8s.io/ ones excluded.
 	Parameters map[string]string
 	// MutableParameters are the mutable parameters in effect (ParseMutable:
 	// those of the create, then of each modify, merged), nil for none.
@@ -68,8 +63,7 @@ type Volume struct {
 	Engine Engine
 	// CreatedAt is when the create was committed (UTC).
 	CreatedAt time.Time
-	// Node is the node id holding the volume (filled in by the controller
-	// side; a node does not store it).
+	// Node is the node id holding the volume (controller side only).
 	Node string
 }
 
@@ -91,8 +85,7 @@ type Snapshot struct {
 	Engine Engine
 	// CreatedAt is when the snapshot was cut (UTC).
 	CreatedAt time.Time
-	// GroupSnapshotID is the group_snapshot_id of the volume group
-	// snapshot it was cut in, "" for a snapshot of its own.
+	// GroupSnapshotID is the group snapshot it was cut in, "" for none.
 	GroupSnapshotID string
 	// Node is the node id holding the snapshot (controller side only).
 	Node string

@@ -9,12 +9,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Backend is what the Controller service works on: in all mode the
-// node's Store (LocalBackend), in controller mode the
-// LocalVolume/LocalSnapshot custom resources that node plugins carry out
-// (pkg/cluster). The Controller service keeps the CSI semantics —
-// validation, idempotency, locks, codes — and the backend the placement and
-// the data. Errors wrap the contract sentinels.
+// Backend is what the Controller service works on: the node's Store in all
+// mode (LocalBackend), pkg/cluster's custom resources in controller mode. The
+// service keeps the CSI semantics; the backend places and stores. Errors
+// wrap the contract sentinels.
 type Backend interface {
 	// VolumeByName returns the volume created for a CSI name, or nil.
 	VolumeByName(ctx context.Context, name string) (*contract.Volume, error)
@@ -22,9 +20,8 @@ type Backend interface {
 	Volume(ctx context.Context, id string) (*contract.Volume, error)
 	// ListVolumes pages through volumes in id order.
 	ListVolumes(ctx context.Context, after string, limit int) ([]*contract.Volume, string, error)
-	// CreateVolume places and creates a volume; topology is the request's
-	// accessibility_requirements (ErrNoSpace when no admissible node has
-	// room, or the content source lives on a node they exclude).
+	// CreateVolume places and creates a volume within topology; ErrNoSpace
+	// when no admissible node has room or holds the content source.
 	CreateVolume(ctx context.Context, spec contract.CreateSpec, topology *csi.TopologyRequirement) (*contract.Volume, error)
 	// DeleteVolume deletes a volume; unknown ids succeed.
 	DeleteVolume(ctx context.Context, id string) error

@@ -38,18 +38,11 @@ func (s *controller) csiVolume(v *contract.Volume) *csi.Volume {
 	return out
 }
 
-// CreateVolume provisions a volume on this node (spec §CreateVolume).
-// Arguments are checked before any lookup; a repeated call with the same
-// name and compatible arguments returns the existing volume, an incompatible
-// one ALREADY_EXISTS. Codes: INVALID_ARGUMENT, ALREADY_EXISTS, OUT_OF_RANGE,
-// RESOURCE_EXHAUSTED (no room, or the topology excludes this node), ABORTED
-// (a call for the same name, or on the source volume, is in flight),
-// NOT_FOUND (content source). The size is resolveCreateSize's: with a
-// content source, the source's size (in bytes) unless required_bytes asks
-// for more — a capacity_range without required_bytes, or with both fields
-// 0, is unspecified, not a request for the default size — and OUT_OF_RANGE
-// when limit_bytes (or --max-volume-size) is below the source's size. A
-// source of the other access type is INVALID_ARGUMENT.
+// CreateVolume validates the request, resolves the size (resolveCreateSize,
+// fitFsType) and has the backend create the volume. A repeated call with the
+// same name and compatible arguments returns the existing volume, an
+// incompatible one is ALREADY_EXISTS (compatible). ABORTED while a call for
+// the same name, or on the source volume, is in flight.
 func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err
@@ -57,8 +50,6 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities are required")
 	}
-	// Every capability must be one a volume can serve, and one volume all
-	// of them (a mount and a block capability together: none).
 	if i := judgeCaps(req.GetVolumeCapabilities(), nil); i != nil {
 		return nil, i.err()
 	}
@@ -128,10 +119,8 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	return &csi.CreateVolumeResponse{Volume: s.csiVolume(v)}, nil
 }
 
-// source resolves a CreateVolume content source to a snapshot or volume id
-// and its size in bytes. Codes: NOT_FOUND for a source that does not exist
-// on this node (an id of any other shape included), INVALID_ARGUMENT for an
-// empty or unknown source type.
+// source resolves a content source to a snapshot or volume id and its size:
+// NOT_FOUND for an unknown source, INVALID_ARGUMENT for an empty one.
 func (s *controller) source(ctx context.Context, src *csi.VolumeContentSource) (snapID, volID string, size int64, err error) {
 	switch {
 	case src == nil:
@@ -152,9 +141,8 @@ func (s *controller) source(ctx context.Context, src *csi.VolumeContentSource) (
 	return "", "", 0, invalid("volume_content_source has no snapshot or volume")
 }
 
-// DeleteVolume removes a volume and its data (spec §DeleteVolume). Unknown
-// ids succeed. Codes: INVALID_ARGUMENT (no id), FAILED_PRECONDITION (still
-// mounted on the node), ABORTED (another call on this id is in flight).
+// DeleteVolume deletes a volume; unknown ids succeed. ABORTED while another
+// call on the id is in flight.
 func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -174,12 +162,9 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
-// ValidateVolumeCapabilities confirms the capabilities this volume supports
-// (spec §ValidateVolumeCapabilities): confirmed is set only when every
-// capability is supported, as judgeCaps decides for CreateVolume and the
-// node calls too, and given parameters and volume_context are the
-// volume's; otherwise confirmed stays unset and message says why. Codes:
-// INVALID_ARGUMENT (no id, no or a malformed capability), NOT_FOUND.
+// ValidateVolumeCapabilities confirms only when judgeCaps accepts every
+// capability and the given parameters and volume_context are the volume's;
+// otherwise message says why.
 func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -200,9 +185,8 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if i := judgeCaps(req.GetVolumeCapabilities(), v); i != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s: %s", v.ID, i.msg)}, nil
 	}
-	// Given parameters and volume_context are confirmed only when they are
-	// the volume's: a CreateVolume of its name with those parameters would
-	// be ALREADY_EXISTS.
+	// Other parameters are not confirmed: a CreateVolume of its name with them
+	// would be ALREADY_EXISTS.
 	if len(req.GetParameters()) > 0 && !maps.Equal(v.Parameters, userParams(req.GetParameters())) {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: fmt.Sprintf("volume %s was created with other parameters than %v", v.ID, userParams(req.GetParameters()))}, nil
 	}
@@ -216,9 +200,7 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}}, nil
 }
 
-// ListVolumes pages through the volumes in id order (spec §ListVolumes).
-// Tokens are opaque. Codes: INVALID_ARGUMENT (negative max_entries),
-// ABORTED (a token this driver did not issue).
+// ListVolumes: see volumePage.
 func (s *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	vols, next, err := s.volumePage(ctx, req.GetMaxEntries(), req.GetStartingToken())
 	if err != nil {
@@ -231,10 +213,9 @@ func (s *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	return resp, nil
 }
 
-// volumePage is one page of volumes in id order for ListVolumes and
-// ControllerListVolumeHealth, and the token of the next ("" at the end).
-// Tokens are opaque. Codes: INVALID_ARGUMENT (negative max_entries),
-// ABORTED (a token this driver did not issue).
+// volumePage is one page of volumes in id order (ListVolumes,
+// ControllerListVolumeHealth) and the opaque token of the next ("" at the
+// end). INVALID_ARGUMENT for a negative max_entries, ABORTED for a foreign token.
 func (s *controller) volumePage(ctx context.Context, maxEntries int32, token string) ([]*contract.Volume, string, error) {
 	if maxEntries < 0 {
 		return nil, "", invalid("max_entries must not be negative")
@@ -250,8 +231,7 @@ func (s *controller) volumePage(ctx context.Context, maxEntries int32, token str
 	return vols, encodeToken(next), nil
 }
 
-// ControllerGetVolume returns one volume (spec
-// §ControllerGetVolume). Codes: INVALID_ARGUMENT, NOT_FOUND.
+// ControllerGetVolume returns one volume.
 func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -266,13 +246,9 @@ func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	}, nil
 }
 
-// GetCapacity reports the bytes still available for new volumes in the
-// requested topology segment (all mode: this node; controller mode: the
-// node the segment names, from its LocalNode): min(capacity − Σ volume
-// sizes, free space), and the largest volume that may be requested (spec
-// §GetCapacity). Capabilities that cannot be served (judgeCaps, as for
-// CreateVolume) or a topology that cannot be served get 0. Codes:
-// INVALID_ARGUMENT (malformed capability or unknown parameter).
+// GetCapacity reports the backend's Capacity for the requested topology
+// segment. Capabilities judgeCaps refuses get 0; malformed ones, and unknown
+// parameters, are INVALID_ARGUMENT.
 func (s *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	issue := judgeCaps(req.GetVolumeCapabilities(), nil)
 	if issue != nil && issue.malformed {
@@ -329,13 +305,8 @@ type publisher interface {
 }
 
 // ControllerPublishVolume checks that the volume lives on the node the CO
-// wants to use it on (spec §ControllerPublishVolume); there is nothing to
-// attach. Served in controller mode, where csi-attacher may run
-// (CSIDriver attachRequired is a deploy-time choice). Codes:
-// INVALID_ARGUMENT (missing field, malformed capability, a mount flag a bind
-// mount cannot apply), NOT_FOUND (volume or node), FAILED_PRECONDITION (the
-// volume lives on another node; a multi-node access mode or the other
-// access type — judgeCaps, as for the node calls).
+// wants it on (nothing to attach), in controller mode, where csi-attacher may
+// run; the capability is judged as for the node calls.
 func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	p, ok := s.d.backend.(publisher)
 	if !ok {

@@ -10,19 +10,11 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Volume expansion of the Controller service (EXPAND_VOLUME: spec
-// §ControllerExpandVolume).
-
-// ControllerExpandVolume grows a volume online (spec
-// §ControllerExpandVolume): the btrfs qgroup limit is raised or the image
-// grown; a block volume then needs NodeExpandVolume to refresh its loop
-// device. A required_bytes at or below the current size (or none, with a
-// limit_bytes the current size fits) succeeds with the current size.
-// Codes: INVALID_ARGUMENT (no id, no capacity_range, or neither
-// required_bytes nor limit_bytes), NOT_FOUND, OUT_OF_RANGE (above
-// --max-volume-size, or a current size above limit_bytes: volumes never
-// shrink), RESOURCE_EXHAUSTED (no room for the growth; OUT_OF_RANGE is
-// kept for the per-volume maximum, case C23), ABORTED.
+// ControllerExpandVolume grows a volume (backend ExpandVolume); an image or
+// block volume then needs NodeExpandVolume. A required_bytes the current size
+// meets, or only a limit_bytes it fits, succeeds with the current size;
+// volumes never shrink (OUT_OF_RANGE). No room is RESOURCE_EXHAUSTED:
+// OUT_OF_RANGE is kept for the per-volume maximum (case C23).
 func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -71,16 +63,10 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	}, nil
 }
 
-// ControllerModifyVolume applies a VolumeAttributesClass's mutable
-// parameters to a volume (MODIFY_VOLUME: spec §ControllerModifyVolume):
-// only the keys given change (contract.KnownMutableParameters: compression
-// for directory volumes on btrfs, dirMode for directory volumes). In
-// cluster mode the node plugin holding the volume applies them and the call
-// waits for it. Codes: INVALID_ARGUMENT (no volume_id, an unknown
-// parameter, a bad value, or one this volume cannot take: the CO then
-// marks the modify infeasible), NOT_FOUND, ABORTED (another operation on
-// the volume), UNAVAILABLE or DEADLINE_EXCEEDED (its node plugin did not
-// answer: the CO retries).
+// ControllerModifyVolume applies the mutable parameters given
+// (contract.CheckMutableKind, then the backend). INVALID_ARGUMENT makes the
+// CO mark the modify infeasible; UNAVAILABLE or DEADLINE_EXCEEDED (the node
+// plugin did not answer) make it retry.
 func (s *controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")

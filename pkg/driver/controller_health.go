@@ -8,10 +8,6 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Volume health of the Controller service (GET_VOLUME_HEALTH,
-// LIST_VOLUME_HEALTH: spec §ControllerGetVolume, §ControllerListVolumeHealth).
-
-// csiHealth converts volume id's problems to the CSI VolumeHealth message.
 func csiHealth(id string, h contract.Health) *csi.VolumeHealth {
 	out := &csi.VolumeHealth{VolumeId: id}
 	kinds := map[string]csi.VolumeHealthErrorType{
@@ -27,10 +23,8 @@ func csiHealth(id string, h contract.Health) *csi.VolumeHealth {
 	return out
 }
 
-// ControllerGetVolumeHealth reports problems of one volume: data missing
-// (DATA_LOSS), usage above capacity on the dir engine (DEGRADED). A healthy
-// volume has no entries. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it
-// only reads.
+// ControllerGetVolumeHealth reports one volume's problems (backend
+// VolumeHealth); a healthy volume has no entries.
 func (s *controller) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")

@@ -1,8 +1,7 @@
 // Package driver implements the CSI Identity, Controller and Node services:
-// request validation, capabilities, idempotency, locking and the mapping of
-// storage errors to gRPC codes. It does no disk I/O of its own: it works on
-// a Node (nodeside.go: volumes, snapshots, publisher) that pkg/app opens, and in
-// controller mode on a cluster Backend.
+// validation, capabilities, idempotency, locking and the mapping of errors
+// to gRPC codes. It does no disk I/O: it works on a Node (nodeside.go) and,
+// in controller mode, on a cluster Backend.
 package driver
 
 import (
@@ -93,9 +92,8 @@ func WithInterceptor(i grpc.UnaryServerInterceptor) Option {
 	return func(c *newConfig) { c.interceptor = i }
 }
 
-// New returns a node- or all-mode driver over node (pkg/app opens it and
-// runs its recovery first: OpenNode). In all mode the Controller service
-// works on node's volumes and snapshots (LocalBackend).
+// New returns a node- or all-mode driver over node (opened and recovered by
+// pkg/app's OpenNode); in all mode the Controller service works on it too.
 func New(opts Options, node Node, with ...Option) (*Driver, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -135,9 +133,8 @@ func (d *Driver) Run(ctx context.Context) error {
 	return errors.Join(d.Serve(ctx), d.Close())
 }
 
-// Serve is Run without closing the state file, for callers that run more
-// users of the store (the node agent) and close it after all of them
-// stopped.
+// Serve is Run without closing the state file, for callers whose other users
+// of the store (the node agent) stop later.
 func (d *Driver) Serve(ctx context.Context) error {
 	path, err := ParseEndpoint(d.opts.Endpoint)
 	if err != nil {
@@ -198,22 +195,18 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// Listen opens a unix socket at path with mode 0660 (owner and group only).
-// A stale socket left by a killed process is replaced; a socket a live
-// process answers on, or any other file there, is an error, never removed.
+// Listen opens a unix socket at path with mode 0660. A stale socket left by
+// a killed process is replaced; a socket a live process answers on (another
+// localdir on this --endpoint, which a takeover would cut off), or any other
+// file there, is an error, never removed.
 //
 // The socket is bound in a private directory (mode 0700) beside path,
-// chmod'ed and only then renamed to path: bind(2) creates it with the
-// process umask applied to 0777, and under umask 0 it would otherwise be
-// connectable by anyone until the chmod.
+// chmod'ed and only then renamed to path: bind(2) applies the umask to 0777,
+// so under umask 0 it would be connectable by anyone until the chmod.
 func Listen(path string) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket == 0 {
 		return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
 	} else if err == nil {
-		// A socket someone still answers on belongs to a running process
-		// (another localdir on the same --endpoint): taking it over would
-		// cut that one off. Only a stale socket (connection refused) is
-		// replaced.
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
 			return nil, fmt.Errorf("%s is in use: another process serves on it (is another localdir-csi running with this --endpoint?)", path)
@@ -255,9 +248,8 @@ var quietRPCs = map[string]bool{
 	"/csi.v1.Identity/GetPluginCapabilities":       true,
 }
 
-// logRPC traces requests at V(4) (secrets stripped by protosanitizer),
-// logs every failed call with its gRPC code and records the call in the
-// localdir_rpc_* metrics.
+// logRPC logs requests at V(4) (secrets stripped), every failure with its
+// gRPC code, and records the call in the localdir_rpc_* metrics.
 func logRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	level := klog.Level(4)
 	if quietRPCs[info.FullMethod] {

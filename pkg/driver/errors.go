@@ -7,11 +7,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// toStatus turns a storage error into its gRPC status (contract.ToStatus,
-// the one mapping, shared with pkg/cluster).
 func toStatus(err error) error { return contract.ToStatus(err) }
 
-// codeOf is the gRPC code of a storage error (contract.Code).
 func codeOf(err error) codes.Code { return contract.Code(err) }
 
 func invalid(format string, args ...any) error {

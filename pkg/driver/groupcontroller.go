@@ -79,27 +79,15 @@ func (s *groupController) GroupControllerGetCapabilities(context.Context, *csi.G
 // names in the shared name lock set.
 func groupNameKey(name string) string { return "group/" + name }
 
-// groupDeletionPolicyKey is a group snapshot parameter localdir accepts
-// and ignores: the Kubernetes e2e storage suite writes its
-// VolumeGroupSnapshotClass's deletionPolicy into the class's parameters
-// too (k8s.io/kubernetes test/e2e/storage/utils volume_group_snapshot.go),
-// and classes copied from it carry it. The class's own deletionPolicy
-// field is what snapshot-controller acts on.
+// groupDeletionPolicyKey is a group snapshot parameter accepted and ignored:
+// the Kubernetes e2e storage suite copies its VolumeGroupSnapshotClass's
+// deletionPolicy into the parameters, and classes copied from it carry it.
 const groupDeletionPolicyKey = "deletionPolicy"
 
-// CreateVolumeGroupSnapshot cuts a snapshot of each source volume at one
-// point in time (spec §CreateVolumeGroupSnapshot: write-order consistent,
-// or it fails): staged image volumes are frozen together for the cut, and
-// the pods that use directory or raw block members (their freezer
-// cgroups); volumes nobody uses have no writer. The group and its snapshots are
-// ready when the call returns; each snapshot restores like any other. A
-// repeated call with the same name and volumes returns the same group.
-// Codes: INVALID_ARGUMENT (no name, no source_volume_ids, one twice, a
-// parameter), NOT_FOUND (a source volume), ALREADY_EXISTS (the name holds
-// a group of other volumes), FAILED_PRECONDITION (a directory or raw block
-// member mounted where no known pod's publication is, or a pod whose
-// cgroup is not found), RESOURCE_EXHAUSTED, ABORTED (a call on the name or
-// a change of a member in flight, a pod that did not freeze within 5 s).
+// CreateVolumeGroupSnapshot validates the request, locks the name and the
+// source volumes and has the backend cut the group (see
+// volume.Snapshots.CreateGroup). A repeated call with the same name and
+// volumes returns the same group.
 func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err
@@ -135,9 +123,8 @@ func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *cs
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
 }
 
-// GetVolumeGroupSnapshot returns a group snapshot (spec
-// §GetVolumeGroupSnapshot). Codes: INVALID_ARGUMENT (no
-// group_snapshot_id, or snapshot_ids that are not its members), NOT_FOUND.
+// GetVolumeGroupSnapshot returns a group snapshot; snapshot_ids, when given,
+// must be its members.
 func (s *groupController) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeGroupSnapshotRequest) (*csi.GetVolumeGroupSnapshotResponse, error) {
 	if req.GetGroupSnapshotId() == "" {
 		return nil, invalid("group_snapshot_id is required")
@@ -149,11 +136,7 @@ func (s *groupController) GetVolumeGroupSnapshot(ctx context.Context, req *csi.G
 	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
 }
 
-// DeleteVolumeGroupSnapshot deletes a group snapshot's snapshots (spec
-// §DeleteVolumeGroupSnapshot); unknown ids succeed. Codes:
-// INVALID_ARGUMENT (no group_snapshot_id, or snapshot_ids that are not its
-// members), ABORTED (a restore reads a member, or a call on the group is
-// in flight).
+// DeleteVolumeGroupSnapshot deletes a group's snapshots; unknown ids succeed.
 func (s *groupController) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (*csi.DeleteVolumeGroupSnapshotResponse, error) {
 	id := req.GetGroupSnapshotId()
 	if id == "" {

@@ -20,11 +20,8 @@ func (s *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 	return &csi.GetPluginInfoResponse{Name: s.d.opts.DriverName, VendorVersion: s.d.version}, nil
 }
 
-// GetPluginCapabilities advertises CONTROLLER_SERVICE (in controller and
-// all mode), GROUP_CONTROLLER_SERVICE (all mode: volume group snapshots),
-// VOLUME_ACCESSIBILITY_CONSTRAINTS and
-// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS (volumes and snapshots live on one node) and
-// ONLINE volume expansion.
+// GetPluginCapabilities advertises the mode's services, the accessibility
+// constraints (volumes and snapshots live on one node) and ONLINE expansion.
 func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	svc := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}

@@ -13,10 +13,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/mount"
 )
 
-// node is the CSI Node service (spec §Node Service RPC). It validates the
-// request and hands the work to the Publisher (pkg/publish), which takes
-// the per-volume lock (a concurrent call on the same volume: ABORTED),
-// decides what to mount and has its mount.Interface do it.
+// node is the CSI Node service: it validates requests and hands the work to
+// the Publisher (pkg/publish).
 type node struct {
 	csi.UnimplementedNodeServer
 	d *Driver
@@ -26,9 +24,8 @@ type node struct {
 // inline volumes.
 const ephemeralKey = "csi.storage.k8s.io/ephemeral"
 
-// checkVolumeCap judges capability c against the volume id names
-// (judgeCaps with its access type): NOT_FOUND for an unknown volume,
-// FAILED_PRECONDITION for the other access type.
+// checkVolumeCap judges capability c against volume id (judgeCaps):
+// NOT_FOUND for an unknown volume, FAILED_PRECONDITION for the other access type.
 func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
 	v, err := s.d.store.Get(id)
 	if err != nil {
@@ -37,17 +34,14 @@ func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
 	return checkNodeCap(c, v)
 }
 
-// checkNodePath validates a staging_target_path or target_path given by the
-// CO, before any lookup (mount.CheckPath): an unusable path is
-// INVALID_ARGUMENT whether or not the volume exists (spec error scheme;
-// csi-sanity sends unknown ids with bad paths).
+// checkNodePath validates a CO-given path before any lookup: an unusable path
+// is INVALID_ARGUMENT whether or not the volume exists (csi-sanity sends
+// unknown ids with bad paths).
 func checkNodePath(field, p string) error { return toStatus(mount.CheckPath(field, p)) }
 
-// checkPathPlace refuses, before any lookup, a staging or target path the
-// node must not work on: malformed (checkNodePath), outside --kubelet-root
-// when one is set, and anywhere it could reach the driver's own data (the
-// data root, inside it, above it, or inside a volume's mount).
-// INVALID_ARGUMENT naming the path.
+// checkPathPlace refuses (INVALID_ARGUMENT), before any lookup, a malformed
+// path, one outside --kubelet-root, and one that could reach the driver's own
+// data (mount.CheckOutside).
 func (s *node) checkPathPlace(field, p string) error {
 	if err := checkNodePath(field, p); err != nil {
 		return err
@@ -78,16 +72,8 @@ func checkKubeletRoot(field, p, root string) error {
 	return invalid("%s %q%s is not below the kubelet root %q (--kubelet-root); the node plugin works only on paths the kubelet gives it there", field, p, resolved, root)
 }
 
-// NodeStageVolume bind-mounts a mount volume onto staging_target_path, or
-// attaches a block volume's loop device and makes a device node of it at
-// <staging_target_path>/<volume_id> (spec §NodeStageVolume). The capability
-// is judged by judgeCaps, as in CreateVolume and
-// ValidateVolumeCapabilities. Codes: INVALID_ARGUMENT (missing field,
-// malformed capability, a mount flag a bind mount cannot apply, path not a
-// directory or a symlink), NOT_FOUND (unknown volume), FAILED_PRECONDITION
-// (a multi-node access mode, or the other access type), ALREADY_EXISTS
-// (staged with other flags or something else mounted there), ABORTED (call
-// on this id in flight).
+// NodeStageVolume: see publish.Publisher.Stage. The capability is judged by
+// judgeCaps, as in CreateVolume.
 func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -106,17 +92,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	return &csi.NodeStageVolumeResponse{}, toStatus(err)
 }
 
-// NodeUnstageVolume undoes NodeStageVolume at staging_target_path (spec
-// §NodeUnstageVolume): the mount there is removed; for a block volume the
-// device node <staging_target_path>/<volume_id> too, and its loop devices,
-// read-write and read-only, are detached; an image volume's loop device is
-// detached once its filesystem is mounted nowhere. Not staged at this
-// path, and unknown volumes, are success and change nothing: a wrong
-// staging path never detaches a loop device that a stage or publication
-// elsewhere uses. Another call on the volume is waited for until the
-// request's deadline. Codes: INVALID_ARGUMENT, FAILED_PRECONDITION (an
-// image or block volume staged here is still published), ABORTED (still
-// busy at the deadline).
+// NodeUnstageVolume: see publish.Publisher.Unstage.
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -134,19 +110,9 @@ const podUIDKey = "csi.storage.k8s.io/pod.uid"
 // podUIDPattern is a Kubernetes UID: a UUID, or a static pod's hash.
 var podUIDPattern = regexp.MustCompile(`^[0-9a-zA-Z][-0-9a-zA-Z_]{0,63}$`)
 
-// NodePublishVolume bind-mounts the staged volume onto target_path,
-// read-only when asked, with the capability's mount flags (spec
-// §NodePublishVolume). A block volume's device node is bound onto a file at
-// target_path: the read-write loop device, or with readonly a read-only
-// loop device over the same image, which refuses writes (EPERM). A
-// repeated call must ask for what is there: the same volume, readonly and
-// flags, for both access types. Codes: INVALID_ARGUMENT (as for
-// NodeStageVolume), NOT_FOUND, FAILED_PRECONDITION (not staged; a
-// multi-node access mode or the other access type), ALREADY_EXISTS (target
-// holds another mount, or this volume with another readonly or other
-// flags), ABORTED. INVALID_ARGUMENT too when target_path and
-// staging_target_path are the same path or one holds the other. A
-// SINGLE_NODE_READER_ONLY capability publishes read-only, as readonly does.
+// NodePublishVolume: see publish.Publisher.Publish (ephemeral inline volumes:
+// publishEphemeral). It adds that target_path and staging_target_path must be
+// apart (INVALID_ARGUMENT).
 func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -196,15 +162,7 @@ func readOnly(req *csi.NodePublishVolumeRequest) bool {
 	return req.GetReadonly() || req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
 }
 
-// NodeUnpublishVolume unmounts and removes target_path (spec
-// §NodeUnpublishVolume). It succeeds for unknown volumes and paths that are
-// missing or not mounted, so kubelet can always finish. Codes:
-// INVALID_ARGUMENT, FAILED_PRECONDITION (left in place after the unmount: a
-// non-empty directory, a file with data, a FIFO, socket or device node —
-// only what a publish makes, a directory or an empty file, is removed). An
-// ephemeral inline volume is deleted with its publication; a
-// block volume's read-only loop device is detached with its last read-only
-// publication.
+// NodeUnpublishVolume: see publish.Publisher.Unpublish.
 func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -212,24 +170,13 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if err := s.checkPathPlace("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	// The manager waits for a concurrent call on the same id (bounded by
-	// ctx) instead of answering ABORTED: unpublish is short and idempotent,
-	// and kubelet must be able to finish it (a pod stays Terminating until
-	// it does).
 	if err := s.d.pub.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// NodeGetVolumeStats reports the volume's own usage in bytes and inodes
-// (not its host filesystem's) (spec §NodeGetVolumeStats). volume_path must
-// be where the volume is staged or published, as NodeStageVolume and
-// NodePublishVolume made it (for a block volume: the bind-mounted device
-// file at a target_path, or a staging directory holding its staged device
-// node); any other path is NOT_FOUND, even while the volume is attached.
-// Codes: INVALID_ARGUMENT, NOT_FOUND (unknown volume, or volume_path does
-// not show it). Takes no lock: it only reads.
+// NodeGetVolumeStats: see publish.Publisher.Stats.
 func (s *node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")

@@ -12,8 +12,6 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// CSI ephemeral inline volumes (NodePublishVolume with no CreateVolume).
-
 // Volume attributes of a CSI ephemeral inline volume (the pod's
 // volumeAttributes).
 const (
@@ -24,20 +22,15 @@ const (
 )
 
 // KnownEphemeralAttributes lists the volumeAttributes an inline volume may
-// set (besides the csi.storage.k8s.io/ ones kubelet adds), for docs and
-// tests.
+// set besides kubelet's csi.storage.k8s.io/ ones, for docs and tests.
 var KnownEphemeralAttributes = []string{AttrSize, ParamDirMode}
 
 // ephemeralIDPattern: kubelet names inline volumes "csi-" + a hex hash. The
 // id is never used in a path, but anything path-like is refused outright.
 var ephemeralIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
-// publishEphemeral creates (once) and publishes a CSI ephemeral inline
-// volume: a mount volume of the `size` attribute (default 100Mi), counted in
-// capacity while it lives, bind-mounted straight onto target_path and
-// deleted by NodeUnpublishVolume. A repeated publish finds the same volume.
-// Codes: INVALID_ARGUMENT (bad id, attribute, block capability),
-// RESOURCE_EXHAUSTED, ALREADY_EXISTS, ABORTED.
+// publishEphemeral creates (once) and publishes a CSI ephemeral inline volume
+// (publish.Publisher.PublishEphemeral); NodeUnpublishVolume deletes it.
 func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	coID := req.GetVolumeId()
 	size, attrs, params, err := parseEphemeral(coID, req.GetVolumeCapability().GetBlock() != nil, req.GetVolumeContext(), s.d.opts.MaxVolumeBytes)
@@ -64,12 +57,10 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// parseEphemeral validates an ephemeral inline volume's CO-chosen id,
-// access type and volume attributes (volume_context; the csi.storage.k8s.io/
-// ones kubelet adds are ignored) and returns its size in bytes, the
-// attributes to record and their parsed parameters. Errors:
-// INVALID_ARGUMENT (bad id, block, unknown or malformed attribute),
-// OUT_OF_RANGE (above maxBytes, when set).
+// parseEphemeral validates an inline volume's CO-chosen id, access type and
+// volume attributes (kubelet's csi.storage.k8s.io/ ones ignored) and returns
+// its size, the attributes to record and their parameters. Errors:
+// INVALID_ARGUMENT, OUT_OF_RANGE (above maxBytes).
 func parseEphemeral(coID string, block bool, vc map[string]string, maxBytes int64) (int64, map[string]string, volumeParams, error) {
 	if !ephemeralIDPattern.MatchString(coID) || strings.Contains(coID, "..") {
 		return 0, nil, volumeParams{}, invalid("volume_id %q is not a valid ephemeral volume id ([A-Za-z0-9._-], at most 128 characters)", coID)

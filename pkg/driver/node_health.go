@@ -9,11 +9,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Volume and storage health of the Node service (VOLUME_CONDITION: spec
-// §NodeGetVolumeStats; §NodeGetVolumeHealth, §NodeGetStorageHealth).
-
-// NodeGetVolumeHealth reports problems of one volume on this node; the paths
-// are optional. Codes: INVALID_ARGUMENT, NOT_FOUND. No lock: it only reads.
+// NodeGetVolumeHealth reports one volume's problems (Store.Health), and
+// Inaccessible when volume_publish_path, if given, does not show it.
 func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")

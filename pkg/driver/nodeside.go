@@ -14,10 +14,8 @@ type Node struct {
 	Publisher Publisher
 }
 
-// Volumes is the node's volumes as the driver uses them: the Node and
-// Identity services (look up, expand, health, probe) and, in all mode,
-// LocalBackend (everything the Controller service asks). pkg/volume's
-// Store implements it.
+// Volumes is the node's volumes as the driver uses them (Node and Identity
+// services; in all mode LocalBackend); pkg/volume's Store implements it.
 type Volumes interface {
 	Root() string
 	Probe() error
@@ -49,9 +47,8 @@ type Snapshots interface {
 	DeleteGroup(id string, snapshotIDs []string) error
 }
 
-// Publisher is the node side the Node service drives: what stage, publish
-// and their undoing mount, usage figures, node expansion, and the I/O
-// limits kept on the pods' cgroups. pkg/publish's Publisher implements it.
+// Publisher is the node side the Node service drives; pkg/publish's
+// Publisher implements it.
 type Publisher interface {
 	Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error
 	Unstage(ctx context.Context, id, stagingPath string) error

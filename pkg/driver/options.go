@@ -33,8 +33,7 @@ const (
 // provisioner) unless --driver-name says otherwise.
 const DefaultDriverName = "localdir.csi.dev"
 
-// DefaultKubeletRoot is --kubelet-root in node mode when the flag is not
-// given.
+// DefaultKubeletRoot is --kubelet-root in node mode unless the flag is given.
 const DefaultKubeletRoot = "/var/lib/kubelet"
 
 // TopologyKey is the accessible_topology segment key that pins a volume to
@@ -42,8 +41,7 @@ const DefaultKubeletRoot = "/var/lib/kubelet"
 const TopologyKey = contract.TopologyKey
 
 // Options are the validated settings of one driver process. cmd/localdir-csi
-// fills them from flags (AddFlags) and calls Validate; pkg/ never parses
-// flags.
+// fills them from flags (AddFlags) and calls Validate.
 type Options struct {
 	// Mode is ModeController, ModeNode or ModeAll.
 	Mode Mode
@@ -55,58 +53,41 @@ type Options struct {
 	NodeID string
 	// DataRoot is the directory under which volumes and state live.
 	DataRoot string
-	// CapacityBytes caps the bytes all volumes may reserve; 0 = the size of
-	// the data root's filesystem.
+	// CapacityBytes caps what all volumes may reserve; 0: the data root's size.
 	CapacityBytes int64
-	// MaxVolumeBytes is the largest volume a CreateVolume may ask for; 0 = no
-	// limit but the capacity.
+	// MaxVolumeBytes is the largest volume a CreateVolume may ask for; 0: none.
 	MaxVolumeBytes int64
-	// DefaultVolumeBytes is the size in bytes of a new empty volume whose
-	// CreateVolume gives no required_bytes (no capacity_range, or one with
-	// required_bytes 0; capped by its limit_bytes). A restore or clone gets
-	// its source's size instead.
+	// DefaultVolumeBytes is the size of a new empty volume asked for without
+	// required_bytes; a restore or clone gets its source's size.
 	DefaultVolumeBytes int64
 	// MaxVolumesPerNode is NodeGetInfo.max_volumes_per_node (0 = unlimited).
 	MaxVolumesPerNode int64
 	// Engine is the storage engine for new mount volumes: auto, dir or btrfs.
 	Engine contract.Engine
-	// MetricsAddress is the host:port to serve Prometheus /metrics on; empty
-	// serves none. Controller and node mode serve HTTPS and let only
-	// requests the API server authenticates and authorizes (get on the
-	// non-resource URL /metrics) through; all mode, which has no API
-	// server, serves plain HTTP and so must listen on a loopback address.
+	// MetricsAddress is where /metrics is served (empty: nowhere): HTTPS behind
+	// the API server's authentication and authorization in controller and node
+	// mode, plain HTTP on loopback in all mode (validateMetrics).
 	MetricsAddress string
-	// MetricsCertDir holds tls.crt and tls.key, the certificate and key of
-	// the HTTPS /metrics server (controller and node mode), reloaded when
-	// they change; empty: a self-signed certificate made at start.
+	// MetricsCertDir holds tls.crt and tls.key for the HTTPS /metrics server,
+	// reloaded when they change; empty: a self-signed certificate.
 	MetricsCertDir string
-	// Kubeconfig is the kubeconfig file for controller and node mode; empty
-	// means the in-cluster configuration.
+	// Kubeconfig is the kubeconfig file; empty: the in-cluster configuration.
 	Kubeconfig string
-	// KubeAPIQPS and KubeAPIBurst bound the requests per second (sustained,
-	// and at once) of the controller's and the node agent's API client
-	// (client-go's rest.Config QPS and Burst; the sidecars' flags of the
-	// same names). The defaults never throttle a node provisioning hundreds
-	// of volumes at once (client-go's own, 5 and 10, held 100 PVCs back by
-	// seconds).
+	// KubeAPIQPS and KubeAPIBurst are the API client's rest.Config QPS and
+	// Burst. Their defaults are high: client-go's own (5, 10) held 100 PVCs
+	// back by seconds.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
 	// HeartbeatInterval is how often the node agent writes its LocalNode
-	// status (node mode); NodeStaleAfter is how old that status may be
-	// before the controller treats the node plugin as gone: no capacity,
-	// no placement (controller mode). Durations.
+	// status; NodeStaleAfter is how old that status may get before the
+	// controller treats the node as gone (no capacity, no placement).
 	HeartbeatInterval time.Duration
 	NodeStaleAfter    time.Duration
-	// KubeletRoot is the kubelet's root directory. When set, the Node
-	// service refuses (INVALID_ARGUMENT) staging and target paths that do
-	// not lie below it once symlinks are resolved. Empty: no check. The
-	// binary sets DefaultKubeletRoot in node mode unless --kubelet-root is
-	// given (ApplyModeDefaults).
+	// KubeletRoot, when set, confines staging and target paths below it
+	// (checkKubeletRoot). ApplyModeDefaults sets it in node mode.
 	KubeletRoot string
-	// CgroupRoot is where the node's cgroup hierarchy is mounted: the I/O
-	// limits of image volumes and the freezes of group snapshots act on
-	// the cgroups of the pods that use volumes (volume.Config.CgroupRoot).
-	// Empty: neither is available.
+	// CgroupRoot is where the cgroup hierarchy is mounted, for image volumes'
+	// I/O limits and group snapshots' freezes; empty: neither.
 	CgroupRoot string
 
 	capacity, maxVolume, defaultVolume quantityFlag
@@ -135,9 +116,8 @@ func (q quantityFlag) Set(s string) error {
 	return nil
 }
 
-// ParseBytes parses a size in bytes: a plain integer or a Kubernetes
-// resource quantity such as "100Mi" or "1G". Fractions round up to a whole
-// byte. Errors on negative values and on anything else.
+// ParseBytes parses a size in bytes: a plain integer or a Kubernetes quantity
+// ("100Mi", "1G"); fractions round up. Errors on negative values and the rest.
 func ParseBytes(s string) (int64, error) {
 	q, err := resource.ParseQuantity(strings.TrimSpace(s))
 	if err != nil {
@@ -157,8 +137,7 @@ func ParseBytes(s string) (int64, error) {
 	return n, nil
 }
 
-// Flag sections, in the order --help prints them: the modes each flag
-// applies to.
+// Flag sections, in --help order: the modes each flag applies to.
 const (
 	FlagsAllModes   = "All modes"
 	FlagsController = "Controller service (controller and all mode)"
@@ -166,9 +145,8 @@ const (
 	FlagsNode       = "Node service and data root (node and all mode)"
 )
 
-// AddFlags registers the driver's flags, with their defaults, on fs and
-// returns them grouped in the sections above (component-base's
-// NamedFlagSets, for --help). A caller may add sections of its own.
+// AddFlags registers the driver's flags on fs and returns them grouped in the
+// sections above (NamedFlagSets, for --help).
 func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	host, _ := os.Hostname()
 	o.DefaultVolumeBytes = 1 << 30
@@ -205,9 +183,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	return fss
 }
 
-// ApplyModeDefaults sets the defaults that depend on --mode for the flags
-// fs did not set (call it after fs.Parse): --kubelet-root is
-// DefaultKubeletRoot in node mode.
+// ApplyModeDefaults sets, after fs.Parse, the defaults that depend on --mode
+// for the flags fs did not set: --kubelet-root in node mode.
 func (o *Options) ApplyModeDefaults(fs *pflag.FlagSet) {
 	if !fs.Changed("kubelet-root") && o.Mode == ModeNode {
 		o.KubeletRoot = DefaultKubeletRoot
@@ -268,10 +245,8 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// validateMetrics checks --metrics-address and --metrics-cert-dir. All
-// mode serves /metrics over plain HTTP with no authentication (it has no
-// API server to check a token with), so it may listen on a loopback
-// address only: nothing off the host can read it.
+// validateMetrics checks the metrics flags. All mode has no API server to
+// check a token with, so it serves plain HTTP, on loopback only.
 func (o *Options) validateMetrics() error {
 	if o.MetricsAddress != "" {
 		host, port, err := net.SplitHostPort(o.MetricsAddress)
@@ -298,8 +273,7 @@ func (o *Options) validateMetrics() error {
 	return nil
 }
 
-// isLoopback tells whether host, of a host:port, names only this host's
-// loopback interface.
+// isLoopback tells whether host names only this host's loopback interface.
 func isLoopback(host string) bool {
 	if host == "localhost" {
 		return true

@@ -11,13 +11,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Controller RPCs for snapshots.
-
-// csiSnapshot converts a record. A snapshot lives on the node of its
-// source; CreateSnapshot honours accessibility_requirements
-// (SNAPSHOT_ACCESSIBILITY_CONSTRAINTS), but the optional accessible_topology
-// is left out of the reply: csi-sanity v5.6.0 compares it with reflect-based
-// equality against a proto that was already marshalled (its internal size
+// csiSnapshot converts a record. accessible_topology is left out: csi-sanity
+// v5.6.0 compares it by reflection with an already marshalled proto (its size
 // cache differs), so any value fails, and no CO consumes it yet.
 func (c *controller) csiSnapshot(s *contract.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
@@ -34,15 +29,10 @@ func (c *controller) csiSnapshot(s *contract.Snapshot) *csi.Snapshot {
 // shared name lock set.
 func snapshotNameKey(name string) string { return "snapshot/" + name }
 
-// CreateSnapshot snapshots a volume (spec §CreateSnapshot). The snapshot is
-// ready when the call returns (ready_to_use is always true) and stays usable
-// after its source is deleted. A repeated call with the same name and
-// source returns the same snapshot. It locks the snapshot name and the
-// source volume only: snapshots of one volume never block other volumes.
-// Codes: INVALID_ARGUMENT (no name or source, unknown parameter),
-// ALREADY_EXISTS (name taken for another source), NOT_FOUND (source),
-// RESOURCE_EXHAUSTED (disk full), ABORTED (call on the name or the source
-// in flight).
+// CreateSnapshot snapshots a volume through the backend. A repeated call with
+// the same name and source returns the same snapshot; another source is
+// ALREADY_EXISTS. It locks the name and the source volume only: snapshots of
+// one volume never block other volumes.
 func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
 	if err := checkName("name", req.GetName()); err != nil {
 		return nil, err
@@ -84,9 +74,7 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(snap)}, nil
 }
 
-// DeleteSnapshot removes a snapshot (spec §DeleteSnapshot); unknown ids
-// succeed. Volumes restored from it are unaffected. Codes:
-// INVALID_ARGUMENT, ABORTED.
+// DeleteSnapshot deletes a snapshot; unknown ids succeed.
 func (s *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if id == "" {
@@ -104,8 +92,7 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 }
 
 // ListSnapshots pages through snapshots in id order, optionally filtered by
-// snapshot_id (an unknown one gives an empty list) or source_volume_id
-// (spec §ListSnapshots). Codes: INVALID_ARGUMENT, ABORTED (foreign token).
+// snapshot_id (an unknown one: no entries) or source_volume_id.
 func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
 	if req.GetMaxEntries() < 0 {
 		return nil, invalid("max_entries must not be negative")
@@ -136,8 +123,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	return resp, nil
 }
 
-// GetSnapshot returns one snapshot (spec §GetSnapshot). Codes:
-// INVALID_ARGUMENT, NOT_FOUND.
+// GetSnapshot returns one snapshot.
 func (s *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
 	if req.GetSnapshotId() == "" {
 		return nil, invalid("snapshot_id is required")

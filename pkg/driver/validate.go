@@ -22,11 +22,8 @@ import (
 const maxNameBytes = 128
 
 // checkName validates a CSI name (CreateVolume, CreateSnapshot): non-empty,
-// at most 128 bytes of valid UTF-8, and none of the characters the CSI spec
-// bans in names (bannedInName). Tab, LF and CR are allowed, as the spec
-// allows them. Returns INVALID_ARGUMENT naming the field and the character
-// (as U+XXXX, never raw). Names are never used in a path; logs and messages
-// quote them (%q, klog values).
+// at most maxNameBytes of valid UTF-8, nothing bannedInName. INVALID_ARGUMENT
+// names the character as U+XXXX, never raw. Names are never used in a path.
 func checkName(field, s string) error {
 	if s == "" {
 		return invalid("%s is required", field)
@@ -45,11 +42,8 @@ func checkName(field, s string) error {
 	return nil
 }
 
-// bannedInName reports the characters the CSI spec excludes from names
-// (CreateVolumeRequest.name, CreateSnapshotRequest.name): U+0000–U+0008,
-// U+000B, U+000C, U+000E–U+001F and U+007F–U+009F, that is every control
-// character but the common whitespace tab (U+0009), line feed (U+000A) and
-// carriage return (U+000D).
+// bannedInName reports the control characters the CSI spec bans in names:
+// all but tab, line feed and carriage return.
 func bannedInName(r rune) bool {
 	switch {
 	case r <= 0x08, r == 0x0b, r == 0x0c, r >= 0x0e && r <= 0x1f, r >= 0x7f && r <= 0x9f:
@@ -67,31 +61,20 @@ var supportedAccessModes = map[csi.VolumeCapability_AccessMode_Mode]bool{
 	csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:  true,
 }
 
-// capIssue is why volume capabilities cannot be served, as judgeCaps
-// decides it. Each RPC turns it into its answer:
-//
-//   - CreateVolume: INVALID_ARGUMENT (any issue);
-//   - ValidateVolumeCapabilities: INVALID_ARGUMENT when malformed, else
-//     `confirmed` unset and msg in `message`;
-//   - GetCapacity: INVALID_ARGUMENT when malformed, else available 0;
-//   - NodeStageVolume, NodePublishVolume, ControllerPublishVolume: nodeErr.
+// capIssue is why judgeCaps refuses capabilities. CreateVolume answers err,
+// node calls and ControllerPublishVolume nodeErr; ValidateVolumeCapabilities
+// and GetCapacity answer err only when malformed.
 type capIssue struct {
-	// malformed: a required part is missing (the capability, its access
-	// mode, its access type) — INVALID_ARGUMENT from every RPC.
+	// malformed: a required part is missing; INVALID_ARGUMENT everywhere.
 	malformed bool
-	// exceeds: well formed, but more than a volume can serve: a
-	// multi-node access mode, or the other access type than the volume's
-	// (CSI NodeStageVolume / NodePublishVolume "Exceeds capabilities",
-	// FAILED_PRECONDITION). Otherwise a value in it is not accepted (a
-	// mount flag a bind mount cannot apply, both access types asked for
-	// at once): INVALID_ARGUMENT.
+	// exceeds: well formed but more than a volume can serve (a multi-node
+	// mode, the other access type): FAILED_PRECONDITION, CSI "Exceeds
+	// capabilities". Otherwise a refused value: INVALID_ARGUMENT.
 	exceeds bool
 	msg     string
 }
 
-// nodeErr is the gRPC error of a node call (and ControllerPublishVolume)
-// for this issue: FAILED_PRECONDITION when it exceeds what the volume can
-// serve, INVALID_ARGUMENT otherwise.
+// nodeErr is the gRPC error of a node call (and ControllerPublishVolume).
 func (i *capIssue) nodeErr() error {
 	if i.exceeds && !i.malformed {
 		return status.Error(codes.FailedPrecondition, i.msg)
@@ -99,34 +82,16 @@ func (i *capIssue) nodeErr() error {
 	return status.Error(codes.InvalidArgument, i.msg)
 }
 
-// err is INVALID_ARGUMENT with the issue's message (CreateVolume, and the
-// malformed case everywhere).
+// err is INVALID_ARGUMENT with the issue's message.
 func (i *capIssue) err() error { return status.Error(codes.InvalidArgument, i.msg) }
 
-// judgeCaps is the one decision on volume capabilities, shared by every
-// RPC that takes them (CreateVolume, ValidateVolumeCapabilities,
-// GetCapacity, ControllerPublishVolume, NodeStageVolume,
-// NodePublishVolume), so that none confirms what another refuses. It
-// returns nil when every capability can be served, else the first issue:
-//
-//  1. malformed, checked over the whole list first: a nil capability, no
-//     access mode (or UNKNOWN), no access type;
-//  2. per capability, in order: an access mode other than the SINGLE_NODE_*
-//     ones (a local directory lives on one node); for a mount capability,
-//     each mount flag (mount.ParseFlags: what a bind mount can apply
-//     or accepts without effect) and its fs_type: "" (a directory volume),
-//     or a filesystem of contract.FsTypes (an image volume formatted with
-//     it); when vol is an existing volume (nil for a new one), the same
-//     access type, and for an image volume an fs_type of "" or its own. A
-//     directory volume accepts any fs_type: volumes made before image
-//     volumes existed may have PVs whose fsType was passed through and
-//     ignored;
-//  3. a list asking for both a mount and a block volume, or for two
-//     filesystems: no one volume satisfies both (CSI CreateVolume: the
-//     volume MUST satisfy every capability).
-//
-// An empty list is no issue here; the RPCs that require capabilities say
-// so themselves.
+// judgeCaps is the one decision on volume capabilities, shared by every RPC
+// that takes them so that none confirms what another refuses. It returns the
+// first issue, or nil: malformed (over the whole list first); per capability
+// a non-SINGLE_NODE_* mode, a refused mount flag, the fs_type (judgeFsType),
+// another access type than vol's; then a list asking for mount and block, or
+// two filesystems (CSI: the volume MUST satisfy every capability). An empty
+// list is no issue; the RPCs that require capabilities say so.
 func judgeCaps(caps []*csi.VolumeCapability, vol *contract.Volume) *capIssue {
 	for _, c := range caps {
 		if msg := malformedCap(c); msg != "" {
@@ -166,13 +131,14 @@ func judgeCaps(caps []*csi.VolumeCapability, vol *contract.Volume) *capIssue {
 	return nil
 }
 
-// notLookedUp stands, in judgeCaps, for the volume of a node call that is
-// judged before its volume is looked up: only what needs no volume
-// (malformed, access mode, mount flags) is decided then.
+// notLookedUp stands in judgeCaps for the volume of a node call judged before
+// the lookup: only what needs no volume is decided then.
 var notLookedUp = &contract.Volume{}
 
-// judgeFsType is judgeCaps' decision on one mount capability's fs_type
-// for vol (nil: a new volume).
+// judgeFsType is judgeCaps' decision on a mount capability's fs_type for vol
+// (nil: a new volume, which needs "" or one of contract.FsTypes). A directory
+// volume accepts any fs_type: PVs made before image volumes existed may pass
+// one through.
 func judgeFsType(fs string, vol *contract.Volume) *capIssue {
 	switch {
 	case fs == "" || vol == notLookedUp:
@@ -198,7 +164,6 @@ func fsTypeOf(caps []*csi.VolumeCapability) string {
 	return ""
 }
 
-// malformedCap names the missing part of a capability, or returns "".
 func malformedCap(c *csi.VolumeCapability) string {
 	switch {
 	case c == nil:
@@ -212,8 +177,7 @@ func malformedCap(c *csi.VolumeCapability) string {
 }
 
 // checkNodeCap judges the one capability of a node call (or
-// ControllerPublishVolume) with judgeCaps, for volume vol (notLookedUp
-// before the volume is looked up). Codes: see nodeErr.
+// ControllerPublishVolume) for vol. Codes: see nodeErr.
 func checkNodeCap(c *csi.VolumeCapability, vol *contract.Volume) error {
 	if i := judgeCaps([]*csi.VolumeCapability{c}, vol); i != nil {
 		return i.nodeErr()
@@ -246,11 +210,8 @@ var KnownParameters = contract.KnownParameters
 
 func userParams(p map[string]string) map[string]string { return contract.UserParams(p) }
 
-// volumeParams is a parsed, validated parameter set.
 type volumeParams = contract.Params
 
-// parseParams validates StorageClass parameters (contract.ParseParams).
-// Errors: INVALID_ARGUMENT.
 func parseParams(p map[string]string) (volumeParams, error) { return contract.ParseParams(p) }
 
 // roundUp rounds n up to a multiple of 4 KiB, the allocation unit. Above
@@ -262,11 +223,9 @@ func roundUp(n int64) int64 {
 	return (n + 4095) &^ 4095
 }
 
-// resolveSize turns a CapacityRange into the size to provision, in bytes.
-// Without a range the default size is used (capped by the limit and the
-// maximum). Errors: INVALID_ARGUMENT for negative or inverted ranges;
-// OUT_OF_RANGE when the request exceeds maxBytes or cannot be met within
-// limit_bytes.
+// resolveSize turns a CapacityRange into the size to provision; without one,
+// the default size capped by the limit and maximum. Errors: INVALID_ARGUMENT
+// (negative or inverted range), OUT_OF_RANGE (above maxBytes or limit_bytes).
 func resolveSize(cr *csi.CapacityRange, defBytes, maxBytes int64) (int64, error) {
 	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
 	if req < 0 || lim < 0 {
@@ -298,16 +257,10 @@ func resolveSize(cr *csi.CapacityRange, defBytes, maxBytes int64) (int64, error)
 	return size, nil
 }
 
-// resolveCreateSize is the size in bytes of a new volume: resolveSize's
-// without a content source (srcSize 0); with one, the smallest size the
-// range allows that holds the source: max(required_bytes rounded up,
-// srcSize). A zero required_bytes or limit_bytes is unspecified (CSI
-// CapacityRange), so capacity_range{} and a limit_bytes alone give the
-// source's size, never the default size. Errors: INVALID_ARGUMENT for
-// negative or inverted ranges; OUT_OF_RANGE when limit_bytes or maxBytes
-// is below the source's size (CSI CreateVolume errors, "Unsupported
-// capacity_range": smaller than the source) or required_bytes above
-// maxBytes.
+// resolveCreateSize is the size of a new volume: resolveSize's without a
+// content source; with one, max(required_bytes rounded up, srcSize), never
+// the default (a zero field is unspecified, CSI CapacityRange). OUT_OF_RANGE
+// too when limit_bytes or maxBytes is below srcSize.
 func resolveCreateSize(cr *csi.CapacityRange, srcSize, defBytes, maxBytes int64) (int64, error) {
 	if srcSize <= 0 {
 		return resolveSize(cr, defBytes, maxBytes)
@@ -344,7 +297,6 @@ func fitFsType(size int64, fsType string, limit, maxBytes int64) (int64, error) 
 	return minSize, nil
 }
 
-// sizeFits reports whether an existing size satisfies a capacity range.
 func sizeFits(size int64, cr *csi.CapacityRange) bool {
 	if cr == nil {
 		return true

@@ -1,9 +1,6 @@
-// Package keylock is the one per-key try-lock of localdir: pkg/volume.Manager
-// locks a volume_id (or an ephemeral volume's CO id) for every node and data
-// operation on it, whoever calls (the CSI Node service, the controller's
-// backend in all mode, the cluster node agent's reconcilers); the CSI
-// Controller service locks CO-level names and ids with a set of its own
-// (controller mode has no Manager).
+// Package keylock is localdir's per-key try-lock: pkg/volume's Store locks a
+// volume's id for every node and data operation on it, whoever calls; the
+// CSI Controller service locks CO-level names and ids with sets of its own.
 package keylock
 
 import (
@@ -14,17 +11,14 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Set is a set of try-locks by key (a CSI name or a volume_id). A call that
-// finds its key busy fails with contract.ErrBusy (gRPC ABORTED, "operation
-// pending for volume", CSI spec error scheme) instead of queueing, so a CO
-// retry never runs twice at once and unrelated keys never wait on each
-// other: there is no lock across keys.
+// Set is a set of try-locks by key. A busy key fails with contract.ErrBusy
+// (ABORTED) instead of queueing, so a CO retry never runs twice at once; keys
+// never wait on each other.
 type Set struct {
 	mu   sync.Mutex
 	busy map[string]struct{}
-	// released is closed (and replaced) whenever keys are released: the
-	// broadcast Wait listens to instead of polling (a sync.Cond cannot be
-	// waited on together with a context).
+	// released is closed and replaced at every release: what Wait listens to
+	// (a sync.Cond cannot be waited on with a context).
 	released chan struct{}
 }
 
@@ -55,9 +49,8 @@ func (s *Set) take(what string, keys []string) (func(), <-chan struct{}, error) 
 	}, nil, nil
 }
 
-// Acquire takes every key or none; what names the kind of key in the error
-// ("volume", "volume name"). It returns the release func, or an error
-// wrapping contract.ErrBusy.
+// Acquire takes every key or none; what names the kind of key in the error.
+// It returns the release func, or an error wrapping contract.ErrBusy.
 func (s *Set) Acquire(what string, keys ...string) (func(), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -65,11 +58,9 @@ func (s *Set) Acquire(what string, keys ...string) (func(), error) {
 	return release, err
 }
 
-// Wait is Acquire that waits (bounded by ctx) for busy keys instead of
-// failing at once; it tries again at every release and, when ctx ends
-// first, returns Acquire's contract.ErrBusy error. Only for calls that are
-// short and idempotent and that the CO must be able to finish, such as
-// NodeUnpublishVolume.
+// Wait is Acquire that waits (bounded by ctx, then Acquire's error) for busy
+// keys instead of failing at once: for short, idempotent calls the CO must be
+// able to finish, such as NodeUnpublishVolume.
 func (s *Set) Wait(ctx context.Context, what string, keys ...string) (func(), error) {
 	for {
 		s.mu.Lock()

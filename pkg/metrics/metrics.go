@@ -1,7 +1,5 @@
-// Package metrics defines localdir's Prometheus metrics (client_golang) and
-// serves them on the listener pkg/app opens on --metrics-address. Names
-// follow Prometheus conventions: the localdir_ prefix, base units (seconds,
-// bytes), _total for counters.
+// Package metrics defines localdir's Prometheus metrics (localdir_ prefix,
+// base units, _total counters) and serves them for pkg/app.
 package metrics
 
 import (
@@ -123,8 +121,7 @@ func RegisterState(f StateFunc) error {
 }
 
 // Gatherer is what /metrics serves: Registry, then what each AddGatherer
-// added (cluster mode adds controller-runtime's reconcile, work queue and
-// API client series; see pkg/cluster).
+// added (cluster mode: controller-runtime's series).
 var Gatherer prometheus.Gatherer = prometheus.GathererFunc(gather)
 
 var (
@@ -132,9 +129,8 @@ var (
 	added   []prometheus.Gatherer
 )
 
-// AddGatherer makes /metrics serve g's families too, after Registry's. A
-// family that g shares with Registry (the Go and process collectors are
-// Registry's) fails the whole scrape, so g must leave those out.
+// AddGatherer makes /metrics serve g's families too, after Registry's; g must
+// leave out the Go and process collectors, or the whole scrape fails.
 func AddGatherer(g prometheus.Gatherer) {
 	addedMu.Lock()
 	defer addedMu.Unlock()

@@ -82,10 +82,8 @@ func checkExisting(b Bind, inherited uintptr) error {
 	return nil
 }
 
-// shows reports whether the path p shows vol: for a directory vol, the same
-// device and inode; for a block device node vol, a block device node with
-// the same device number (a bind mount of the node, wherever the node
-// lives).
+// shows reports whether p shows vol: for a directory vol the same device and
+// inode, for a block device node vol a node of the same device number.
 func shows(p, vol string) (bool, error) {
 	var sp, sv unix.Stat_t
 	if err := unix.Stat(vol, &sv); err != nil {

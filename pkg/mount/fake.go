@@ -13,11 +13,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Fake is an Interface with an in-memory mount table, for unit tests of the
-// node service that run without root. Paths are real files and directories
-// (PrepareDir and PrepareFile create them as Mounter does, and Remove
-// removes them); only the mounts and device nodes are pretended. A mount
-// shows its Bind.Source; the source mount restricts no flags.
+// Fake is an Interface with an in-memory mount table, for unit tests without
+// root: paths are real files and directories, only mounts and device nodes
+// are pretended. A mount shows its Bind.Source; no source flags restrict it.
 type Fake struct {
 	mu      sync.Mutex
 	mounts  map[string]FakeMount // target → what is mounted there

@@ -9,9 +9,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// Per-mount flags that a bind remount can set (mount(2), MS_REMOUNT|MS_BIND).
-// statfs(2) reports them in f_flags, which is how existing mounts are
-// compared with a request; see msFlags for the one bit that differs.
+// Per-mount flags a bind remount can set (MS_REMOUNT|MS_BIND); existing
+// mounts are compared through statfs(2) f_flags (see msFlags).
 const (
 	atimeMask     = unix.MS_NOATIME | unix.MS_RELATIME | unix.MS_STRICTATIME
 	perMountMask  = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NODIRATIME | atimeMask
@@ -27,10 +26,9 @@ type Flags struct {
 	list     []string
 }
 
-// flagTable maps the mount(8) option names a bind mount can honour. The
-// loosening names (rw, suid, dev, exec, atime, diratime) are accepted and have
-// no effect: a bind mount never loosens what the data root's own mount
-// restricts.
+// flagTable maps the mount(8) option names a bind mount can honour; the
+// loosening ones (rw, suid, dev, exec, atime, diratime) have no effect, as a
+// bind mount never loosens what the data root's mount restricts.
 var flagTable = map[string]struct {
 	set   uintptr
 	atime uintptr
@@ -54,9 +52,8 @@ var flagTable = map[string]struct {
 	"rbind":       {},
 }
 
-// ParseFlags validates CSI mount_flags (each entry may itself hold a
-// comma-separated list, as kubelet passes StorageClass mountOptions).
-// Errors: contract.ErrInvalid naming the first flag a bind mount cannot apply.
+// ParseFlags validates CSI mount_flags (an entry may be a comma-separated
+// list, as kubelet passes mountOptions). Errors: contract.ErrInvalid.
 func ParseFlags(flags []string) (Flags, error) {
 	var mf Flags
 	for _, entry := range flags {
@@ -82,9 +79,8 @@ func ParseFlags(flags []string) (Flags, error) {
 	return mf, nil
 }
 
-// msFlags converts statfs(2) f_flags to the MS_* per-mount flags. The ST_*
-// values equal the MS_* ones (ST_RDONLY == MS_RDONLY, …) except relatime:
-// ST_RELATIME is 0x1000 (MS_BIND's value), MS_RELATIME is 1<<21.
+// msFlags converts statfs(2) f_flags to MS_* flags: the same bits but for
+// relatime (ST_RELATIME is 0x1000, MS_BIND's value; MS_RELATIME is 1<<21).
 func msFlags(st uintptr) uintptr {
 	f := st & (restrictFlags | unix.MS_NODIRATIME | unix.MS_NOATIME)
 	if st&unix.ST_RELATIME != 0 {
@@ -93,9 +89,8 @@ func msFlags(st uintptr) uintptr {
 	return f
 }
 
-// apply returns the per-mount flags a new bind mount gets when its source
-// mount has flags `inherited` (statfs f_flags): the inherited restrictions
-// are kept, the requested ones added, the atime mode replaced if requested.
+// apply returns a new bind mount's flags from its source's (statfs f_flags):
+// restrictions kept, the requested ones added, the atime mode replaced.
 func (mf Flags) apply(inherited uintptr, readonly bool) uintptr {
 	f := msFlags(inherited) | mf.set
 	if readonly {

@@ -14,10 +14,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// FormatAndMount implements Interface with k8s.io/mount-utils'
-// SafeFormatAndMount: blkid decides whether dev is blank (only then mkfs
-// runs; ext4 is made with -m0, no blocks reserved for root), an existing
-// filesystem is checked (fsck) and mounted with mount(8).
+// FormatAndMount implements Interface with mount-utils' SafeFormatAndMount:
+// mkfs only on a device blkid finds blank (ext4 with -m0), else fsck, then
+// mount(8).
 func (mt *Mounter) FormatAndMount(dev, target, fsType string, options []string) error {
 	isMnt, err := mt.IsMountPoint(target)
 	if err != nil {
@@ -36,12 +35,9 @@ func (mt *Mounter) FormatAndMount(dev, target, fsType string, options []string) 
 	return nil
 }
 
-// growExtOffline grows an ext2/3/4 filesystem on the unmounted device dev
-// to the device's size when it is smaller (a restore or clone to a larger
-// size, an expansion made while the volume was not staged): e2fsck -f -p,
-// then resize2fs. Growing it offline, before the mount, needs no
-// CAP_SYS_RESOURCE, which an online ext4 resize does. A blank device or
-// another filesystem is left to FormatAndMount.
+// growExtOffline grows an ext2/3/4 filesystem on the unmounted dev to the
+// device's size when smaller (e2fsck -f -p, resize2fs): offline, unlike an
+// online resize, it needs no CAP_SYS_RESOURCE.
 func growExtOffline(sfm *mountutils.SafeFormatAndMount, dev string) error {
 	format, err := sfm.GetDiskFormat(dev)
 	if err != nil || (format != "ext4" && format != "ext3" && format != "ext2") {
@@ -98,9 +94,7 @@ func repeatedFSMount(i Interface, dev, target string) error {
 	return nil
 }
 
-// HoldsFS implements Interface: p is a mount point whose filesystem is on
-// the device of the block device node dev (stat(2) st_dev of p equals
-// st_rdev of dev).
+// HoldsFS implements Interface: p's st_dev is dev's st_rdev.
 func (mt *Mounter) HoldsFS(p, dev string) (bool, error) {
 	isMnt, err := mt.IsMountPoint(p)
 	if err != nil || !isMnt {

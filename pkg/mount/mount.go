@@ -1,86 +1,57 @@
-// Package mount owns the node mount operations on the paths the CO gives
-// (staging_target_path, target_path): bind mounts of a volume's data with
-// per-mount flags and read-only, unmounting, what is mounted where and who
-// else holds it (read from the mount table with k8s.io/mount-utils),
-// mount-flag parsing, the path safety checks and the device nodes of staged
-// block volumes. It knows nothing of volumes, records or loop devices:
-// pkg/volume decides what to mount (a volume's directory, a loop device
-// node) under its per-volume lock and holds, and asks an Interface to do it.
+// Package mount does the node mount operations on the paths the CO gives:
+// bind mounts with per-mount flags, unmounting, the mount table (via
+// k8s.io/mount-utils), mount-flag parsing, path safety checks and device
+// nodes. It knows nothing of volumes: pkg/publish decides what to mount.
 //
-// Staged and published state is always read from the mount table
-// (mountinfo, statfs, stat), never from records, so a reboot, an unmount by
-// hand or a driver crash between calls is seen as it is.
-//
-// Mounts are made with mount(2) directly, not by exec'ing mount(8) (which is
-// what mount-utils' Mounter.Mount does): a bind mount is one syscall (~20 µs)
-// while mount(8) costs a fork+exec (~2–5 ms) per call; see the node-cycle
-// figures of `make bench`. The mount target is opened with
-// O_PATH|O_NOFOLLOW first and the mount made on /proc/self/fd/N, so a
-// symlink swapped in at the last path component can never redirect a mount
-// (CVE-2017-1002101 / CVE-2021-25741 class). Nothing outside the data root
-// and the CO-given paths is created, changed or removed.
+// State is always read from the mount table, never from records, so a reboot,
+// a manual unmount or a crash is seen as it is. Mounts use mount(2), not a
+// fork+exec of mount(8) (`make bench`), on /proc/self/fd/N of the target
+// opened O_PATH|O_NOFOLLOW, so a symlink swapped in at the last component
+// never redirects a mount (CVE-2017-1002101 / CVE-2021-25741 class).
 package mount
 
-// Interface is the node's mount operations. Mounter does them on this
-// node's mount namespace; Fake keeps an in-memory mount table for unit tests
-// that run without root. Every error for a caller mistake or a state
-// conflict wraps one of the pkg/contract sentinels.
+// Interface is the node's mount operations: Mounter on this mount namespace,
+// Fake for unit tests. Errors for caller mistakes or conflicts wrap the
+// pkg/contract sentinels.
 type Interface interface {
-	// PrepareDir validates a CO-given staging or target path p (named field
-	// in errors): absolute, clean, not a symlink, a directory. With create
-	// a missing last component is made (mode 0750; its parent must exist).
-	// A dead (ENOTCONN) mount on p is removed first. Errors:
-	// contract.ErrInvalid.
+	// PrepareDir validates a CO-given path p (named field in errors):
+	// absolute, clean, not a symlink, a directory, made (0750) with create
+	// when missing; a dead (ENOTCONN) mount on it is removed. ErrInvalid.
 	PrepareDir(p, field string, create bool) error
-	// PrepareFile makes the target_path p ready to receive a bind mount of
-	// a device node: a regular file, created when missing (mode 0600; its
-	// parent must exist). A symlink or a directory at p is
-	// contract.ErrInvalid; an existing mount is left for Bind to judge.
+	// PrepareFile makes target_path p a regular file (0600) to bind a device
+	// node onto; a symlink or directory there is contract.ErrInvalid.
 	PrepareFile(p string) error
-	// Bind makes b.Target a bind mount of b.From (b.Source when empty) with
-	// b's flags, or, when b.Target already is a mount, checks that it is
-	// exactly what b would have made: it shows b.Source (the same
-	// directory, or the same device) with the same per-mount flags.
-	// Anything else there is contract.ErrExists. This is the one check of a
-	// repeated stage or publish, for mount and block volumes alike (CSI:
-	// "already exists but is incompatible" is ALREADY_EXISTS). The caller
-	// has made b.Target of the right type (PrepareDir, PrepareFile).
+	// Bind makes b.Target a bind mount of b.From (else b.Source) with b's
+	// flags or, when b.Target already is a mount, checks it is exactly what b
+	// would make; anything else is contract.ErrExists (CSI ALREADY_EXISTS).
+	// The caller has prepared b.Target (PrepareDir, PrepareFile).
 	Bind(b Bind) error
-	// Unmount removes every mount stacked on p (broken FUSE mounts
-	// included, lazily). A symlink at p is removed, never followed; a
-	// missing p is fine. contract.ErrPrecondition when p is busy.
+	// Unmount removes every mount stacked on p (broken FUSE ones lazily); a
+	// symlink is removed, not followed. contract.ErrPrecondition when busy.
 	Unmount(p string) error
-	// Remove is Unmount, then p itself is removed (CSI
-	// NodeUnpublishVolume). contract.ErrPrecondition when p is a non-empty
-	// directory that is not a mount: that is not ours to delete.
+	// Remove is Unmount, then removes p (NodeUnpublishVolume);
+	// contract.ErrPrecondition for a non-empty directory that is no mount.
 	Remove(p string) error
-	// PlaceDevice makes p a block device node (mode 0600) with the device
-	// number of the device node dev. A node of another device number there
-	// is stale and replaced; anything else at p is contract.ErrExists.
+	// PlaceDevice makes p a block device node (0600) of dev's number,
+	// replacing a stale one; anything else at p is contract.ErrExists.
 	PlaceDevice(p, dev string) error
 	// RemoveDevice removes the block device node p; anything else there is
 	// left alone.
 	RemoveDevice(p string) error
-	// HasDevice reports whether p is a block device node with the device
-	// number of the device node dev (what PlaceDevice made); a missing p
-	// is false.
+	// HasDevice reports whether p is a block device node of dev's number.
 	HasDevice(p, dev string) (bool, error)
 	// IsMountPoint reports whether p is a mount point (os.ErrNotExist when
 	// p does not exist).
 	IsMountPoint(p string) (bool, error)
-	// Shows reports whether p is a mount point showing src: for a directory
-	// src the same device and inode, for a device node src a block device
-	// node of the same device number.
+	// Shows reports whether p is a mount point showing src (the same inode,
+	// or for a device node the same device number).
 	Shows(p, src string) (bool, error)
 	// MountPoints lists the mount points that show src (a directory or a
 	// device node) or a part of it: who else holds it.
 	MountPoints(src string) ([]string, error)
-	// FormatAndMount mounts the filesystem fsType on the block device dev
-	// at the directory target with the mount options, formatting dev first
-	// when it holds no filesystem at all (never one that holds data). A
-	// target that already holds dev's filesystem is success (a repeated
-	// stage); any other mount there is contract.ErrExists. A device
-	// holding another filesystem than fsType fails.
+	// FormatAndMount mounts dev's fsType filesystem at target, formatting dev
+	// only when it holds none; a repeat is success, any other mount there
+	// contract.ErrExists, another filesystem on dev an error.
 	FormatAndMount(dev, target, fsType string, options []string) error
 	// HoldsFS reports whether p is a mount point of the filesystem on the
 	// block device dev (os.ErrNotExist when p does not exist).
@@ -91,9 +62,8 @@ type Interface interface {
 	// ResizeFS grows the filesystem on dev, mounted at mountPath, to the
 	// device's size when it is smaller (online).
 	ResizeFS(dev, mountPath string) error
-	// InUse reports whether the directory dir is shown by a mount anywhere
-	// in this mount namespace (dir itself or a part of it, e.g. a subPath),
-	// or has a mount inside it.
+	// InUse reports whether dir, or a part of it (a subPath), is mounted
+	// anywhere in this namespace, or has a mount inside it.
 	InUse(dir string) (bool, error)
 }
 
@@ -102,13 +72,11 @@ type Bind struct {
 	// Source is what the mount must show: a volume's directory or a block
 	// device node.
 	Source string
-	// From is the path bound (a staging path showing Source); empty means
-	// Source.
+	// From is the path bound (a staging path showing Source); "": Source.
 	From string
 	// Target is the CO-given path mounted on.
 	Target string
-	// Flags are the parsed mount flags (ParseFlags), added to what the
-	// source mount restricts.
+	// Flags are the parsed mount flags (ParseFlags).
 	Flags Flags
 	// ReadOnly makes the mount read-only.
 	ReadOnly bool

@@ -11,15 +11,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// CheckOutside refuses, with contract.ErrInvalid, a staging or target path
-// p given by the CO (named field in errors) that would let a node call
-// mount over, unmount or remove the driver's own data under dataRoot (a
-// resolved path): the data root itself, anything inside it, any directory
-// above it, and any path whose parent directory lies inside a volume (on a
-// bind mount of part of the data root, such as another volume's staging or
-// publish mount). Symlinks in the parent are resolved first; the last
-// component is judged as it is (a symlink there is refused by publish and
-// stage and removed, never followed, by unpublish).
+// CheckOutside refuses (contract.ErrInvalid) a CO-given path p through which
+// a node call could reach the driver's own data under dataRoot: the data root,
+// anything in or above it, or a parent inside a volume's bind mount. Symlinks
+// in the parent are resolved; the last component is judged as it is.
 func CheckOutside(dataRoot, field, p string) error {
 	parent := ResolveExisting(filepath.Dir(filepath.Clean(p)))
 	rp := filepath.Join(parent, filepath.Base(p))
@@ -57,12 +52,8 @@ func ResolveExisting(p string) string {
 	}
 }
 
-// onDataRootMount reports whether the directory dir (resolved) lies, through
-// whatever mount holds it, inside the data root's directory tree: the mount
-// holding dir is of the data root's filesystem and its root, plus dir's path
-// below the mount point, is below the data root's own path in that
-// filesystem. That is how a bind mount of a volume (a staging or publish
-// path) shows.
+// onDataRootMount reports whether the resolved directory dir lies, through
+// whatever mount holds it, inside the data root's tree (a volume's bind mount).
 func onDataRootMount(dataRoot, dir string) (bool, error) {
 	mis, err := mountutils.ParseMountInfo(mountInfoPath)
 	if err != nil {
@@ -76,10 +67,8 @@ func onDataRootMount(dataRoot, dir string) (bool, error) {
 	return mountutils.PathWithinBase(dirInFS, rootInFS), nil
 }
 
-// CheckPath refuses (contract.ErrInvalid, naming field) a CO-given staging
-// or target path that no node call may work on: empty, with a NUL byte,
-// PATH_MAX bytes or longer, with a component over NAME_MAX, relative, or
-// not clean (a trailing slash is allowed).
+// CheckPath refuses (contract.ErrInvalid) a CO-given path no node call may use:
+// empty, with NUL, too long, relative or not clean (a trailing slash is fine).
 func CheckPath(field, p string) error {
 	switch {
 	case p == "":

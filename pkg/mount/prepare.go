@@ -18,9 +18,7 @@ func (*Mounter) PrepareDir(p, field string, create bool) error { return checkDir
 // PrepareFile implements Interface.
 func (*Mounter) PrepareFile(p string) error { return prepareDeviceFile(p) }
 
-// checkDir validates a CO-given staging or target path: absolute, clean,
-// not a symlink, a directory. With create, a missing last component is made
-// (mode 0750); its parent must exist.
+// checkDir is Interface.PrepareDir, shared with Fake.
 func checkDir(p, field string, create bool) error {
 	if err := CheckPath(field, p); err != nil {
 		return err
@@ -60,11 +58,8 @@ func checkDir(p, field string, create bool) error {
 	return nil
 }
 
-// prepareDeviceFile makes the target_path p ready to receive a bind mount
-// of a device node: a regular file, created when missing (mode 0600; its
-// parent must exist). A dead mount on it is removed first. A symlink or a
-// directory at p is contract.ErrInvalid. An existing mount is left for Bind
-// to judge.
+// prepareDeviceFile is Interface.PrepareFile, shared with Fake; a dead mount
+// on p is removed first.
 func prepareDeviceFile(p string) error {
 	if c := filepath.Clean(p); !filepath.IsAbs(p) || c != p {
 		return fmt.Errorf("%w: target_path %q must be an absolute, clean path", contract.ErrInvalid, p)

@@ -12,17 +12,13 @@ import (
 
 const mountInfoPath = "/proc/self/mountinfo"
 
-// The mount table is read with mount-utils' ParseMountInfo and paths are
-// compared with its PathWithinBase. mount-utils' GetMountRefs and
-// SearchMountPoints are not used: they take the mount holding a path to be
-// the last mountinfo entry above it, which is wrong where the root mount is
-// listed after /dev (containers; this project's CI machine): every device
-// node would then seem to be on "/" and never bind-mounted anywhere.
-// hostOf takes the longest mount point above the path instead.
+// mount-utils' GetMountRefs and SearchMountPoints are not used: they take the
+// mount holding a path to be the last mountinfo entry above it, wrong where
+// the root mount is listed after /dev (containers, this project's CI), where
+// no device node would seem bind-mounted. hostOf takes the longest match.
 
-// MountPoints implements Interface: the mounts of src's filesystem whose
-// root is src's path in it or below it (a bind mount of src, or of a part
-// of it), src itself excepted.
+// MountPoints implements Interface: mounts of src's filesystem rooted at or
+// below src's path in it, src itself excepted.
 func (*Mounter) MountPoints(src string) ([]string, error) {
 	points, _, err := mountsOf(src)
 	return points, err
@@ -48,18 +44,15 @@ func (*Mounter) FSMountPoints(dev string) ([]string, error) {
 	return points, nil
 }
 
-// InUse implements Interface. It also counts a mount of a part of dir (a
-// pod's subPath bind-mounts a subdirectory of the published volume) and a
-// mount inside dir: deleting dir would pull the data from under either.
+// InUse implements Interface, counting a mount of a part of dir (a subPath)
+// and one inside dir: deleting dir would pull the data from under either.
 func (*Mounter) InUse(dir string) (bool, error) {
 	points, nested, err := mountsOf(dir)
 	return len(points) > 0 || nested, err
 }
 
-// mountsOf returns the mount points that show p or a part of it, read from
-// /proc/self/mountinfo: a bind mount of p has the device of p's filesystem
-// and a root at or below p's path inside that filesystem. nested reports a
-// mount below p.
+// mountsOf returns the mount points showing p or a part of it (same device, a
+// root at or below p's path); nested reports a mount below p.
 func mountsOf(p string) (points []string, nested bool, err error) {
 	mis, err := mountutils.ParseMountInfo(mountInfoPath)
 	if err != nil {
@@ -83,9 +76,8 @@ func mountsOf(p string) (points []string, nested bool, err error) {
 	return points, nested, nil
 }
 
-// hostOf finds the mount that p is on: the longest mount point at or above
-// it, the topmost (latest) of stacked ones; rootInFS is p's path inside
-// that mount's filesystem.
+// hostOf finds the mount p is on (the longest mount point above it, the top
+// of stacked ones) and p's path inside its filesystem.
 func hostOf(mis []mountutils.MountInfo, p string) (host mountutils.MountInfo, rootInFS string, ok bool) {
 	for _, mi := range mis {
 		if mountutils.PathWithinBase(p, mi.MountPoint) && (!ok || len(mi.MountPoint) >= len(host.MountPoint)) {

@@ -38,12 +38,8 @@ func (mt *Mounter) Remove(p string) error {
 	return removeUnmounted(p)
 }
 
-// removeUnmounted removes p, which holds no mount any more, when it is
-// what a publish makes: a directory (empty: a non-empty one was never a
-// mount target of ours) or an empty regular file (a block volume's target
-// file). Anything else — a file with data, a FIFO, a socket, a device
-// node — is contract.ErrPrecondition and stays: NodeUnpublishVolume
-// deletes what the driver created at target_path, nothing more.
+// removeUnmounted removes p when it is what a publish makes (an empty
+// directory or file); anything else stays (contract.ErrPrecondition).
 func removeUnmounted(p string) error {
 	fi, err := os.Lstat(p)
 	switch {
@@ -65,7 +61,6 @@ func removeUnmounted(p string) error {
 	return nil
 }
 
-// fileKind names the type of a file mode for errors.
 func fileKind(m os.FileMode) string {
 	switch {
 	case m&os.ModeSymlink != 0:

@@ -20,10 +20,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/publish/loop"
 )
 
-// FIFREEZE and FITHAW freeze and thaw the filesystem of the mount point
-// the ioctl is made on (linux/fs.h: _IOWR('X', 119, int) and
-// _IOWR('X', 120, int)). A freeze writes out every dirty page and journal
-// entry first and then blocks every write until the thaw.
+// FIFREEZE and FITHAW (linux/fs.h): a freeze writes out every dirty page and
+// journal entry, then blocks every write to the filesystem until the thaw.
 const (
 	ioctlFIFREEZE = 0xc0045877
 	ioctlFITHAW   = 0xc0045878
@@ -33,18 +31,14 @@ const (
 // consistency (the snapshot fails) rather than the pod its writes.
 var maxFreeze = 60 * time.Second
 
-// frozenDir is where a freeze is recorded while it lasts,
-// <data root>/frozen/<volume_id> holding the volume's image path, and
-// <data root>/frozen/pod-<uid> the pod's freezer cgroup, so that a start
-// after a crash thaws what the crashed process froze (ThawFrozen).
+// frozenDir records each freeze while it lasts (<volume_id>: its image path;
+// pod-<uid>: the pod's freezer cgroup), so a start after a crash thaws it.
 const frozenDir = "frozen"
 
 // Freeze freezes the filesystem of image volume v where it is staged
-// (FIFREEZE on the mount of its read-write loop device) and returns the
-// thaw, which is safe to call more than once and runs by itself after
-// maxFreeze. A volume that is not attached or not mounted has nothing to
-// freeze: the thaw is a no-op. The freeze is recorded durably before it
-// is made.
+// (FIFREEZE on a mount of its read-write loop device), recording the freeze
+// durably first, and returns the thaw (boundedThaw). Not attached or not
+// mounted: nothing to freeze, the thaw is a no-op.
 func (pb *Publisher) Freeze(v *contract.Volume) (thaw func() error, err error) {
 	nop := func() error { return nil }
 	img := pb.vols.ImagePath(v.ID)
@@ -80,10 +74,9 @@ func (pb *Publisher) Freeze(v *contract.Volume) (thaw func() error, err error) {
 	}), nil
 }
 
-// boundedThaw wraps thaw, the end of a freeze of what recorded at marker:
-// the result runs thaw once however often it is called, removes the
-// record once thaw succeeded, and runs by itself after maxFreeze; a call
-// after that fails, since what was frozen was not frozen throughout.
+// boundedThaw wraps thaw, the end of the freeze recorded at marker: it runs
+// thaw once however often called, removes the record once thaw succeeded, and
+// runs by itself after maxFreeze, after which a call fails (not consistent).
 func boundedThaw(what, marker string, thaw func() error) func() error {
 	var once sync.Once
 	var thawErr error
@@ -109,9 +102,8 @@ func boundedThaw(what, marker string, thaw func() error) func() error {
 	return bounded
 }
 
-// imageMounts lists the mount points of the filesystem on the read-write
-// loop device of the image file img (none when it is not attached or not
-// mounted).
+// imageMounts lists the mount points of the filesystem on image file img's
+// read-write loop device.
 func imageMounts(img string) ([]string, error) {
 	dev, err := loop.FindMode(img, false)
 	if err != nil || dev == "" {
@@ -131,14 +123,10 @@ func imageMounts(img string) ([]string, error) {
 	return points, err
 }
 
-// ThawFrozen thaws what the freeze records under dataRoot name (a
-// process killed while it held a freeze): each volume's filesystem, found
-// again by its image's loop device, and each pod (its freezer cgroup in
-// the hierarchy at cgroupRoot, "" for none). The records go once thawed.
-// A volume no longer attached or mounted has nothing frozen. What cannot
-// be thawed is logged and its record kept for the next start: it never
-// stops the start. It is the first step of a node's start, before the
-// state file is opened, which could fail.
+// ThawFrozen thaws what the freeze records under dataRoot name (a process
+// killed while frozen): volumes' filesystems and pods' freezer cgroups under
+// cgroupRoot. What cannot be thawed is logged and kept for the next start,
+// never stopping this one; it runs first, before the state file is opened.
 func ThawFrozen(dataRoot, cgroupRoot string) {
 	dir := filepath.Join(dataRoot, frozenDir)
 	ents, err := os.ReadDir(dir)
@@ -185,9 +173,8 @@ func ThawFrozen(dataRoot, cgroupRoot string) {
 	}
 }
 
-// thawVolume thaws the filesystem of image volume id, whose image file is
-// img, through one of its mounts (FITHAW; EINVAL: it was not frozen). img
-// is read from a freeze record: it must name id's image.
+// thawVolume thaws image volume id's filesystem through one of its mounts
+// (EINVAL: not frozen). img comes from a freeze record: it must be id's image.
 func thawVolume(img, id string) error {
 	if filepath.Base(img) != id+".img" || !filepath.IsAbs(img) {
 		return fmt.Errorf("freeze record of %s names %q, not its image", id, img)

@@ -16,25 +16,15 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// The node side: what a stage or publish mounts (a volume's directory, a
-// loop device node), under the per-volume lock and the holds, and the loop
-// devices of block volumes. The mounts themselves are the mount.Interface's
-// (Config.Mounter): staged and published state is read from the mount
-// table, never from records.
+// Staged and published state is read from the mount table (Config.Mounter),
+// never from records.
 
-// Stage prepares volume id on this node (CSI NodeStageVolume). stagingPath
-// must be an existing directory that is not a symlink. A mount volume is
-// bind-mounted onto it: repeating a stage with the same flags succeeds,
-// while a different volume, other flags or a foreign filesystem already
-// mounted there give contract.ErrExists (mount.Interface Bind). A block
-// volume gets its read-write loop device attached (found again by its image
-// file if it already is) and a device node of it made at <stagingPath>/<id>
-// (mode 0600; contract.ErrExists when something else is there): that is how
-// the staging path shows the volume (NodeGetVolumeStats). accessType is
-// what the request's capability asks for. Errors: contract.ErrNotFound,
-// contract.ErrInvalid, contract.ErrExists, contract.ErrPrecondition
-// (capability of the other access type), contract.ErrBusy (another call on
-// the volume is in flight, or it is being deleted or expanded).
+// Stage prepares volume id on this node (CSI NodeStageVolume) at stagingPath,
+// an existing directory, not a symlink: a directory volume is bind-mounted
+// there (image and block volumes: stageImage, stageBlock). The same stage
+// again succeeds; another volume, other flags or a foreign mount there is
+// contract.ErrExists. Errors also: contract.ErrNotFound, contract.ErrInvalid,
+// contract.ErrPrecondition (the other access type), contract.ErrBusy.
 func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error {
 	unlock, err := pb.vols.Lock(id)
 	if err != nil {
@@ -71,13 +61,9 @@ func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessTyp
 	return pb.mnt.Bind(mount.Bind{Source: pb.vols.DataPath(v), Target: stagingPath, Flags: mf})
 }
 
-// stageImage attaches image volume v's read-write loop device (the same
-// image file after a reboot: the device is found by its backing file) and
-// mounts its filesystem at stagingPath with the capability's mount flags,
-// formatting it on its first stage only. A filesystem smaller than its
-// device (a restore or clone to a larger size, an expansion made while it
-// was not staged) is grown. A device this call attached is detached again
-// when the mount fails.
+// stageImage attaches image volume v's read-write loop device and mounts its
+// filesystem at stagingPath (formatted at its first stage, grown when smaller
+// than its device); a device this call attached is detached if that fails.
 func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []string) error {
 	img := pb.vols.ImagePath(v.ID)
 	had, err := loop.FindMode(img, false)
@@ -125,8 +111,8 @@ func (pb *Publisher) stagedImage(v *contract.Volume, stagingPath string) (bool, 
 }
 
 // stageBlock attaches block volume id's read-write loop device and makes
-// <stagingPath>/<id> a device node of it. A device this call attached is
-// detached again when the node cannot be made.
+// <stagingPath>/<id> a device node of it (which Stats looks for); a device
+// this call attached is detached if that fails.
 func (pb *Publisher) stageBlock(id, stagingPath string) error {
 	img := pb.vols.ImagePath(id)
 	had, err := loop.FindMode(img, false)
@@ -150,10 +136,8 @@ func (pb *Publisher) stageBlock(id, stagingPath string) error {
 	return nil
 }
 
-// stagedDevicePath is the device node a block volume's stage puts in its
-// staging directory: <stagingPath>/<id>. It panics on an id that is not a
-// volume_id: callers validate first, and a path is never built from
-// anything else.
+// stagedDevicePath is <stagingPath>/<id>; it panics on an id that is not a
+// volume_id, so a path is never built from anything else.
 func stagedDevicePath(stagingPath, id string) string {
 	if !contract.ValidVolumeID(id) {
 		panic(fmt.Sprintf("publish: device path requested for invalid volume id %q", id))
@@ -168,21 +152,12 @@ func matchAccess(v *contract.Volume, accessType contract.AccessType) error {
 	return nil
 }
 
-// Unstage undoes Stage (CSI NodeUnstageVolume) at stagingPath (the
-// directory itself belongs to the CO and stays): a directory volume's bind
-// mount there is removed; an image volume's filesystem is unmounted there
-// and its loop device detached once no mount shows it; a block volume's
-// device node <stagingPath>/<id> is removed and its loop devices,
-// read-write and read-only, are detached. A volume that is not staged at
-// stagingPath, and an unknown volume, are success and change nothing of
-// the volume: a call with another staging path than the stage's never
-// detaches the loop device under a stage or publication made elsewhere.
-// contract.ErrPrecondition when an image or block volume staged at
-// stagingPath is still published (its publications would be left on a
-// loop device that is free for anyone to attach). Like Unpublish it waits
-// (bounded by ctx) for another call on the volume to end — a cluster node
-// agent's reconcile, say — before failing with contract.ErrBusy: the CO
-// must be able to finish a teardown.
+// Unstage undoes Stage (CSI NodeUnstageVolume) at stagingPath, which stays.
+// A volume not staged there, or unknown, is success and nothing changes: a
+// wrong path never detaches a loop device used elsewhere.
+// contract.ErrPrecondition while an image or block volume staged there is
+// still published. Like Unpublish it waits (bounded by ctx) for another call
+// on the volume before contract.ErrBusy: the CO must be able to finish.
 func (pb *Publisher) Unstage(ctx context.Context, id, stagingPath string) error {
 	unlock, err := pb.vols.LockWait(ctx, id)
 	if err != nil {
@@ -209,10 +184,9 @@ func (pb *Publisher) Unstage(ctx context.Context, id, stagingPath string) error 
 	return pb.mnt.Unmount(stagingPath)
 }
 
-// unstageBlock is Unstage of block volume v. It is staged at stagingPath
-// when the device node there is one of its read-write loop device; with no
-// loop device attached (a retry after the detach) only a device node left
-// there is removed.
+// unstageBlock is Unstage of block volume v: staged at stagingPath when the
+// node there is its read-write device; with none attached (a retry) only a
+// leftover node is removed.
 func (pb *Publisher) unstageBlock(v *contract.Volume, stagingPath string) error {
 	img, node := pb.vols.ImagePath(v.ID), stagedDevicePath(stagingPath, v.ID)
 	devs, err := loop.Devices(img)
@@ -245,11 +219,9 @@ func (pb *Publisher) unstageBlock(v *contract.Volume, stagingPath string) error 
 	return pb.mnt.RemoveDevice(node)
 }
 
-// unstageImage is Unstage of image volume v (a filesystem on a loop
-// device). Its loop device is detached only when no mount shows the
-// filesystem any more: not staged at stagingPath, a stage elsewhere keeps
-// it; attached but mounted nowhere (a stage whose mount failed, a retry
-// after the unmount), it goes.
+// unstageImage is Unstage of image volume v. Its loop device is detached only
+// once no mount shows the filesystem: a stage elsewhere keeps it, one whose
+// mount failed or a retry after the unmount does not.
 func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error {
 	img := pb.vols.ImagePath(v.ID)
 	rw, err := loop.FindMode(img, false)
@@ -281,11 +253,8 @@ func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error 
 }
 
 // unpublishedFirst refuses (contract.ErrPrecondition) to unstage volume id
-// while src — the staging path of an image volume, or a loop device node
-// of a block volume — is still shown by another mount (MountPoints: a
-// publication the CO did not unpublish): unmounting the stage and
-// detaching the loop device would leave those mounts on a device nobody
-// can find again.
+// while another mount still shows src, a publication the CO did not unpublish
+// that unstaging would leave on a device nobody can find again.
 func (pb *Publisher) unpublishedFirst(id, src string) error {
 	points, err := pb.mnt.MountPoints(src)
 	if err != nil {
@@ -298,19 +267,11 @@ func (pb *Publisher) unpublishedFirst(id, src string) error {
 }
 
 // Publish makes the staged volume id visible at o.TargetPath (CSI
-// NodePublishVolume). A mount volume is bind-mounted from o.StagingPath
-// onto o.TargetPath, a directory created (one level, its parent must exist)
-// unless it exists. A block volume's loop device node is bind-mounted onto
-// o.TargetPath, a file created the same way: the read-write device, or with
-// o.ReadOnly a second, read-only loop device on the same image
-// (loop.AttachReadOnly), so that writes fail at the device (EPERM), not
-// only at a mount flag a device node ignores. A symlink at the target is
-// refused with contract.ErrInvalid. contract.ErrPrecondition when the volume
-// is not staged, or with o.SingleWriter when it is published elsewhere. A
-// repeated publish with the same readonly/flags succeeds; any other mount on
-// the target — another volume, or this one with another readonly or other
-// flags — gives contract.ErrExists, for both access types.
-// contract.ErrBusy while another call on the volume is in flight.
+// NodePublishVolume), made one level deep unless it exists: a bind mount from
+// o.StagingPath, or of a block volume's device node (publishBlock). Errors:
+// contract.ErrInvalid (a symlink at the target), contract.ErrPrecondition (not
+// staged; with o.SingleWriter, published elsewhere), contract.ErrExists (any
+// other mount there than the same publish), contract.ErrBusy.
 func (pb *Publisher) Publish(id string, o contract.PublishOptions) error {
 	unlock, err := pb.vols.Lock(id)
 	if err != nil {
@@ -327,7 +288,6 @@ func (pb *Publisher) Publish(id string, o contract.PublishOptions) error {
 	return pb.pods.recordPublication(v, o)
 }
 
-// publish is Publish of volume v under its lock.
 func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) error {
 	id := v.ID
 	if err := matchAccess(v, o.AccessType); err != nil {
@@ -361,9 +321,8 @@ func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) erro
 	return pb.mnt.Bind(mount.Bind{Source: src, From: o.StagingPath, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
 }
 
-// onlyAt enforces SINGLE_NODE_SINGLE_WRITER: the volume's data srcs (its
-// directory, or its loop device nodes) may be mounted only at the given
-// paths.
+// onlyAt enforces SINGLE_NODE_SINGLE_WRITER: srcs (the volume's directory or
+// loop device nodes) may be mounted only at paths.
 func (pb *Publisher) onlyAt(id string, srcs []string, paths ...string) error {
 	allowed := map[string]bool{}
 	for _, p := range paths {
@@ -383,10 +342,10 @@ func (pb *Publisher) onlyAt(id string, srcs []string, paths ...string) error {
 	return nil
 }
 
-// publishBlock is Publish for block volume id: the read-write loop device
-// (attached by Stage) or the read-only one (attached here when missing) is
-// bound onto the device file o.TargetPath. A read-only device left without
-// a mount by a failed publish is detached again.
+// publishBlock binds block volume id's read-write loop device, or for
+// o.ReadOnly a read-only one on the same image (attached when missing), onto
+// the file o.TargetPath. The read-only device makes writes fail (EPERM), which
+// a mount flag on a device node would not; a failed publish detaches it.
 func (pb *Publisher) publishBlock(id string, o contract.PublishOptions) error {
 	img := pb.vols.ImagePath(id)
 	rw, err := loop.FindMode(img, false)
@@ -447,11 +406,8 @@ func (pb *Publisher) releaseReadOnly(img string) error {
 }
 
 // PublishEphemeral creates (once) the CSI ephemeral inline volume spec
-// describes (spec.Ephemeral, its CO id spec.EphemeralID, its name
-// EphemeralName of that id) and bind-mounts it, without staging, onto
-// o.TargetPath, created as for Publish. A repeated publish finds the same
-// volume; a volume this call created is deleted again when the mount
-// fails. It holds the lock of the CO id. Errors as for Create and Publish.
+// describes and bind-mounts it, unstaged, onto o.TargetPath; a volume it
+// created is deleted if the mount fails. It locks the CO id spec.EphemeralID.
 func (pb *Publisher) PublishEphemeral(spec contract.CreateSpec, o contract.PublishOptions) error {
 	unlock, err := pb.vols.Lock(spec.EphemeralID)
 	if err != nil {
@@ -491,15 +447,12 @@ func (pb *Publisher) publishEphemeral(v *contract.Volume, o contract.PublishOpti
 	return pb.mnt.Bind(mount.Bind{Source: pb.vols.DataPath(v), Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
 }
 
-// Unpublish undoes Publish (CSI NodeUnpublishVolume) for volume id: it
-// waits (bounded by ctx, then contract.ErrBusy) for another call on the
-// volume to end, unmounts everything at targetPath and removes it (a
-// missing or unmounted path is success, a symlink is removed without being
-// followed). Then, when id names a block volume, its read-only loop device
-// is detached if no mount shows it any more (its last read-only publication
-// is gone), and an ephemeral inline volume is deleted: it lives as long as
-// its one publication. An unknown id is fine (nothing to release).
-// contract.ErrPrecondition for a non-empty directory that is not a mount.
+// Unpublish undoes Publish (CSI NodeUnpublishVolume): it unmounts and removes
+// targetPath (missing: success; a symlink is removed, not followed), detaches
+// a block volume's unused read-only loop device and deletes an ephemeral
+// volume. It waits (bounded by ctx, then contract.ErrBusy) for another call on
+// the volume: kubelet must be able to finish (a pod stays Terminating until
+// then). contract.ErrPrecondition for a non-empty directory that is no mount.
 func (pb *Publisher) Unpublish(ctx context.Context, id, targetPath string) error {
 	unlock, err := pb.vols.LockWait(ctx, id)
 	if err != nil {

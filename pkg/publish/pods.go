@@ -20,15 +20,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/state"
 )
 
-// The pods that use a volume. NodePublishVolume tells which pod a
-// publication is for (volume_context csi.storage.k8s.io/pod.uid, sent
-// because the CSIDriver has podInfoOnMount); the node records it
-// (state.Publication) until NodeUnpublishVolume, and finds the pod's
-// cgroups with it (pkg/volume/cgroup) for two things: an image volume's
-// I/O limits (mutable parameters contract.IOLimitParameters), set on the
-// pod's cgroups for the volume's loop devices; and a group snapshot of
-// volumes in use, for which the pods are frozen while their volumes are
-// cut.
+// The pods that use a volume: NodePublishVolume names the pod (volume_context
+// csi.storage.k8s.io/pod.uid, CSIDriver podInfoOnMount), recorded as a
+// state.Publication until NodeUnpublishVolume. Its cgroups carry an image
+// volume's I/O limits and are frozen for group snapshots.
 
 // pods is the Publisher's part that deals with the pods that use volumes:
 // their publications' records, their cgroups' I/O limits and freezes.
@@ -38,9 +33,8 @@ type pods struct{ *Publisher }
 // pods' cgroups until ctx ends (pods.runIOLimits).
 func (pb *Publisher) RunIOLimits(ctx context.Context) { pb.pods.runIOLimits(ctx) }
 
-// recordPublication records that volume id is published at o.TargetPath
-// for the pod o.PodUID (nothing without one) and applies the volume's I/O
-// limits to that pod.
+// recordPublication records volume v's publication for pod o.PodUID (none
+// without one) and applies the volume's I/O limits to that pod.
 func (pb pods) recordPublication(v *contract.Volume, o contract.PublishOptions) error {
 	if o.PodUID == "" {
 		return nil
@@ -58,9 +52,8 @@ func (pb pods) recordPublication(v *contract.Volume, o contract.PublishOptions) 
 	return nil
 }
 
-// forgetPublication removes the record of volume v's publication at
-// targetPath and, when the volume has I/O limits and the pod no other
-// publication of it, takes them off the pod's cgroups.
+// forgetPublication removes that record and takes the volume's I/O limits off
+// the pod's cgroups when it was the pod's last publication of it.
 func (pb pods) forgetPublication(v *contract.Volume, targetPath string) error {
 	p, err := pb.vols.Publication(v.ID, targetPath)
 	if err != nil || p == nil {
@@ -84,9 +77,8 @@ func (pb pods) forgetPublication(v *contract.Volume, targetPath string) error {
 	return pb.vols.DeletePublication(v.ID, targetPath)
 }
 
-// applyIOLimits sets the I/O limits of volume v's mutable parameters
-// params on the cgroups of every pod it is published for; a pod that is
-// gone is skipped.
+// applyIOLimits sets the I/O limits of params on the cgroups of every pod v
+// is published for; gone pods are skipped.
 func (pb pods) applyIOLimits(v *contract.Volume, params map[string]string) error {
 	pubs, err := pb.vols.Publications(v.ID)
 	if err != nil {
@@ -104,10 +96,9 @@ func (pb pods) applyIOLimits(v *contract.Volume, params map[string]string) error
 	return nil
 }
 
-// setPodIO sets l on the cgroups of the pod with uid for every loop
-// device of image volume v. A pod with no cgroup (gone) is nothing to do,
-// and so is a node plugin without a cgroup hierarchy (--cgroup-root=,
-// logged). Errors: the kernel's refusal.
+// setPodIO sets l on pod uid's cgroups for every loop device of image volume
+// v. A pod without a cgroup (gone), or a node without a hierarchy
+// (--cgroup-root=, logged), is nothing to do.
 func (pb pods) setPodIO(v *contract.Volume, uid string, l contract.IOLimits) error {
 	if !v.Image() {
 		return nil
@@ -157,12 +148,10 @@ func (pb pods) kickIOLimits() {
 	}
 }
 
-// runIOLimits keeps the I/O limits of published image volumes on their
-// pods' cgroups until ctx ends. On cgroup v1 a limit binds only the cgroup
-// it is written to, so each container the kubelet starts in a limited pod
-// (a new directory in the pod's cgroup, seen with inotify) gets the
-// volume's limits at once; everything is also set again every 30 s. On
-// cgroup v2 the pod's io.max covers its containers and this only resyncs.
+// runIOLimits keeps the I/O limits of published image volumes on their pods'
+// cgroups until ctx ends: on cgroup v1 a limit binds only the cgroup written,
+// so each container the kubelet starts in a limited pod (inotify) gets it at
+// once; on v2 the pod's io.max covers them. Everything is resynced every 30 s.
 func (pb pods) runIOLimits(ctx context.Context) {
 	if pb.cg == nil {
 		return
@@ -212,10 +201,8 @@ func (pb pods) runIOLimits(ctx context.Context) {
 	}
 }
 
-// waitIOEvent waits for a reason to sync the I/O limits again: the
-// resync tick, a kick, or a new directory (a container's cgroup) in a
-// watched pod cgroup; other inotify events are skipped. False when ctx
-// ended.
+// waitIOEvent waits for the resync tick, a kick, or a new directory (a
+// container's cgroup) in a watched pod cgroup. False when ctx ended.
 func (pb pods) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-chan fsnotify.Event) bool {
 	for {
 		select {
@@ -237,10 +224,9 @@ func (pb pods) waitIOEvent(ctx context.Context, tick <-chan time.Time, events <-
 	}
 }
 
-// syncIOLimits sets the I/O limits of every publication of a limited
-// volume and returns the pod cgroups to watch for new containers. Each
-// volume is handled under its lock, so that a publication an unpublish
-// just removed never gets its limits back.
+// syncIOLimits sets the I/O limits of every publication of a limited volume,
+// each under the volume's lock (an unpublished one never gets them back), and
+// returns the pod cgroups to watch for new containers.
 func (pb pods) syncIOLimits(ctx context.Context) map[string]bool {
 	dirs := map[string]bool{}
 	all, err := pb.vols.Publications("")
@@ -263,9 +249,8 @@ func (pb pods) syncIOLimits(ctx context.Context) map[string]bool {
 	return dirs
 }
 
-// syncVolumeIO sets the I/O limits of volume id on the pods it is
-// published for, under the volume's lock, and returns those pods (none
-// when the volume has no limits).
+// syncVolumeIO sets volume id's I/O limits on its pods under the volume's
+// lock and returns those pods (none without limits).
 func (pb pods) syncVolumeIO(ctx context.Context, id string) []string {
 	if v, err := pb.vols.Get(id); err != nil || contract.IOLimitsOf(v.MutableParameters) == (contract.IOLimits{}) {
 		return nil // no lock taken for volumes without limits: most
@@ -299,13 +284,10 @@ func (pb pods) syncVolumeIO(ctx context.Context, id string) []string {
 	return uids
 }
 
-// podWriters says which pods may write to volume v (by UID), or why a
-// writer exists that freezing pods cannot stop ("" when there is none):
-// a staged image volume is frozen as a filesystem, so it has no pods to
-// freeze; a raw block volume's writers are the publications of its loop
-// devices (and the kubelet's per-pod bind of the device, named by the pod
-// UID), a directory volume's the mounts of its directory besides a
-// recorded staging path; each must be recorded for a pod (podInfoOnMount).
+// podWriters says which pods (UIDs) may write to volume v, or why a writer
+// exists that freezing pods cannot stop. A staged image volume has none (its
+// filesystem is frozen); a block volume's are its loop devices' mounts, a
+// directory volume's its directory's besides a staging path: each a pod's.
 func (pb pods) podWriters(v *contract.Volume) (uids []string, why string, err error) {
 	if v.FsType != "" {
 		return nil, "", nil
@@ -345,9 +327,8 @@ func (pb pods) podWriters(v *contract.Volume) (uids []string, why string, err er
 	for _, pt := range points {
 		uid, ok := pod[pt]
 		if !ok && v.AccessType == contract.AccessBlock && known[filepath.Base(pt)] {
-			// The kubelet binds a raw block volume's device once more for
-			// each pod, at .../volumeDevices/<volume>/dev/<pod UID> (its
-			// block volume mapper): that pod's.
+			// The kubelet binds a raw block device once more per pod, at
+			// .../volumeDevices/<volume>/dev/<pod UID>: that pod's.
 			uid, ok = filepath.Base(pt), true
 		}
 		switch {
@@ -369,10 +350,8 @@ func (pb pods) podWriters(v *contract.Volume) (uids []string, why string, err er
 // directory: pod-<uid>, holding the pod's freezer cgroup.
 const podFrozenPrefix = "pod-"
 
-// freezePod stops the processes of the pod with uid (its freezer cgroup)
-// and returns the thaw, which is safe to call more than once and runs by
-// itself after maxFreeze. The freeze is recorded durably before it is
-// made, so that a start after a crash thaws it (ThawFrozen).
+// freezePod freezes pod uid's freezer cgroup, recorded durably first so a
+// start after a crash thaws it, and returns the thaw (boundedThaw).
 func (pb pods) freezePod(uid string) (func() error, error) {
 	nop := func() error { return nil }
 	dir, err := pb.cg.PodDir("freezer", uid)
@@ -398,9 +377,8 @@ func (pb pods) freezePod(uid string) (func() error, error) {
 	return boundedThaw("pod "+uid, marker, thaw), nil
 }
 
-// thawPod thaws the pod cgroup dir, trying again for a second when the
-// kernel refuses (the record of the freeze stays until it succeeds, and a
-// start thaws what it names).
+// thawPod thaws the pod cgroup dir, retrying for a second; its freeze record
+// stays until it succeeds, for the next start.
 func (pb pods) thawPod(dir string) error {
 	var err error
 	for try := 0; try < 20; try++ {

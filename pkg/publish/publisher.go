@@ -1,11 +1,8 @@
-// Package publish is localdir's node side: what NodeStageVolume,
-// NodePublishVolume and their undoing mount on the paths the CO gives (a
-// volume's directory, its loop device, an image volume's filesystem),
-// through a mount.Interface (pkg/mount); the loop devices of image volumes
-// (pkg/publish/loop); the pods that use volumes and their cgroups
-// (pkg/publish/cgroup): I/O limits and freezes; usage figures. It reaches
-// the volumes only through Volumes (pkg/volume's Store), and answers the
-// Store's questions about a volume's use (volume.Node).
+// Package publish is localdir's node side: the mounts NodeStageVolume,
+// NodePublishVolume and their undoing make (through pkg/mount), the loop
+// devices of image volumes (pkg/publish/loop), the pods that use volumes and
+// their cgroups (I/O limits, freezes; pkg/publish/cgroup), and usage figures.
+// It reaches the volumes only through Volumes (pkg/volume's Store).
 package publish
 
 import (
@@ -27,10 +24,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// Volumes is what the node side needs of the volumes (pkg/volume's Store):
-// look up, create and delete (ephemeral volumes), the per-volume lock and
-// read holds, where the data is and what it uses, and the records of the
-// publications it makes.
+// Volumes is what the node side needs of the volumes (pkg/volume's Store).
 type Volumes interface {
 	Get(id string) (*contract.Volume, error)
 	Resolve(id string) (*contract.Volume, error)
@@ -57,16 +51,13 @@ type Config struct {
 	// Mounter does the node mounts and answers what is mounted where; nil
 	// means mount.New(), the real one. Unit tests give a mount.Fake.
 	Mounter mount.Interface
-	// CgroupRoot is where the node's cgroup hierarchy is mounted (normally
-	// /sys/fs/cgroup), for the I/O limits and freezes of the pods that use
-	// volumes (pods.go); "" means none: a volume with I/O limits cannot be
-	// published for a pod, nor a volume a pod uses join a group snapshot.
+	// CgroupRoot is where the cgroup hierarchy is mounted; "": none, and then
+	// pods cannot get I/O limits nor be frozen for a group snapshot.
 	CgroupRoot string
 }
 
 // Publisher is the node side of one data root. Its methods are safe for
-// concurrent use; each takes the volume's lock (Volumes.Lock) for the
-// whole call.
+// concurrent use; each holds the volume's lock for the whole call.
 type Publisher struct {
 	vols   Volumes
 	root   string            // the data root: freeze records in <root>/frozen
@@ -135,10 +126,8 @@ func (pb *Publisher) Refresh(image string) error {
 // Detach detaches every loop device attached to image.
 func (pb *Publisher) Detach(image string) error { return loop.Detach(image) }
 
-// ApplyMutable applies the node's part of a modify of volume v (mutable
-// parameters mut, merged into merged): an image volume's dirMode to the
-// root of its filesystem where it is staged (a stage applies it too), and
-// the I/O limits to the cgroups of the pods it is published for.
+// ApplyMutable applies the node's part of a modify of v: dirMode to a staged
+// image volume's filesystem root, the I/O limits to its pods' cgroups.
 func (pb *Publisher) ApplyMutable(v *contract.Volume, mut contract.Mutable, merged map[string]string) error {
 	if mut.DirMode != nil && v.FsType != "" {
 		mounts, err := imageMounts(pb.vols.ImagePath(v.ID))
@@ -158,13 +147,9 @@ func (pb *Publisher) ApplyMutable(v *contract.Volume, mut contract.Mutable, merg
 }
 
 // NodeExpand makes the node side see volume id's recorded size (CSI
-// NodeExpandVolume): the loop device of an image volume is refreshed and
-// its filesystem grown where it is mounted at volumePath, the qgroup
-// limit of a btrfs volume re-applied. volumePath must exist. It returns
-// the capacity in bytes. It holds the volume (a read hold), so an
-// expansion recorded meanwhile cannot be undone by this call re-applying
-// the size it read before. Errors: contract.ErrNotFound, contract.ErrBusy
-// (an expansion or delete is in progress).
+// NodeExpandVolume) and returns it: an image's loop device is refreshed and
+// its filesystem at volumePath grown. A read hold keeps an expansion recorded
+// meanwhile from being undone. Errors: contract.ErrNotFound, contract.ErrBusy.
 func (pb *Publisher) NodeExpand(id, volumePath string) (int64, error) {
 	unlock, err := pb.vols.Lock(id)
 	if err != nil {
@@ -212,13 +197,11 @@ func (pb *Publisher) NodeExpand(id, volumePath string) (int64, error) {
 	return v.CapacityBytes, nil
 }
 
-// FreezeGroup stops every write to vols at one point in time, for a group
-// snapshot: first the pods that use them are frozen (their processes
-// stopped; podWriters), then every staged image volume's filesystem
-// (FIFREEZE), and what a frozen pod wrote to a raw block volume is flushed
-// to its image. The thaw undoes all of it, in reverse order, once however
-// often it is called. contract.ErrPrecondition when a member has a writer
-// freezing pods cannot stop.
+// FreezeGroup stops every write to vols at one point in time for a group
+// snapshot: the pods that use them first (podWriters), then staged image
+// volumes' filesystems (FIFREEZE); a frozen pod's writes to a raw block
+// volume are flushed. The thaw undoes it in reverse order, once.
+// contract.ErrPrecondition for a writer freezing pods cannot stop.
 func (pb *Publisher) FreezeGroup(vols []*contract.Volume) (func() error, error) {
 	var pods []string
 	for _, v := range vols {
@@ -287,9 +270,8 @@ func dirMounts(id string) ([]string, error) {
 	return points, err
 }
 
-// flushDevice writes out what the page cache of image's read-write loop
-// device holds (fsync of the device), so that a copy of the image has
-// every write made to the device so far; an image not attached has none.
+// flushDevice fsyncs image's read-write loop device, so a copy of the image
+// holds every write made to the device.
 func flushDevice(image string) error {
 	dev, err := loop.FindMode(image, false)
 	if err != nil || dev == "" {
@@ -306,9 +288,8 @@ func flushDevice(image string) error {
 	return nil
 }
 
-// imageDirMode is the root permission an image volume's filesystem gets
-// at stage: its mutable dirMode, else its StorageClass dirMode; ok false
-// when neither is set (mkfs's own stays).
+// imageDirMode is the root permission an image volume's filesystem gets at
+// stage: mutable dirMode, else the StorageClass's; ok false for neither.
 func imageDirMode(v *contract.Volume) (mode uint32, ok bool) {
 	for _, p := range []map[string]string{v.MutableParameters, v.Parameters} {
 		if s, set := p[contract.ParamDirMode]; set {

@@ -13,15 +13,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/publish/loop"
 )
 
-// Stats measures volume id (a volume_id or an ephemeral volume's CO id),
-// which must be visible at volumePath, its staging or target path as Stage
-// and Publish made it: for a mount volume a bind mount of its directory;
-// for a block volume a bind mount of one of its loop device nodes (a
-// publish path), or a directory holding the staged device node
-// <volumePath>/<id> (a staging path). Errors: contract.ErrNotFound for an unknown
-// volume, a relative or missing path, or a path that does not show this
-// volume (CSI NodeGetVolumeStats: NOT_FOUND, "does not exist on the
-// specified volume_path").
+// Stats measures volume id (or an ephemeral volume's CO id), which volumePath
+// must show as Stage or Publish made it. contract.ErrNotFound for an unknown
+// volume or a path that does not show it (CSI NodeGetVolumeStats: "does not
+// exist on the specified volume_path").
 func (pb *Publisher) Stats(id, volumePath string) (contract.Usage, error) {
 	v, err := pb.vols.Resolve(id)
 	if err != nil {
@@ -68,10 +63,8 @@ func (pb *Publisher) Stats(id, volumePath string) (contract.Usage, error) {
 	return u, nil
 }
 
-// imageFSStats: volumePath must be a mount of image volume v's filesystem
-// (its staging path, or a publish bind of it). The figures are the mounted
-// filesystem's own (statfs(2)): its total after its metadata, its used and
-// available bytes, and its inodes.
+// imageFSStats: volumePath must mount image volume v's filesystem; the figures
+// are that filesystem's own (statfs(2)).
 func (pb *Publisher) imageFSStats(v *contract.Volume, volumePath string, notHere error) (contract.Usage, error) {
 	if ok, err := pb.stagedImage(v, volumePath); err != nil || !ok {
 		return contract.Usage{}, notHere
@@ -88,12 +81,9 @@ func (pb *Publisher) imageFSStats(v *contract.Volume, volumePath string, notHere
 	}, nil
 }
 
-// blockStats: volumePath must show one of the volume's loop devices the
-// way Publish and Stage put it there: a publish path is a bind mount of the
-// read-write or the read-only device node; a staging path is a directory
-// holding the device node <volumePath>/<id> of the read-write device.
-// Anything else — an empty directory, the /dev node itself, a mount of
-// another device — is notHere, even while the volume is attached.
+// blockStats: volumePath must show one of the volume's loop devices as
+// Publish (a bind of a device node) or Stage (a directory holding
+// <volumePath>/<id>) put it; anything else is notHere, even while attached.
 func (pb *Publisher) blockStats(v *contract.Volume, volumePath string, notHere error) (contract.Usage, error) {
 	img := pb.vols.ImagePath(v.ID)
 	devs, err := loop.Devices(img)
@@ -133,11 +123,8 @@ func isDeviceOf(p string, devs []loop.Device, rwOnly bool) bool {
 	return false
 }
 
-// writtenBytes sums the data segments of the image at path (SEEK_DATA /
-// SEEK_HOLE): what was written through the device. Its allocated blocks
-// (st_blocks) would count the preallocated, never written ranges too,
-// which SEEK_DATA reports as holes. A filesystem without SEEK_DATA reports
-// the whole file as data.
+// writtenBytes sums the image's data segments (SEEK_DATA/SEEK_HOLE): what was
+// written. st_blocks would count preallocated, never written ranges too.
 func writtenBytes(path string) (int64, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -21,9 +21,8 @@ func decodeName(k, raw []byte) (recordName, error) {
 	return r, nil
 }
 
-// namesOf builds the name index of a format 2 file from its volume records
-// (vols nil: none). Two records holding one name cannot be told apart: the
-// file is refused.
+// namesOf builds the name index from the volume records (vols nil: none); two
+// records of one name cannot be told apart, so the file is refused.
 func namesOf(vols *bolt.Bucket) (map[string]string, error) {
 	names := map[string]string{}
 	if vols == nil {
@@ -60,13 +59,10 @@ func (s *Store) applyNames(changes map[string]string) {
 	}
 }
 
-// VolumeIDByName returns the volume_id recorded for a CSI name, or "".
-//
-// The answer is always a record this transaction sees, of that name: the
-// index (the last commit, plus this transaction's own changes) gives the
-// candidate, and the record is checked. A read transaction that began
-// before the latest commits gets "" for a name created by them, as it
-// does not see their records.
+// VolumeIDByName returns the volume_id recorded for a CSI name, or "". The
+// answer is always a record of that name this transaction sees: the index
+// (last commit plus this transaction's changes) gives the candidate and the
+// record is checked, so an older read transaction misses newer names.
 func (t *Tx) VolumeIDByName(name string) string {
 	id, ok := t.names[name]
 	if !ok {
@@ -80,9 +76,8 @@ func (t *Tx) VolumeIDByName(name string) string {
 	return id
 }
 
-// indexedName is the name under which the record of volume id is found
-// ("" when there is no record, it has no name, or another volume took its
-// name over; a damaged record shows in Volume).
+// indexedName is the name the record of volume id is found under ("" for no
+// record, no name, or a name another volume took over).
 func (t *Tx) indexedName(id string) string {
 	raw := t.tx.Bucket(bucketVolumes).Get([]byte(id))
 	if raw == nil {

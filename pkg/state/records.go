@@ -11,9 +11,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// volumeJSON is how a contract.Volume is stored: the same fields (a Go
-// conversion between the two ignores the tags), named in JSON. Changing a
-// tag changes the file format.
+// volumeJSON is how a contract.Volume is stored (the same fields, converted
+// directly); its tags are the file format.
 type volumeJSON struct {
 	ID            string              `json:"id"`
 	Name          string              `json:"name,omitempty"`
@@ -51,9 +50,8 @@ type snapshotJSON struct {
 type Tx struct {
 	tx *bolt.Tx
 	s  *Store
-	// names are the name index changes of this write transaction (name →
-	// id, "" for a name that goes), applied to Store.names once it is
-	// committed and dropped if it is not.
+	// names are this write transaction's name index changes (name → id, "":
+	// gone), applied to Store.names once committed.
 	names map[string]string
 }
 
@@ -68,8 +66,7 @@ func (t *Tx) Volume(id string) (*contract.Volume, error) {
 }
 
 // volumeRecord is a volume as stored. NameTaken marks a record whose name
-// another volume's record took over (PutVolume of another volume with the
-// same name): VolumeIDByName does not find it under that name any more.
+// another volume's record took over: VolumeIDByName no longer finds it.
 type volumeRecord struct {
 	*volumeJSON
 	NameTaken bool `json:"nameTaken,omitempty"`
@@ -164,11 +161,9 @@ func (t *Tx) ForEachSnapshot(after string, fn func(*contract.Snapshot) bool) err
 		func(x any) bool { return fn((*contract.Snapshot)(x.(*snapshotJSON))) })
 }
 
-// Publication is a volume published at a target path for a pod (CSI
-// NodePublishVolume whose volume_context carries
-// csi.storage.k8s.io/pod.uid: the CSIDriver's podInfoOnMount), kept so
-// that the node can find the pod's cgroups for the volume's I/O limits and
-// group snapshot freezes, and forget them at NodeUnpublishVolume.
+// Publication is a volume published at a target path for a pod (the
+// pod.uid of NodePublishVolume's volume_context), kept so the node finds the
+// pod's cgroups for I/O limits and freezes until NodeUnpublishVolume.
 type Publication struct {
 	VolumeID    string `json:"volumeID"`
 	TargetPath  string `json:"targetPath"`
@@ -180,8 +175,7 @@ func publicationKey(volumeID, targetPath string) []byte {
 	return []byte(volumeID + "\x00" + targetPath)
 }
 
-// PutPublication stores p (replacing the one of the same volume and
-// target path).
+// PutPublication stores p, replacing the one of its volume and target path.
 func (t *Tx) PutPublication(p *Publication) error {
 	return put(t.tx.Bucket(bucketPublications), string(publicationKey(p.VolumeID, p.TargetPath)), p)
 }
@@ -196,8 +190,7 @@ func (t *Tx) Publication(volumeID, targetPath string) (*Publication, error) {
 	return p, err
 }
 
-// DeletePublication removes the publication of volumeID at targetPath (none
-// is fine).
+// DeletePublication removes the publication of volumeID at targetPath, if any.
 func (t *Tx) DeletePublication(volumeID, targetPath string) error {
 	return t.tx.Bucket(bucketPublications).Delete(publicationKey(volumeID, targetPath))
 }

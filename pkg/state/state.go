@@ -1,20 +1,13 @@
-// Package state keeps localdir's durable node-local records in a bbolt file
-// under the data root: the volumes, the snapshots and their CSI names. Every
-// change is one fsync'd bbolt transaction, committed before the caller
-// acknowledges the CSI call that caused it. Concurrent changes share commits
-// (group commit), so N parallel CreateVolume calls cost about one fsync round
-// instead of N.
+// Package state keeps localdir's durable node-local records (volumes,
+// snapshots, publications) in a bbolt file under the data root. Every change
+// is one fsync'd transaction, committed before the CSI call that caused it is
+// acknowledged; concurrent changes share commits (group commit), so N
+// parallel creates cost about one fsync.
 //
-// The CSI name → volume_id index is kept in memory, derived from the volume
-// records (each holds its name) when the file is opened and updated with
-// every commit; it is not a second durable copy of the names (a bucket of
-// them would be rewritten by every create and delete, on top of the volume
-// records' pages).
-//
-// The store never repairs or rewrites a file it cannot read: Open fails with
-// an error naming the file and what to do (a damaged state file must be
-// restored from a backup or moved away by a person, never silently replaced by
-// an empty one, because that would orphan every volume).
+// The CSI name → volume_id index lives in memory, derived from the volume
+// records at Open: a durable copy would be rewritten by every create and
+// delete. A file that cannot be read is never repaired or replaced (that
+// would orphan every volume): Open fails naming it and what to do.
 package state
 
 import (
@@ -55,16 +48,13 @@ type Store struct {
 	ops  chan *op
 	done chan struct{}
 
-	// closeMu orders Close after every Update that got in: Update holds it
-	// for reading while it queues, Close for writing while it marks the
-	// store closed, so no Update ever sends on the closed queue.
+	// closeMu orders Close after every Update that got in (read-held while
+	// queueing), so no Update sends on the closed queue.
 	closeMu sync.RWMutex
 	closed  bool
 
-	// names is the CSI volume name → volume_id index of the committed
-	// records (Volume.Name), built at Open. Only the commit loop changes
-	// it, right after a commit succeeded and before the callers of that
-	// commit are answered.
+	// names is the CSI name → volume_id index of the committed records, changed
+	// only by the commit loop, before the commit's callers are answered.
 	namesMu sync.RWMutex
 	names   map[string]string
 }
@@ -77,10 +67,8 @@ type op struct {
 	err chan error
 }
 
-// Open opens (or, if absent, creates) the state file at path. It fails with
-// an error wrapping ErrCorrupt, naming the file and the way out, when the
-// file exists but is not a readable localdir state file; it never writes to
-// such a file.
+// Open opens (or creates) the state file at path. A file that is not a
+// readable state file is ErrCorrupt, never written to.
 func Open(path string) (*Store, error) {
 	fresh := false
 	if fi, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
@@ -119,17 +107,11 @@ func openError(path string, err error) error {
 	return corrupt(path, err)
 }
 
-// checkLength refuses a file shorter than its meta page says, as left by an
-// interrupted copy or restore. bbolt maps the missing pages, and reading them
-// (which a read-write open does at once, rebuilding the free list) kills the
-// process with SIGBUS. A read-only open reads only the meta pages.
-//
-// It then reads every page a read-write open would walk (every key of every
-// bucket) and decodes every volume and snapshot record: a read-write open
-// walks the pages in a goroutine of bbolt's own that panics on a garbled
-// one, beyond any recover, and a garbled record would only fail later,
-// without naming the file. bbolt's page checks panic here too, in this
-// goroutine, where the panic becomes the error.
+// checkLength refuses a file shorter than its meta page says (an interrupted
+// copy): a read-write open would read the missing pages and die of SIGBUS. It
+// then reads every page and record a read-write open walks, because bbolt
+// walks them in a goroutine of its own that panics beyond any recover on a
+// garbled page; here the panic becomes an error naming the file.
 func checkLength(path string, size int64) (err error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
 	if err != nil {
@@ -230,11 +212,10 @@ func (s *Store) View(fn func(*Tx) error) error {
 	return s.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx, s: s}) })
 }
 
-// Update runs fn in a read-write transaction and returns once that
-// transaction is durably committed (fsync'd). Calls that arrive while a
-// commit is in flight are grouped into the next one. fn may run more than
-// once (when another fn in its group fails, the group is retried without the
-// failing one), so it must only depend on what it reads through tx.
+// Update runs fn in a read-write transaction and returns once it is durably
+// committed; calls arriving during a commit share the next one. fn may run
+// more than once (a group is retried without a failing fn), so it must
+// depend only on what it reads through tx.
 func (s *Store) Update(fn func(*Tx) error) error {
 	o := &op{fn: fn, err: make(chan error, 1)}
 	s.closeMu.RLock()
@@ -247,10 +228,9 @@ func (s *Store) Update(fn func(*Tx) error) error {
 	return <-o.err
 }
 
-// commitLoop is the group committer: it takes every queued op, runs them in
-// one bbolt transaction and reports the one commit result to all of them.
-// Unlike bolt.DB.Batch it never waits for a timer, so a lone caller commits
-// at once and only callers that queued during a commit share the next one.
+// commitLoop is the group committer: queued ops share one transaction and
+// its result. Unlike bolt.DB.Batch it never waits for a timer: a lone caller
+// commits at once.
 func (s *Store) commitLoop() {
 	defer close(s.done)
 	var group []*op

@@ -16,19 +16,17 @@ import (
 // Capacity measures it again (in the background).
 const useRefresh = 30 * time.Second
 
-// volUse is what capacity accounting knows of one volume: its size and
-// the bytes it used when last measured (0 until then: a volume counts as
-// empty, so its whole size is held back from the free space).
+// volUse is a volume's size and its use when last measured (0 until then, so
+// its whole size is held back from the free space).
 type volUse struct{ size, used int64 }
 
 // accounting is the capacity accounting of a Store: what volumes reserve
 // and use (Store.use, under Store.mu).
 type accounting struct{ *Store }
 
-// Capacity reports the data root's capacity (statfs(2) on the data root),
-// never more than every existing volume can still be filled to its size
-// alongside a new one. It starts a background re-measure of the volumes'
-// use when the last one is older than useRefresh.
+// Capacity reports the data root's capacity, never more than every volume can
+// still be filled to its size alongside a new one, and re-measures the
+// volumes' use in the background when the last measure is older than useRefresh.
 func (m *Store) Capacity() (contract.CapacityInfo, error) {
 	m.mu.Lock()
 	ci, err := m.acct.capacityLocked()
@@ -43,7 +41,6 @@ func (m *Store) Capacity() (contract.CapacityInfo, error) {
 	return ci, err
 }
 
-// capacityLocked computes CapacityInfo with m.mu held.
 func (m accounting) capacityLocked() (contract.CapacityInfo, error) {
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(m.root, &sfs); err != nil {
@@ -64,10 +61,9 @@ func (m accounting) capacityLocked() (contract.CapacityInfo, error) {
 	return ci, nil
 }
 
-// reserve takes n bytes of capacity for volume id (a new volume, or the
-// growth of an existing one) or fails with contract.ErrNoSpace. Until the
-// caller measures the written data (measured), the n bytes count as free
-// space the volume may still fill. unreserve gives them back.
+// reserve takes n bytes of capacity for volume id (new, or a growth) or fails
+// with contract.ErrNoSpace; they count as free space the volume may fill until
+// measured. unreserve gives them back.
 func (m accounting) reserve(id string, n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -114,10 +110,8 @@ func (m accounting) measured(v *contract.Volume) {
 	m.mu.Unlock()
 }
 
-// usedBytes is the disk space volume v's data holds on its own: the image
-// file's allocated blocks (st_blocks × 512) for a block volume, the
-// engine's Exclusive bytes else (qgroup exclusive bytes on btrfs, a du-like
-// walk on dir).
+// usedBytes is the disk space v's data holds on its own: an image's
+// allocated blocks, else the engine's Exclusive bytes.
 func (m accounting) usedBytes(v *contract.Volume) (int64, error) {
 	if v.Image() {
 		var st unix.Stat_t
@@ -129,9 +123,8 @@ func (m accounting) usedBytes(v *contract.Volume) (int64, error) {
 	return m.eng.Exclusive(m.volDir(v.ID))
 }
 
-// measureUse measures the use of every recorded volume (outside m.mu)
-// and records it for the volumes still there. At most one runs at a time
-// (m.measuring).
+// measureUse measures every recorded volume's use (outside m.mu); one runs at
+// a time (m.measuring).
 func (m accounting) measureUse() {
 	defer func() {
 		m.mu.Lock()

@@ -18,16 +18,11 @@ import (
 )
 
 // Create makes a new volume, filled from a snapshot or volume when the spec
-// names one, and commits its record durably before it returns. The source
-// is held for the whole copy: deleting it meanwhile fails with contract.ErrBusy, and
-// a create that finds it being deleted fails with contract.ErrBusy too (case C34). The
-// data is written under a .creating- name and gets its final name only
-// after the record is committed, so a crash never leaves unacknowledged
-// data that recovery cannot tell from data it must keep. On any failure
-// nothing is left behind: no data, no record, no reserved capacity.
-// Errors: contract.ErrNoSpace (capacity or disk full), contract.ErrNotFound (source),
-// contract.ErrInvalid (source of another access type), contract.ErrOutOfRange (size below the
-// source's), contract.ErrExists (name taken by a concurrent create), contract.ErrBusy.
+// names one (held for the copy: holdSource), and commits its record before it
+// returns (landing); a failure leaves no data, record or reservation. Errors:
+// contract.ErrNoSpace, contract.ErrNotFound, contract.ErrInvalid,
+// contract.ErrOutOfRange (below the source's size), contract.ErrExists (name
+// taken by a concurrent create), contract.ErrBusy.
 func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 	given := spec.ID != ""
 	if err := checkCreateSpec(&spec); err != nil {
@@ -113,9 +108,8 @@ func checkCreateSpec(spec *contract.CreateSpec) error {
 	return nil
 }
 
-// cloneImage writes volume v's image at tmp: empty, or a copy of the image
-// at srcPath; a clone of a staged image volume is copied with the source's
-// filesystem frozen, as a snapshot is (whileFrozen).
+// cloneImage writes v's image at tmp: empty, or a copy of srcPath's, frozen
+// while copied when the source is staged (whileFrozen).
 func (m *Store) cloneImage(v *contract.Volume, tmp, srcPath string) error {
 	write := func() error { return writeImage(tmp, srcPath, v.CapacityBytes) }
 	if v.SourceVolumeID == "" {
@@ -128,10 +122,9 @@ func (m *Store) cloneImage(v *contract.Volume, tmp, srcPath string) error {
 	return m.whileFrozen(src, write)
 }
 
-// checkFsType refuses an image volume this node cannot make: a filesystem
-// not in contract.FsTypes or whose mkfs is not installed, or one with a
-// block volume (contract.ErrInvalid); a size below what its mkfs accepts
-// (contract.ErrOutOfRange).
+// checkFsType refuses an image volume this node cannot make: an fs_type not
+// in contract.FsTypes, without its mkfs, or on a block volume (ErrInvalid);
+// a size below its mkfs minimum (ErrOutOfRange).
 func checkFsType(fsType string, accessType contract.AccessType, size int64) error {
 	if fsType == "" {
 		return nil
@@ -151,13 +144,10 @@ func checkFsType(fsType string, accessType contract.AccessType, size int64) erro
 	return nil
 }
 
-// fsTypeList names the keys of contract.FsTypes, sorted.
 func fsTypeList() string {
 	return strings.Join(slices.Sorted(maps.Keys(contract.FsTypes)), ", ")
 }
 
-// newRecord is the record a create of spec commits once its data is
-// written.
 func (m *Store) newRecord(spec contract.CreateSpec) *contract.Volume {
 	v := &contract.Volume{
 		ID:               spec.ID,
@@ -182,10 +172,8 @@ func (m *Store) newRecord(spec contract.CreateSpec) *contract.Volume {
 	return v
 }
 
-// writeData makes volume v's data at tmp: an image file for a block
-// volume (a copy of srcPath's image when set), else the engine's restore,
-// clone or empty directory (mode dirMode). Data copied from a source, and
-// an image, is synced to disk before it returns.
+// writeData makes v's data at tmp (image, restore, clone or empty directory
+// of dirMode) and syncs copied data and images to disk.
 func (m *Store) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint32) error {
 	var err error
 	switch {
@@ -209,9 +197,8 @@ func (m *Store) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint3
 	return err
 }
 
-// holdSource takes a read hold on the snapshot or volume a create copies
-// from, checks it, and returns its data path and the release func (a no-op
-// without a source). Errors: contract.ErrBusy (being deleted or changed),
+// holdSource read-holds and checks the source a create copies from, returning
+// its path and release (a no-op without one). Errors: contract.ErrBusy,
 // contract.ErrNotFound, contract.ErrInvalid, contract.ErrOutOfRange.
 func (m *Store) holdSource(spec contract.CreateSpec) (string, func(), error) {
 	nop := func() {}
@@ -263,8 +250,6 @@ func checkSource(kind, id string, accessType contract.AccessType, fsType string,
 	return nil
 }
 
-// describeFs names what a volume of fsType holds: "a directory" or "an
-// ext4 filesystem".
 func describeFs(fsType string) string {
 	if fsType == "" {
 		return "a directory (no fs_type)"
@@ -300,15 +285,12 @@ func writeImage(dst, src string, size int64) error {
 	return unix.Ftruncate(out, size)
 }
 
-// preallocate makes the image at path size bytes long with disk blocks
-// allocated for all of it (fallocate(2) mode 0: data kept, holes filled,
-// extents shared with a snapshot stay shared, and the file size raised to
-// size as the blocks are allocated, so an image at its full size is a fully
-// allocated one even after a crash). A raw block volume must own its space:
-// with a sparse image the data root can fill up under a pod's loop device,
-// and its writes turn into I/O errors; and a create or expansion must fail
-// (ENOSPC) when the disk cannot hold it. Filesystems without fallocate get
-// a sparse image of size bytes (ftruncate(2)). An image is never shrunk.
+// preallocate makes the image at path size bytes with disk blocks for all of
+// it (fallocate(2) mode 0, which keeps data and shared extents; a full-size
+// image is fully allocated even after a crash). A raw block volume must own
+// its space: with a sparse one the data root can fill up under a pod's loop
+// device and its writes fail, and a create or growth must get ENOSPC up front.
+// Without fallocate: a sparse image. It never shrinks one.
 func preallocate(path string, size int64) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -328,10 +310,8 @@ func preallocate(path string, size int64) error {
 	return nil
 }
 
-// syncFS writes the dirty data of the filesystem holding p to disk
-// (syncfs(2)): one call for a whole copied tree, instead of an fsync per
-// file. It runs before the record that acknowledges copied data is
-// committed, so a crash never leaves a record whose files are empty.
+// syncFS syncs the filesystem holding p (syncfs(2): one call for a copied
+// tree), before the record acknowledging the data is committed.
 func syncFS(p string) error {
 	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {

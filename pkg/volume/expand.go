@@ -13,13 +13,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/state"
 )
 
-// Expand grows volume id to newSize bytes (CSI ControllerExpandVolume): the
-// capacity is reserved, the btrfs qgroup limit raised or the image file
-// grown (an attached loop device is refreshed by NodeExpand), and the new
-// size committed. A newSize at or below the current size changes nothing.
-// It returns the volume's capacity afterwards. Errors: contract.ErrNotFound,
-// contract.ErrNoSpace, contract.ErrBusy (a snapshot or clone of it, or another change, is in
-// progress).
+// Expand grows volume id to newSize (CSI ControllerExpandVolume): reserves,
+// commits the size, then grows the data; a smaller newSize changes nothing.
+// It returns the capacity. Errors: contract.ErrNotFound, contract.ErrNoSpace,
+// contract.ErrBusy.
 func (m *Store) Expand(id string, newSize int64) (int64, error) {
 	unlock, err := m.lock(id)
 	if err != nil {
@@ -47,10 +44,9 @@ func (m *Store) Expand(id string, newSize int64) (int64, error) {
 	if err := m.acct.reserve(id, delta); err != nil {
 		return 0, err
 	}
-	// The new size is committed before the data grows: a crash between the
-	// two leaves a record larger than its data, which NodeExpand (and the
-	// next stage) finish, never data larger than its record, which a
-	// snapshot or clone of the record's size would cut short.
+	// The size is committed before the data grows: a crash between leaves a
+	// record larger than its data, which NodeExpand and the next stage finish,
+	// never data larger than its record, which a snapshot would cut short.
 	old := v.CapacityBytes
 	v.CapacityBytes = newSize
 	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(v) }); err != nil {
@@ -89,14 +85,9 @@ func (m *Store) resizeData(v *contract.Volume, size int64) error {
 	return m.eng.Resize(m.volDir(v.ID), size)
 }
 
-// finishGrowth grows volume v's data to the size of its record when an
-// expansion was cut short between the commit of the record and the growth
-// (Expand commits first): an image file smaller than the record is grown
-// and allocated (attached loop devices refreshed), a btrfs qgroup limit
-// below it is raised. It reports whether anything grew. Data at the
-// record's size costs one stat(2), or one quota tree lookup, and is left
-// alone; missing data too (Health reports it). Errors: the kernel's
-// (ENOSPC when the disk cannot hold the image).
+// finishGrowth grows v's data to its record's size after an expansion cut
+// short between commit and growth, and reports whether anything grew; data
+// at its size costs one stat(2) or quota lookup, missing data is left alone.
 func (m *Store) finishGrowth(v *contract.Volume) (bool, error) {
 	var size int64
 	var err error

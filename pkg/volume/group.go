@@ -13,45 +13,29 @@ import (
 	"github.com/localdir-csi/localdir/pkg/state"
 )
 
-// Volume group snapshots (CSI GroupController, CREATE_DELETE_GET_VOLUME_
-// GROUP_SNAPSHOT). A group is its member snapshots: ordinary snapshots
-// whose records carry the group's id (and a name of their own that no CSI
-// name can take), committed in one transaction. The spec asks for
-// write-order consistency across the members, or a failure: the members
-// are cut while nothing can write to any of them. A staged image volume
-// (ext4, xfs) is frozen (FIFREEZE) for the copy, all members together; a
-// volume nobody uses (not staged, not published, no loop device attached)
-// has no writer. A directory volume or raw block volume in use cannot be
-// frozen as a filesystem (btrfs snapshots cannot be cut while their
-// filesystem is frozen, and each is its own transaction): the pods that
-// use it are frozen instead (their freezer cgroup, pods.go). One used
-// otherwise than by a known pod is refused with FAILED_PRECONDITION.
+// Volume group snapshots: a group is its member snapshots, whose records
+// carry the group's id and are committed in one transaction. CSI asks for
+// write-order consistency, so members are cut while nothing can write to
+// them: staged image volumes' filesystems are frozen, and the pods that use
+// directory or raw block volumes (btrfs cannot snapshot a frozen filesystem).
 
 // memberName is the record name of group gid's snapshot of volume volID:
 // it starts with a NUL byte, which no CSI name may contain.
 func memberName(gid, volID string) string { return "\x00group/" + gid + "/" + volID }
 
-// CreateGroup cuts one snapshot of each of the volumes
-// sourceIDs at one point in time for the CSI name, and commits their
-// records in one transaction. Members that are staged image volumes are
-// frozen together while their images are copied (milliseconds on a data
-// root with reflinks: btrfs, XFS reflink; a full copy elsewhere) and thawed
-// before anything else; the copies are synced after the thaw. A retry with
-// the same name and volumes returns the group. Errors: contract.ErrInvalid
-// (no volume, a volume twice), contract.ErrNotFound (a volume),
-// contract.ErrExists (the name holds a group of other volumes),
-// contract.ErrPrecondition (a directory or raw block volume in use),
-// contract.ErrBusy (a change of a member or of the group is running),
-// contract.ErrNoSpace. Nothing is left behind on failure.
+// CreateGroup cuts one snapshot of each of sourceIDs at one point in time for
+// the CSI name (cutGroup; the freeze lasts only the copies, milliseconds with
+// reflinks) and commits them in one transaction; a failure leaves nothing. A
+// retry with the same name and volumes returns the group. Errors:
+// contract.ErrInvalid, contract.ErrNotFound, contract.ErrExists (the name
+// holds other volumes), contract.ErrPrecondition (a writer no pod freeze can
+// stop), contract.ErrBusy, contract.ErrNoSpace.
 func (sn *Snapshots) CreateGroup(name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
 	return sn.CreateGroupWithIDs(name, sourceIDs, nil)
 }
 
-// CreateGroupWithIDs is CreateGroupSnapshot with the member
-// snapshot ids chosen by the caller (the cluster controller):
-// snapshotIDs[i] is the snapshot of sourceIDs[i]; nil for fresh ones.
-// Errors as CreateGroupSnapshot, and contract.ErrInvalid for ids of the
-// wrong shape or number.
+// CreateGroupWithIDs is CreateGroup with the member snapshot ids chosen by
+// the cluster controller (snapshotIDs[i] for sourceIDs[i]; nil: fresh).
 func (sn *Snapshots) CreateGroupWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	m := sn.m
 	gid := contract.GroupSnapshotIDFor(name)
@@ -135,9 +119,8 @@ func (sn *Snapshots) CreateGroupWithIDs(name string, sourceIDs, snapshotIDs []st
 	return g, nil
 }
 
-// cutGroup copies the data of vols to tmps at one point in time: the node
-// side stops every write to them (Node.FreezeGroup), every copy is made,
-// all is thawed, and the copies are synced after the thaw.
+// cutGroup copies vols to tmps at one point in time (Node.FreezeGroup) and
+// syncs the copies after the thaw.
 func (sn *Snapshots) cutGroup(vols []*contract.Volume, tmps []string) error {
 	m := sn.m
 	thaw, err := m.node.FreezeGroup(vols)
@@ -161,10 +144,8 @@ func (sn *Snapshots) cutGroup(vols []*contract.Volume, tmps []string) error {
 	return nil
 }
 
-// GetGroup returns group snapshot id. snapshotIDs, when given,
-// must be its members' ids (contract.ErrInvalid otherwise). Errors:
-// contract.ErrNotFound (no member left, or not an id of the driver's
-// shape).
+// GetGroup returns group snapshot id; snapshotIDs, when given, must be its
+// members' (contract.ErrInvalid). Errors: contract.ErrNotFound.
 func (sn *Snapshots) GetGroup(id string, snapshotIDs []string) (*contract.GroupSnapshot, error) {
 	if !contract.ValidGroupSnapshotID(id) {
 		return nil, fmt.Errorf("%w: group snapshot %q", contract.ErrNotFound, id)
@@ -195,11 +176,8 @@ func (sn *Snapshots) GetGroup(id string, snapshotIDs []string) (*contract.GroupS
 	return g, nil
 }
 
-// DeleteGroup deletes every member snapshot of group id (each as
-// Delete does: record, then data). An unknown id succeeds.
-// Errors: contract.ErrInvalid (snapshotIDs do not match the members),
-// contract.ErrBusy (a restore reads a member, or another call on the
-// group runs).
+// DeleteGroup deletes every member snapshot of group id; an unknown id
+// succeeds. Errors: contract.ErrInvalid (snapshotIDs), contract.ErrBusy.
 func (sn *Snapshots) DeleteGroup(id string, snapshotIDs []string) error {
 	m := sn.m
 	if !contract.ValidGroupSnapshotID(id) {

@@ -7,18 +7,12 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// holdSet keeps volumes and snapshots that an operation is reading (the
-// source of a restore, clone or snapshot, a volume being staged) from being
-// deleted or changed under it, and the reverse. It lives in the Store, so
-// every caller — the CSI services of all mode and the node reconcilers of
-// cluster mode alike — is covered.
-//
-// A read hold is shared: a snapshot may be restored twice at once. A
-// change hold (delete, expand) is exclusive. Neither waits: a conflicting
-// call fails at once with contract.ErrBusy (gRPC ABORTED, "operation pending for
-// volume", CSI spec error scheme), and the CO retries it. Without this a
-// snapshot deleted during a restore gave an acknowledged volume with part
-// of the snapshot's files (case C34).
+// holdSet keeps what an operation reads (a restore's, clone's or snapshot's
+// source, a volume being staged) from being deleted or changed under it, for
+// every caller of the Store. Read holds are shared, change holds (delete,
+// expand) exclusive; neither waits: a conflict is contract.ErrBusy and the
+// CO retries. Without it a restore racing a snapshot delete gave a volume
+// with part of its files (case C34).
 type holdSet struct {
 	mu      sync.Mutex
 	readers map[string]int    // id → number of read holds

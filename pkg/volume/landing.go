@@ -11,12 +11,10 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// landing is how every new piece of data — a volume, a snapshot, the
-// snapshots of a group — comes to exist: written under its .creating- name
-// next to its final name, then its record committed, then renamed to its
-// final name. A crash before the commit leaves data nobody was told of
-// (removed at start); one after it, data whose record exists (renamed at
-// start: recover.go).
+// landing is how new data (a volume, a snapshot, a group's snapshots) comes
+// to exist: written under its .creating- name, its record committed, then
+// renamed to its final name, so recovery removes data nobody was told of and
+// renames data whose record exists.
 type landing struct {
 	// what names the data in logs ("a create", "a snapshot").
 	what string
@@ -26,9 +24,8 @@ type landing struct {
 	write func(tmps []string) error
 	// commit records the data, in one transaction.
 	commit func(tx *state.Tx) error
-	// uncommit takes the records back when a rename fails, so that the
-	// call fails whole; nil keeps them, and the next start finishes the
-	// renames.
+	// uncommit takes the records back when a rename fails; nil keeps them
+	// and the next start finishes the renames.
 	uncommit func(tx *state.Tx) error
 }
 
@@ -36,10 +33,9 @@ type landing struct {
 // rename failed: its data gets its final name at the next start.
 var errLandsAtStart = errors.New("it is finished at restart")
 
-// land runs l. A failed write or commit removes what was written and
-// returns the error (ENOSPC as contract.ErrNoSpace); a failed rename does
-// the same once uncommit took the records back, and otherwise wraps
-// errLandsAtStart (the data and records stay).
+// land runs l. A failed write or commit (or rename, once uncommit took the
+// records back) removes what was written; otherwise a failed rename wraps
+// errLandsAtStart.
 func (m *Store) land(l landing) error {
 	tmps := make([]string, len(l.dsts))
 	for i, d := range l.dsts {

@@ -7,9 +7,9 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// layout is where a data root keeps what (see the package comment). Every
-// path it builds comes from an id that matches the driver's pattern: it
-// panics otherwise, so a missed check is a crash, not an escape.
+// layout is where a data root keeps what. Every path comes from an id of the
+// driver's pattern: it panics otherwise, so a missed check is a crash, not an
+// escape.
 type layout struct {
 	root      string // absolute, symlinks resolved
 	volRoot   string
@@ -28,21 +28,16 @@ func newLayout(root string) layout {
 	}
 }
 
-// volDir is the data directory of a mount volume. It panics on an id that
-// does not match the volume id pattern: callers validate first, and a path
-// must never be built from anything else.
 func (m layout) volDir(id string) string {
 	mustVolumeID(id)
 	return filepath.Join(m.volRoot, id)
 }
 
-// imagePath is the image file of an image volume.
 func (m layout) imagePath(id string) string {
 	mustVolumeID(id)
 	return filepath.Join(m.blockRoot, id+".img")
 }
 
-// dataPath is where volume v's data lives.
 func (m layout) dataPath(v *contract.Volume) string {
 	if v.Image() {
 		return m.imagePath(v.ID)
@@ -50,7 +45,6 @@ func (m layout) dataPath(v *contract.Volume) string {
 	return m.volDir(v.ID)
 }
 
-// snapPath is where snapshot s's data lives.
 func (m layout) snapPath(s *contract.Snapshot) string {
 	if !contract.ValidSnapshotID(s.ID) {
 		panic(fmt.Sprintf("volume: path requested for invalid snapshot id %q", s.ID))

@@ -53,9 +53,8 @@ func (m *Store) Resolve(id string) (*contract.Volume, error) {
 	return v, err
 }
 
-// List returns up to limit volumes (all when limit <= 0) whose ids sort
-// after `after`, in id order, and the id to continue after ("" at the end).
-// Ephemeral inline volumes are not listed: the CO did not create them.
+// List returns up to limit volumes (all when limit <= 0) after `after` in id
+// order and the id to continue after; ephemeral volumes are not listed.
 func (m *Store) List(after string, limit int) ([]*contract.Volume, string, error) {
 	var out []*contract.Volume
 	next := ""

@@ -11,21 +11,11 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// Modify applies mutable parameters to volume id (CSI
-// ControllerModifyVolume; contract.ParseMutable names them) and records
-// them with the volume: only the keys given change. compression sets the
-// btrfs compression property on the volume's whole tree (engine.
-// SetCompression: later writes are compressed); dirMode chmods the
-// volume's root (an image volume's filesystem root where it is staged, and
-// at each later stage); the I/O limits (contract.IOLimitParameters) are
-// set on the cgroups of every pod the volume is published for (pods.go).
-// dirMode applies to filesystem volumes, compression to directory volumes
-// on btrfs, I/O limits to image volumes (raw block, ext4, xfs). Applying is idempotent:
-// a modify a crash cut short between the data and the record is finished
-// by its retry. It returns the volume as recorded afterwards.
-// Errors: contract.ErrNotFound, contract.ErrInvalid (a parameter this
-// volume cannot take, named), contract.ErrBusy (a snapshot, clone or other
-// change of it is in progress).
+// Modify applies mutable parameters to volume id (CSI ControllerModifyVolume;
+// contract.CheckMutable says which volume takes which) and records them; only
+// the keys given change. Applying is idempotent, so a retry finishes a modify
+// a crash cut short. Errors: contract.ErrNotFound, contract.ErrInvalid,
+// contract.ErrBusy.
 func (m *Store) Modify(id string, params map[string]string) (*contract.Volume, error) {
 	mut, err := contract.MutableOf(params)
 	if err != nil {
@@ -63,8 +53,8 @@ func (m *Store) Modify(id string, params map[string]string) (*contract.Volume, e
 	return v, nil
 }
 
-// applyMutable checks that v can take mut and applies it to its data at
-// path.
+// applyMutable checks that v can take mut and applies its data's part at
+// path: dirMode on a directory volume's root, btrfs compression on its tree.
 func (m *Store) applyMutable(v *contract.Volume, path string, mut contract.Mutable) error {
 	if err := contract.CheckMutable(v, engine.OnBtrfs(path), mut); err != nil {
 		return err

@@ -9,11 +9,7 @@ import (
 )
 
 // NodeAccess is what the node side (pkg/publish) may do with a Store's
-// volumes (Store.NodeAccess; it implements publish.Volumes): look them up,
-// create and delete them (ephemeral volumes), take their lock and read
-// holds, find their data, make it its recorded size, measure it, and keep
-// the records of the publications it makes (the pod each is for), which
-// live in the state file with the volumes.
+// volumes and its publication records; it implements publish.Volumes.
 type NodeAccess struct{ m *Store }
 
 // NodeAccess returns the node side's access to the store.
@@ -44,39 +40,30 @@ func (a *NodeAccess) Root() string { return a.m.root }
 // DataPath is Store.DataPath.
 func (a *NodeAccess) DataPath(v *contract.Volume) string { return a.m.dataPath(v) }
 
-// Lock takes the per-volume locks of the non-empty keys (volume ids, an
-// ephemeral volume's CO id): all or none, contract.ErrBusy when one is
-// taken.
+// Lock is Store.lock.
 func (a *NodeAccess) Lock(keys ...string) (func(), error) { return a.m.lock(keys...) }
 
 // LockWait takes volume id's lock, waiting (bounded by ctx, then
-// contract.ErrBusy) for the call that holds it: for the teardowns a CO must
-// be able to finish (unpublish, unstage).
+// contract.ErrBusy): for the teardowns a CO must be able to finish.
 func (a *NodeAccess) LockWait(ctx context.Context, id string) (func(), error) {
 	return a.m.locks.Wait(ctx, "volume", id)
 }
 
 // HoldRead takes a read hold on volume id for what (a stage, a node
-// expansion: a delete or an expansion must not change the data under
-// them); contract.ErrBusy while it is being deleted or changed. The
-// returned func releases it.
+// expansion; see holdSet); the returned func releases it.
 func (a *NodeAccess) HoldRead(id, what string) (func(), error) { return a.m.holds.read(id, what) }
 
 // ImagePath is the image file of image volume id (a valid volume_id).
 func (a *NodeAccess) ImagePath(id string) string { return a.m.imagePath(id) }
 
-// ImageDir is the directory of the image files (for the count of the loop
-// devices attached to them).
+// ImageDir is the directory of the image files.
 func (a *NodeAccess) ImageDir() string { return a.m.blockRoot }
 
-// ApplySize makes volume v's data its recorded size again (NodeExpandVolume):
-// an image grown and its loop devices refreshed, a btrfs qgroup limit
-// re-applied.
+// ApplySize makes volume v's data its recorded size again (NodeExpandVolume).
 func (a *NodeAccess) ApplySize(v *contract.Volume) error { return a.m.resizeData(v, v.CapacityBytes) }
 
-// Usage measures directory volume v's data with the engine it was made
-// with: the bytes its files occupy and their inode count (-1 when the
-// engine has no inode figure).
+// Usage measures directory volume v with the engine it was made with: bytes
+// and inodes (-1: unknown).
 func (a *NodeAccess) Usage(v *contract.Volume) (used, inodes int64, err error) {
 	eng := a.m.eng
 	if v.Engine == engine.Dir && eng.Name() != engine.Dir {

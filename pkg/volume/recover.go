@@ -15,25 +15,18 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// Prefixes of the names of data in flight, each kept in the directory of
-// its final name (a rename within one directory never crosses filesystems
-// and works for read-only btrfs subvolumes too).
+// Prefixes of data in flight, in its final name's directory (a rename there
+// never crosses filesystems and works for read-only btrfs subvolumes).
 const (
-	// creatingPrefix marks data a create or snapshot is still writing. The
-	// record is committed while the data has this name and the data is
-	// renamed to its final name right after; so at start a creating entry
-	// whose record exists is finished (renamed), and one without a record
-	// was never acknowledged to anyone and is removed.
+	// creatingPrefix marks data a create or snapshot is still writing; its
+	// record is committed under this name and the rename follows.
 	creatingPrefix = ".creating-"
-	// deletingPrefix marks data whose delete is in flight: renamed before
-	// its record is deleted, so at start an entry whose record still exists
-	// is rolled back, and one without a record is removed.
+	// deletingPrefix marks data renamed before its record is deleted.
 	deletingPrefix = ".deleting-"
 )
 
-// Leftovers lists what Recover could not put in order (empty when all was
-// in order). Reported in the log, the localdir_recovery_leftovers metric
-// and, in cluster mode, LocalNode status.recoveryProblems.
+// Leftovers lists what Recover could not put in order; reported in the log,
+// a metric and LocalNode status.recoveryProblems.
 func (m *Store) Leftovers() []contract.Leftover {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -52,18 +45,12 @@ func (m recovery) leftover(path string, err error) {
 type recovery struct{ *Store }
 
 // recover puts the data root in order after a crash, before anything is
-// served. Per entry of volumes/, block/ and snapshots/:
-//   - .creating-<id>: finished (renamed to <id>) when its record exists,
-//     else removed: no caller was told it exists;
-//   - .deleting-<id>: rolled back when its record exists, else removed;
-//   - <id> without a record: data the driver cannot account for (a state
-//     file older than the data): moved to orphaned/, never deleted;
-//   - a volume whose data is smaller than its record (an expansion cut
-//     short after its commit) is grown to the record's size;
-//   - ephemeral volumes no longer mounted (the node rebooted) are deleted.
-//
-// No single entry stops the start: what cannot be handled is logged and
-// listed in Leftovers. Only an unreadable state file or data root fails.
+// served: .creating-<id> is renamed to <id> when its record exists (else
+// removed: nobody was told of it); .deleting-<id> is rolled back when its
+// record exists, else removed; <id> without a record is moved to orphaned/,
+// never deleted; data smaller than its record grows; ephemeral volumes no
+// longer mounted are deleted. No entry stops the start (Leftovers); only an
+// unreadable state file or data root fails.
 func (m recovery) recover() error {
 	known := map[string]bool{}
 	var vols, ephemeral []*contract.Volume
@@ -153,9 +140,8 @@ func (m recovery) recoverEntry(dir, name string, known map[string]bool) {
 			m.leftover(p, fmt.Errorf("roll back the delete of %s: %w", id, err))
 		}
 	case prefix == deletingPrefix:
-		// No record, or a record whose data is already at its final name:
-		// a committed delete of an earlier volume of the same id (cluster
-		// mode derives ids from CSI names) whose removal did not finish.
+		// No record, or one whose data is at its final name: an earlier volume
+		// of the same id (cluster ids come from CSI names) whose removal stopped.
 		klog.InfoS("Finishing an interrupted delete", "id", id, "path", p)
 		m.removeLeftover(p)
 	case known[id]:
@@ -178,9 +164,8 @@ func (m recovery) removeLeftover(p string) {
 	}
 }
 
-// moveAside moves data no record claims into orphaned/. The driver cannot
-// tell where it came from (records lost to an older state file restored
-// from a backup, say), so it never deletes it.
+// moveAside moves data no record claims into orphaned/: its origin is
+// unknown (an older state file restored, say), so it is never deleted.
 func (m recovery) moveAside(p, id string) {
 	if busy, _ := m.node.InUse(p); busy {
 		m.leftover(p, errors.New("data without a record is mounted; it is left where it is"))
@@ -201,7 +186,6 @@ func (m recovery) moveAside(p, id string) {
 		"inspect it and remove it by hand when it is not needed", "id", id, "from", p, "to", lost)
 }
 
-// syncDir makes the entries of directory dir durable (fsync(2) on it).
 func syncDir(dir string) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -219,10 +203,8 @@ func exists(p string) bool {
 	return err == nil
 }
 
-// lostPath is where unclaimed data named name goes in orphaned/: its own
-// name, or that name with a numeric suffix when an earlier start already
-// moved data of the same name there (renaming onto it would fail for a
-// non-empty directory or replace an earlier file).
+// lostPath is where unclaimed data named name goes in orphaned/, with a
+// numeric suffix when an earlier start left the name taken.
 func (m recovery) lostPath(name string) string {
 	p := filepath.Join(m.lostRoot, name)
 	for i := 1; ; i++ {
@@ -233,24 +215,19 @@ func (m recovery) lostPath(name string) string {
 	}
 }
 
-// inFlight is the path of p's data while a create writes it or a delete
-// removes it: prefix + base name, in p's directory.
 func inFlight(prefix, p string) string {
 	return filepath.Join(filepath.Dir(p), prefix+filepath.Base(p))
 }
 
-// trash marks the data at p as being deleted (a rename in its directory)
-// before its record is deleted, so a crash leaves either the record with
-// its data (rolled back at start) or neither (finished at start). It
-// returns the new path.
+// trash renames the data at p to its .deleting- name before its record goes,
+// so a crash leaves the record with its data or neither; it returns that path.
 func (m *Store) trash(p string) (string, error) {
 	t := inFlight(deletingPrefix, p)
 	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("mark %s as deleting: %w", p, err)
 	}
-	// The rename is on disk before the record's removal is: otherwise a
-	// power loss could keep the removal (the state file is fsync'd) and
-	// lose the rename, leaving the data at its final name with no record.
+	// The rename is durable before the record's removal: else a power loss
+	// could keep the removal and lose the rename (data without a record).
 	if err := syncDir(filepath.Dir(p)); err != nil {
 		_ = os.Rename(t, p)
 		return "", err

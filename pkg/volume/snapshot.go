@@ -13,9 +13,8 @@ import (
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
-// Snapshots is the snapshot side of a Store (Store.Snapshots): snapshots
-// and volume group snapshots of its volumes, under the same records,
-// per-volume lock and holds.
+// Snapshots is a Store's snapshot side (Store.Snapshots), under its records,
+// locks and holds.
 type Snapshots struct{ m *Store }
 
 // Path is where snapshot s's data lives on this node.
@@ -56,17 +55,12 @@ func (sn *Snapshots) Get(id string) (*contract.Snapshot, error) {
 	return s, err
 }
 
-// Create takes a snapshot of volume spec.SourceVolumeID for the CSI
-// name and commits its record before it returns. btrfs volumes get a
-// read-only subvolume snapshot (O(1)); dir volumes a CopyTree copy (extents
-// shared on reflink filesystems); block volumes a copy of the image. The
-// source is held for the whole copy (deleting or expanding it meanwhile
-// fails with contract.ErrBusy), and the data is written under a .creating- name
-// that becomes final after the record is committed (see Create). The
-// snapshot is independent of its source: deleting the volume leaves it
-// usable. Its size is the source's capacity (the restore size). Errors:
-// contract.ErrNotFound (source), contract.ErrNoSpace, contract.ErrExists (name taken by a concurrent
-// call), contract.ErrBusy.
+// Create snapshots volume spec.SourceVolumeID for the CSI name and commits
+// the record before it returns (landing): a read-only btrfs subvolume
+// snapshot, a CopyTree copy (dir engine), or an image copy; the source is held
+// meanwhile. The snapshot outlives its source; its size is the source's.
+// Errors: contract.ErrNotFound, contract.ErrNoSpace, contract.ErrExists (name
+// taken by a concurrent call), contract.ErrBusy.
 func (sn *Snapshots) Create(spec contract.SnapshotSpec) (*contract.Snapshot, error) {
 	m := sn.m
 	name := spec.Name
@@ -128,9 +122,8 @@ func (sn *Snapshots) Create(spec contract.SnapshotSpec) (*contract.Snapshot, err
 	return s, nil
 }
 
-// writeSnapshot writes the snapshot of volume v at tmp (cutSnapshot, an
-// image frozen while it is copied when it is staged) and syncs it to disk,
-// before the record that acknowledges it is committed.
+// writeSnapshot writes v's snapshot at tmp and syncs it before the record
+// acknowledging it is committed.
 func (sn *Snapshots) writeSnapshot(v *contract.Volume, tmp string) error {
 	if err := sn.cutSnapshot(v, tmp, sn.snapshotImage); err != nil {
 		return err
@@ -141,10 +134,8 @@ func (sn *Snapshots) writeSnapshot(v *contract.Volume, tmp string) error {
 	return nil
 }
 
-// cutSnapshot writes the snapshot data of volume v at tmp, unsynced,
-// removing what a failed earlier attempt left there first: an image with
-// copyImage (snapshotImage freezes a staged one; copyImage, for a caller
-// that froze it, does not), else the engine's snapshot of its tree.
+// cutSnapshot writes v's snapshot data at tmp, unsynced, over what a failed
+// attempt left: an image with copyImage, else the engine's snapshot.
 func (sn *Snapshots) cutSnapshot(v *contract.Volume, tmp string, copyImage func(*contract.Volume, string) error) error {
 	m := sn.m
 	if err := engine.Remove(tmp); err != nil {
@@ -162,9 +153,8 @@ func (sn *Snapshots) cutSnapshot(v *contract.Volume, tmp string, copyImage func(
 	return nil
 }
 
-// Delete removes a snapshot (record first, then data). Unknown ids
-// succeed. Volumes restored from it are independent and stay. Errors:
-// contract.ErrBusy while a restore reads it (case C34).
+// Delete removes a snapshot (record first, then data); unknown ids succeed.
+// Errors: contract.ErrBusy while a restore reads it (case C34).
 func (sn *Snapshots) Delete(id string) error {
 	m := sn.m
 	if !contract.ValidSnapshotID(id) {
@@ -202,9 +192,8 @@ func (sn *Snapshots) Delete(id string) error {
 	return nil
 }
 
-// List returns up to limit snapshots (all when limit <= 0) whose
-// ids sort after `after`, optionally only those of one source volume, in id
-// order, and the id to continue after ("" at the end).
+// List returns up to limit snapshots (all when limit <= 0) after `after` in
+// id order, optionally of one source volume, and the id to continue after.
 func (sn *Snapshots) List(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error) {
 	m := sn.m
 	var out []*contract.Snapshot
@@ -225,9 +214,8 @@ func (sn *Snapshots) List(after string, limit int, sourceVolumeID string) ([]*co
 	return out, next, err
 }
 
-// snapshotImage copies the image of volume v to tmp: a reflink where the
-// data root's filesystem can (O(1)), else a sparse-aware copy, with its
-// filesystem frozen when it is staged (whileFrozen).
+// snapshotImage copies v's image to tmp (a reflink where possible), frozen
+// while copied when staged (whileFrozen).
 func (sn *Snapshots) snapshotImage(v *contract.Volume, tmp string) error {
 	m := sn.m
 	return m.whileFrozen(v, func() error { return sn.copyImage(v, tmp) })
@@ -240,12 +228,9 @@ func (sn *Snapshots) copyImage(v *contract.Volume, tmp string) error {
 	return writeImage(tmp, m.imagePath(v.ID), v.CapacityBytes)
 }
 
-// whileFrozen runs copy, a copy of volume v's image, with v's filesystem
-// frozen where it is staged (Node.Freeze) when v is an image volume with a
-// filesystem, so the copy holds everything written before the call; a raw
-// block volume is copied as it is (crash-consistent only if nothing
-// writes). A thaw that fails, or came by timeout, fails the copy: it is not
-// consistent.
+// whileFrozen runs copy with image volume v's filesystem frozen where staged
+// (Node.Freeze); a raw block volume is copied as is, consistent only if
+// nothing writes. A failed or timed-out thaw fails the copy.
 func (m *Store) whileFrozen(v *contract.Volume, copy func() error) error {
 	thaw := func() error { return nil }
 	if v.FsType != "" {

@@ -1,10 +1,7 @@
-// Package volume is localdir's node-local storage: it owns one data root
-// and keeps there the volumes, snapshots, their durable records (pkg/state)
-// and the capacity accounting, and puts the data root in order after a
-// crash (Recover). What a volume's use on the node involves — mounts, loop
-// devices, pods — is the node side's (pkg/publish), which the Store asks
-// through the Node interface and which reaches the Store through its
-// exported methods.
+// Package volume is localdir's node-local storage: it owns one data root with
+// the volumes, snapshots, their durable records (pkg/state) and the capacity
+// accounting, and puts it in order after a crash (Recover). A volume's use on
+// the node (mounts, loop devices, pods) is pkg/publish's, asked through Node.
 //
 // Layout of the data root:
 //
@@ -14,16 +11,13 @@
 //	<root>/snapshots/<sid>/      a snapshot of a directory volume
 //	<root>/snapshots/<sid>.img   a snapshot of an image volume
 //	<root>/frozen/               the node side's freeze records (pkg/publish)
-//	<dir>/.creating-<name>       data a create or snapshot is still writing, in the
-//	                             directory of its final name (removed at start
-//	                             when no record acknowledges it)
-//	<dir>/.deleting-<name>       data of a delete in flight, in its own directory
-//	                             (gone once its record is)
+//	<dir>/.creating-<name>       data a create or snapshot is still writing (recover.go)
+//	<dir>/.deleting-<name>       data of a delete in flight (recover.go)
 //	<root>/orphaned/             data no record claimed at start: moved aside, never deleted
 //
-// Every path below the root is built from a driver-issued id that was checked
-// against contract.ValidVolumeID / ValidSnapshotID first. Nothing outside the
-// root is created, changed or removed.
+// Every path below the root is built from a driver-issued id checked against
+// contract.ValidVolumeID / ValidSnapshotID first. Nothing outside the root is
+// created, changed or removed.
 package volume
 
 import (
@@ -49,50 +43,35 @@ type Config struct {
 	// DataRoot is the directory holding everything the store keeps. It is
 	// created (mode 0700) if missing; its parent must exist.
 	DataRoot string
-	// CapacityBytes caps the bytes that volumes may reserve in total; 0 means
-	// the size of the filesystem holding DataRoot.
+	// CapacityBytes caps what volumes may reserve; 0: DataRoot's filesystem size.
 	CapacityBytes int64
 	// Engine is engine.Auto (default), engine.Dir or engine.Btrfs.
 	Engine contract.Engine
 }
 
-// Node is what the Store asks of the node side (pkg/publish), which owns
-// the mounts, the loop devices and the pods' cgroups of this node's
-// volumes.
+// Node is what the Store asks of the node side (pkg/publish's Publisher).
 type Node interface {
-	// CheckUnused fails with contract.ErrPrecondition when volume v is
-	// mounted or attached on this node (a delete must not remove it).
+	// CheckUnused fails with contract.ErrPrecondition when v is mounted or
+	// attached on this node.
 	CheckUnused(v *contract.Volume) error
-	// Freeze stops the writes to image volume v's filesystem where it is
-	// staged, so that a copy of its image holds everything written before
-	// the call; nothing to freeze is a no-op thaw. The thaw may be called
-	// more than once and fails when the freeze did not last the copy.
+	// Freeze stops the writes to image volume v's filesystem for a copy of
+	// its image; the thaw fails when the freeze did not last the copy.
 	Freeze(v *contract.Volume) (thaw func() error, err error)
-	// FreezeGroup stops the writes to every volume of vols at one point in
-	// time (a group snapshot): contract.ErrPrecondition when a writer cannot
-	// be stopped. The thaw is as Freeze's.
+	// FreezeGroup stops the writes to all of vols at one point in time
+	// (contract.ErrPrecondition when a writer cannot be stopped).
 	FreezeGroup(vols []*contract.Volume) (thaw func() error, err error)
 	// Refresh makes the loop devices attached to image see its new size.
 	Refresh(image string) error
-	// Detach detaches every loop device attached to image (data that is
-	// being removed or moved aside at start).
+	// Detach detaches every loop device attached to image.
 	Detach(image string) error
 	// InUse reports whether path (a volume's data) is mounted anywhere.
 	InUse(path string) (bool, error)
-	// ApplyMutable applies what the mutable parameters mut change on the
-	// node to volume v, whose mutable parameters are now merged: an image
-	// volume's dirMode to its filesystem where it is staged, the I/O limits
-	// to the pods it is published for.
+	// ApplyMutable applies the node's part of a modify of volume v.
 	ApplyMutable(v *contract.Volume, mut contract.Mutable, merged map[string]string) error
 }
 
-// Store keeps the volumes and snapshots of one data root. Its methods are
-// safe for concurrent use; Recover must run before any other. Operations
-// that read a volume or snapshot (restore, clone, snapshot, and the node
-// side's stage) hold it against operations that delete or change it,
-// whoever the caller is; the loser fails with contract.ErrBusy (see
-// holdSet). Operations on one volume also take its per-volume lock
-// (locks.go).
+// Store keeps the volumes and snapshots of one data root; its methods are
+// safe for concurrent use, and Recover must run before any other.
 type Store struct {
 	layout
 	cfg   Config
@@ -105,9 +84,8 @@ type Store struct {
 	acct  accounting
 
 	mu sync.Mutex // guards use, measuring and measuredAt; held for arithmetic, never across I/O
-	// use is the size of every recorded volume (and of creates and
-	// expansions in progress) with its last measured use, by volume_id:
-	// what Capacity and reserve account (capacity.go).
+	// use is the size and last measured use of every recorded volume, and of
+	// creates and expansions in progress, by volume_id (capacity.go).
 	use        map[string]volUse
 	measuring  bool      // a measureUse is running
 	measuredAt time.Time // when the last measureUse ended
@@ -116,9 +94,8 @@ type Store struct {
 }
 
 // Open prepares the data root and opens its state file. It fails when the
-// state file is damaged (wrapping state.ErrCorrupt) and when the state file
-// is missing but volume data exists: starting with empty state there would
-// orphan every volume, so a person has to decide. Recover must run next.
+// state file is damaged (state.ErrCorrupt) or missing while volume data
+// exists: empty state would orphan every volume, so a person decides.
 func Open(cfg Config) (*Store, error) {
 	if cfg.DataRoot == "" || !filepath.IsAbs(cfg.DataRoot) {
 		return nil, fmt.Errorf("data root %q must be an absolute path", cfg.DataRoot)
@@ -163,11 +140,9 @@ func Open(cfg Config) (*Store, error) {
 	return m, nil
 }
 
-// Recover finishes or rolls back the work a crash interrupted (recover.go),
-// asking node about mounts and loop devices, then starts measuring what
-// volumes use; node is the Store's node side from then on. A leftover that
-// cannot be handled never stops the start: it is listed in Leftovers. The
-// error is the state file's.
+// Recover finishes or rolls back what a crash interrupted (recover.go) and
+// starts measuring use; node is the Store's node side from then on. Only the
+// state file's error fails it (leftovers: Leftovers).
 func (m *Store) Recover(node Node) error {
 	m.node = node
 	if err := (recovery{m}).recover(); err != nil {
@@ -218,15 +193,11 @@ func countIDs(dir string, valid func(string) bool) int {
 	return n
 }
 
-// DataPath is where volume v's data lives on this node (for status and
-// logs; the manager builds it from the validated id).
+// DataPath is where volume v's data lives on this node.
 func (m *Store) DataPath(v *contract.Volume) string { return m.dataPath(v) }
 
-// Delete removes a volume: its record is removed durably first, then its
-// data. Deleting an unknown id succeeds. Snapshots of the volume are
-// independent copies and stay usable. Errors: contract.ErrPrecondition when the
-// volume is mounted or attached anywhere on this node, contract.ErrBusy while a
-// clone, snapshot or stage reads it or another call changes it.
+// Delete removes a volume, record first, then data; an unknown id succeeds.
+// Errors: contract.ErrPrecondition (mounted or attached), contract.ErrBusy.
 func (m *Store) Delete(id string) error {
 	if !contract.ValidVolumeID(id) {
 		return nil

@@ -1,15 +1,7 @@
-// Package cgroup finds a Kubernetes pod's cgroups on this node and sets on
-// them what localdir controls per pod: block I/O limits on a volume's
-// device (cgroup v1 blkio.throttle.*, v2 io.max) and the freezer (v1
-// freezer.state, v2 cgroup.freeze), following the kernel's
-// Documentation/admin-guide/cgroup-v1/{blkio-controller,freezer-subsystem}.rst
-// and cgroup-v2.rst.
-//
-// A pod's cgroup is the directory the kubelet makes for it: with the
-// cgroupfs driver "pod<uid>" (under kubepods[/burstable|besteffort], below
-// the kubelet's cgroupRoot), with the systemd driver
-// "kubepods[-<class>]-pod<uid, '-' as '_'>.slice". It is found by walking
-// the hierarchy, so any cgroupRoot works.
+// Package cgroup finds a Kubernetes pod's cgroups on this node (by walking
+// the hierarchy for "pod<uid>" or systemd's "...-pod<uid>.slice", so any
+// kubelet cgroupRoot works) and sets their block I/O limits (v1
+// blkio.throttle.*, v2 io.max) and freezer (v1 freezer.state, v2 cgroup.freeze).
 package cgroup
 
 import (
@@ -40,9 +32,8 @@ type Limits struct {
 // None tells whether l limits nothing.
 func (l Limits) None() bool { return l == Limits{} }
 
-// Hierarchy is the cgroup hierarchy mounted at a root: cgroup v2 when the
-// root is a cgroup2 mount, otherwise v1 with one mount per controller
-// below it (<root>/blkio, <root>/freezer).
+// Hierarchy is the cgroup hierarchy mounted at a root: v2 when it is a
+// cgroup2 mount, else v1 with one mount per controller below it.
 type Hierarchy struct {
 	root string
 	v2   bool
@@ -77,9 +68,8 @@ func (h *Hierarchy) controllerRoot(controller string) string {
 // plus kubepods/<class>/pod<uid>.
 const maxDepth = 8
 
-// PodDir is the cgroup directory of the pod with uid in controller's
-// hierarchy ("blkio" or "freezer"; v2 has one hierarchy for all).
-// Errors: ErrNoPod.
+// PodDir is pod uid's cgroup directory in controller's hierarchy ("blkio" or
+// "freezer"). Errors: ErrNoPod.
 func (h *Hierarchy) PodDir(controller, uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/\x00") {
 		return "", fmt.Errorf("%w: pod uid %q", ErrNoPod, uid)
@@ -152,19 +142,12 @@ func Subtree(dir string) []string {
 	return out
 }
 
-// SetIO sets the I/O limits l on the devices devs (device numbers, as
-// unix.Mkdev) for the pod with uid; a zero Limits removes them. cgroup v2:
-// io.max of the pod's cgroup, which bounds all its containers together.
-// cgroup v1: blkio.throttle.{read,write}_{bps,iops}_device of every cgroup
-// below the pod's (its containers, where its processes are), since v1
-// throttling does not descend a hierarchy: a container started later
-// needs SetIO again (see WatchDir). The pod's own v1 cgroup is left alone:
-// on this project's kernel (6.18) a rule written there before the
-// containers' cgroups existed kept the containers' own rules from
-// throttling anything (seen with kubelet pods; the rules were in place and
-// the I/O counted, and writing them again did not help). It returns the
-// directories it wrote. Errors: ErrNoPod, a write the kernel refused (the
-// device is not a block device, the controller is not enabled).
+// SetIO sets the I/O limits l on devs (unix.Mkdev numbers) for pod uid (zero
+// Limits remove them) and returns the directories written. v2: the pod's
+// io.max, covering its containers. v1 throttling does not descend, so the
+// rules go into every cgroup below the pod's (later containers: WatchDir),
+// not the pod's own: on kernel 6.18 a rule there, written before the
+// containers' cgroups existed, kept their rules from throttling anything.
 func (h *Hierarchy) SetIO(uid string, devs []uint64, l Limits) ([]string, error) {
 	dir, err := h.PodDir("blkio", uid)
 	if err != nil {
@@ -202,9 +185,8 @@ func (h *Hierarchy) SetIO(uid string, devs []uint64, l Limits) ([]string, error)
 	return dirs, nil
 }
 
-// WatchDir is the directory whose new subdirectories (containers) need
-// SetIO again: the pod's blkio cgroup on cgroup v1, "" on v2 (io.max of
-// the pod's cgroup covers new containers). Errors: ErrNoPod.
+// WatchDir is the directory whose new subdirectories (containers) need SetIO
+// again: the pod's blkio cgroup on v1, "" on v2. Errors: ErrNoPod.
 func (h *Hierarchy) WatchDir(uid string) (string, error) {
 	if h.v2 {
 		return "", nil
@@ -215,12 +197,9 @@ func (h *Hierarchy) WatchDir(uid string) (string, error) {
 // freezeWait bounds how long Freeze waits for every task to stop.
 var freezeWait = 5 * time.Second
 
-// Freeze stops every process of the pod with uid (v1: freezer.state
-// FROZEN, which covers the cgroups below; v2: cgroup.freeze 1) and waits
-// until the kernel reports them all frozen. It returns the directory to
-// give Thaw. A freeze that does not complete within 5 s is undone and
-// fails (a task stuck in uninterruptible sleep). Errors: ErrNoPod, the
-// timeout, a write the kernel refused.
+// Freeze freezes pod uid and waits until the kernel reports it frozen,
+// returning the directory for Thaw; not frozen within freezeWait (a task in
+// uninterruptible sleep) it is undone and fails. Errors: ErrNoPod, the kernel's.
 func (h *Hierarchy) Freeze(uid string) (string, error) {
 	dir, err := h.PodDir("freezer", uid)
 	if err != nil {
@@ -245,9 +224,8 @@ func (h *Hierarchy) Freeze(uid string) (string, error) {
 			return "", err
 		}
 		time.Sleep(time.Millisecond)
-		// Ask again: a task that went to sleep in a freezable wait after
-		// the first request (a shell's vfork parent waiting for its
-		// frozen child, seen on v1) is frozen only by a new request.
+		// Ask again: a task that entered a freezable wait after the first request
+		// (a shell's vfork parent, seen on v1) is frozen only by a new one.
 		if err := h.setFrozen(dir, true); err != nil {
 			_ = h.Thaw(dir)
 			return "", err
@@ -265,9 +243,8 @@ func (h *Hierarchy) Thaw(dir string) error {
 	return err
 }
 
-// IsPodDir tells whether dir can be a pod's freezer cgroup of this
-// hierarchy: below its root, named as the kubelet names pod cgroups (a
-// check on a path read back from a record).
+// IsPodDir tells whether dir, read back from a record, can be a pod's
+// freezer cgroup of this hierarchy.
 func (h *Hierarchy) IsPodDir(dir string) bool {
 	name := filepath.Base(dir)
 	return filepath.Clean(dir) == dir && strings.HasPrefix(dir, h.controllerRoot("freezer")+"/") &&

@@ -1,21 +1,13 @@
 // Package loop attaches, finds, resizes and detaches loop devices for
-// localdir's image files (raw block and image volumes; preallocated with
-// fallocate(2) where the filesystem has it). It uses the loop ioctls
-// (linux/loop.h) through golang.org/x/sys/unix, not losetup(8).
+// localdir's image files, with the loop ioctls (linux/loop.h), not losetup(8).
 //
-// A loop device is always found again by its backing file — the device
-// and inode numbers the kernel reports with LOOP_GET_STATUS64, and the
-// sysfs backing_file name as a check — and never by a stored /dev/loopN,
-// because loop numbers change across reboots and detaches. The name is
-// only compared as a suffix: the kernel prints it as seen from the mount
-// namespace that attached the device, and once that namespace is gone (a
-// node plugin container that restarted) only the path below the mount it
-// went through remains ("/block/vol-x.img" for
-// /var/lib/localdir/block/vol-x.img).
-//
-// An image has at most two devices: the read-write one a stage attaches,
-// and a read-only one (LO_FLAGS_READ_ONLY) for read-only publications; the
-// flag LOOP_GET_STATUS64 reports tells them apart.
+// A device is always found by its backing file (LOOP_GET_STATUS64's device
+// and inode, the sysfs backing_file name as a check), never by a stored
+// /dev/loopN: numbers change across reboots and detaches. The name is
+// compared as a suffix: the kernel prints it as seen from the attaching mount
+// namespace, and once that is gone (a restarted node plugin container) only
+// the path below its mount remains. An image has at most two devices, the
+// read-write one a stage attaches and a read-only one (LO_FLAGS_READ_ONLY).
 package loop
 
 import (
@@ -39,28 +31,22 @@ import (
 // sysBlock is where the kernel lists block devices; a var for tests.
 var sysBlock = "/sys/block"
 
-// attachMu serializes Attach within this process: LOOP_CTL_GET_FREE and
-// LOOP_CONFIGURE are two steps, and two attaches of one image must not both
-// win. Other processes are handled by retrying on EBUSY.
+// attachMu serializes Attach in this process (LOOP_CTL_GET_FREE and
+// LOOP_CONFIGURE are two steps); other processes: the retry on EBUSY.
 var attachMu sync.Mutex
 
 // Device is one loop device backed by an image.
 type Device struct {
 	// Path is /dev/loopN.
 	Path string
-	// ReadOnly is set when the device was attached read-only
-	// (LO_FLAGS_READ_ONLY): the kernel refuses every write to it (EPERM),
-	// and BLKROGET reports 1.
+	// ReadOnly is set when the device was attached with LO_FLAGS_READ_ONLY:
+	// the kernel refuses every write to it (EPERM).
 	ReadOnly bool
 }
 
-// Devices returns every loop device whose backing file is image, read-write
-// and read-only alike, in /sys/block order: LOOP_GET_STATUS64 reports the
-// same device and inode as image (and its read-only flag), and image's
-// path ends with the device's backing_file name, which is not a deleted
-// file's (so an inode number reused after a delete never matches). Errors:
-// image's stat error (os.ErrNotExist when it is missing), or /sys/block
-// unreadable.
+// Devices returns every loop device backed by image, in /sys/block order:
+// same device and inode, and a backing_file name that fits and is not a
+// deleted file's (an inode reused after a delete never matches).
 func Devices(image string) ([]Device, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(image, &st); err != nil {
@@ -87,9 +73,8 @@ func Devices(image string) ([]Device, error) {
 	return out, nil
 }
 
-// sameFile tells whether a loop device's backing_file name may be image:
-// the same path, or its end below a mount (see the package comment), and
-// not a deleted file (" (deleted)").
+// sameFile tells whether backing_file name backing may be image: the same
+// path or its end below a mount, and not a deleted file's.
 func sameFile(image, backing string) bool {
 	if strings.HasSuffix(backing, " (deleted)") || !strings.HasPrefix(backing, "/") {
 		return false
@@ -97,9 +82,8 @@ func sameFile(image, backing string) bool {
 	return image == backing || strings.HasSuffix(image, backing)
 }
 
-// Find returns a loop device (/dev/loopN) whose backing file is image — the
-// read-write one when there is one — or "" when none is attached. Errors
-// as for Devices.
+// Find returns a loop device backed by image, the read-write one when there
+// is one, or "" when none is attached.
 func Find(image string) (string, error) {
 	devs, err := Devices(image)
 	if err != nil || len(devs) == 0 {
@@ -139,16 +123,12 @@ func status(dev string) (*unix.LoopInfo64, error) {
 	return unix.IoctlLoopGetStatus64(fd)
 }
 
-// Attach returns the read-write loop device backed by image, attaching a
-// free one if none is. The device is not auto-cleared: it stays attached
-// until Detach, so a bind mount of its node keeps working.
+// Attach returns the read-write loop device backed by image, attaching a free
+// one if none is; not auto-cleared, so a bind mount of its node keeps working.
 func Attach(image string) (string, error) { return attach(image, false) }
 
-// AttachReadOnly returns the read-only loop device backed by image
-// (LO_FLAGS_READ_ONLY, the image opened O_RDONLY), attaching a free one if
-// none is. It is a second device beside the read-write one of Attach, over
-// the same image: writes through it fail (EPERM) whatever the permissions
-// of the node that gives access to it. Detach or DetachReadOnly removes it.
+// AttachReadOnly returns the read-only loop device backed by image, attaching
+// one if none is; writes through it fail (EPERM) whatever the node's mode.
 func AttachReadOnly(image string) (string, error) { return attach(image, true) }
 
 func attach(image string, readOnly bool) (string, error) {
@@ -213,11 +193,10 @@ func openLoop(dev string, n int) (int, error) {
 	return fd, nil
 }
 
-// Detach detaches every loop device backed by image, the read-only ones
-// first (so a failure never leaves a read-only device without the
-// read-write one that marks the volume staged), and returns once the
-// kernel has let go of them. A device another process keeps open for more
-// than 5 s (a pod holds it) is detached by the kernel on last close.
+// Detach detaches every loop device backed by image, read-only ones first (so
+// a failure never leaves one without the read-write device that marks the
+// volume staged), and returns once the kernel let go of them; one held open
+// more than 5 s (by a pod) the kernel detaches at its last close.
 func Detach(image string) error {
 	devs, err := Devices(image)
 	if errors.Is(err, os.ErrNotExist) {
@@ -243,8 +222,7 @@ func Detach(image string) error {
 	return nil
 }
 
-// DetachReadOnly detaches the read-only loop device backed by image, if
-// any.
+// DetachReadOnly detaches the read-only loop device backed by image, if any.
 func DetachReadOnly(image string) error {
 	dev, err := FindMode(image, true)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && dev == "") {
@@ -256,20 +234,16 @@ func DetachReadOnly(image string) error {
 	return clearDev(dev, image)
 }
 
-// clearDev detaches dev (LOOP_CLR_FD), retrying while the kernel is busy,
-// and waits until the kernel has let go of image. LOOP_CLR_FD only marks a
-// device that another process holds open (blkid or a filesystem scan
-// probing it, a pod) for detaching at its last close: the device stays
-// attached, and a DeleteVolume right after a NodeUnstageVolume would find
-// it staged. A brief opener is waited out (every 10 ms, up to 5 s); after
-// that the kernel detaches it on last close, as the ioctl promises.
+// clearDev detaches dev (LOOP_CLR_FD, retried while busy) and waits until the
+// kernel let go of image: LOOP_CLR_FD only marks a device another process
+// holds open (blkid, a scan, a pod) for detaching at its last close, and a
+// DeleteVolume right after NodeUnstageVolume would find it staged.
 func clearDev(dev, image string) error {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	var last error
-	// Every 10 ms for up to 500 ms while the kernel is busy with the device.
 	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 500*time.Millisecond, true,
 		func(context.Context) (bool, error) {
 			last = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
@@ -298,11 +272,8 @@ func backs(dev, image string) bool {
 	return err == nil && sameFile(image, strings.TrimSuffix(string(b), "\n"))
 }
 
-// Refresh makes every loop device attached to image (the read-write one
-// and a read-only one) pick up the image's current size
-// (LOOP_SET_CAPACITY), without detaching them. It returns the read-write
-// device's size in bytes (a read-only one's when that is all there is), or
-// 0 when no device is attached.
+// Refresh makes every loop device of image pick up its size
+// (LOOP_SET_CAPACITY) and returns the read-write one's (0: none attached).
 func Refresh(image string) (int64, error) {
 	devs, err := Devices(image)
 	if err != nil || len(devs) == 0 {
@@ -333,12 +304,9 @@ func setCapacity(dev string) (int64, error) {
 	return blockdev.DeviceSize(dev)
 }
 
-// CountUnder returns how many loop devices are backed by files directly in
-// dir: matched as Devices matches an image (so devices attached from a
-// mount namespace that is gone count too), and also those whose file was
-// deleted while they stayed attached (same filesystem as dir, by the
-// device number LOOP_GET_STATUS64 reports): those hold disk space and
-// must show.
+// CountUnder counts the loop devices backed by files directly in dir,
+// including files deleted while attached (same filesystem as dir): those
+// hold disk space and must show.
 func CountUnder(dir string) int {
 	ents, err := os.ReadDir(sysBlock)
 	if err != nil {

@@ -139,8 +139,7 @@ func clearIfBacking(dev, want string) error {
 // it, a btrfs device scan) is only marked for detaching by LOOP_CLR_FD; the
 // kernel lets go of it at that process's close. Detach waits for that, so
 // a DeleteVolume right after NodeUnstageVolume does not find the volume
-// still attached (the crash storm met this in CI while other tests ran
-// mkfs and btrfs commands).
+// still attached while other processes (mkfs, btrfs) probe devices.
 func TestDetachWaitsForABriefOpener(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (loop devices)")

@@ -12,17 +12,11 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// The btrfs engine keeps each volume as a subvolume with a qgroup limit on
-// its referenced bytes equal to its capacity, so the kernel enforces the
-// size (a write past it fails with EDQUOT). Snapshots are read-only
-// subvolume snapshots; restores and clones are writable snapshots. All of
-// them are O(1): no data is copied.
-//
-// It talks to the kernel through the btrfs ioctls (linux/btrfs.h) with
-// golang.org/x/sys/unix, not through btrfs-progs: no fork/exec per call (a
-// snapshot is one ioctl), no parsing of a CLI's text output, no cgo, and the
-// node image needs no btrfs-progs. golang.org/x/sys has no btrfs structures,
-// so the few used are declared here from the kernel UAPI header.
+// The btrfs engine keeps each volume as a subvolume whose qgroup limits its
+// referenced bytes to its capacity (EDQUOT past it); snapshots, restores and
+// clones are subvolume snapshots, copying nothing. It uses the btrfs ioctls,
+// not btrfs-progs: no fork/exec, no output parsing, no cgo, nothing to install.
+// golang.org/x/sys has no btrfs structures: the few used are declared below.
 
 const (
 	btrfsFirstFreeObjectID = 256 // inode number of every subvolume's root directory
@@ -235,9 +229,8 @@ func (btrfsEngine) Resize(path string, size int64) error {
 	return nil
 }
 
-// Usage reads the referenced bytes of the subvolume's qgroup from the quota
-// tree (TREE_SEARCH for its BTRFS_QGROUP_INFO item). btrfs has no inode
-// limit, so inodes are not counted (-1).
+// Usage reads the referenced bytes of the subvolume's qgroup; btrfs has no
+// inode limit, so inodes are -1.
 func (btrfsEngine) Usage(path string) (int64, int64, error) {
 	rfer, _, err := qgroupInfo(path)
 	return rfer, -1, err
@@ -250,9 +243,7 @@ func (btrfsEngine) Exclusive(path string) (int64, error) {
 	return excl, err
 }
 
-// Limit reads the limit on referenced bytes of the subvolume's qgroup
-// (its BTRFS_QGROUP_LIMIT item in the quota tree, what Resize sets): 0 when
-// the qgroup has no such limit.
+// Limit reads the subvolume's qgroup limit on referenced bytes (0: none).
 func (btrfsEngine) Limit(path string) (int64, error) {
 	item, err := qgroupItem(path, btrfsQgroupLimitKey)
 	if err != nil || item == nil {
@@ -283,9 +274,8 @@ func qgroupInfo(path string) (rfer, excl int64, err error) {
 	return rfer, excl, nil
 }
 
-// qgroupItem returns the item of type key (btrfsQgroupInfoKey or
-// btrfsQgroupLimitKey) of the qgroup of the subvolume at path, read from
-// the quota tree with BTRFS_IOC_TREE_SEARCH; nil when there is none.
+// qgroupItem returns the quota tree item of type key of the subvolume's
+// qgroup (BTRFS_IOC_TREE_SEARCH), nil when there is none.
 func qgroupItem(path string, key uint32) ([]byte, error) {
 	fd, err := openDir(path)
 	if err != nil {
@@ -364,13 +354,10 @@ func setSubvolFlags(fd int, f uint64) error {
 	return ioctl(fd, iocSubvolSetfl, unsafe.Pointer(&f))
 }
 
-// Move renames the volume or snapshot tree at src to dst (rename(2), same
-// filesystem; dst must not exist). btrfs refuses to move a read-only
-// subvolume into another directory (EROFS: its root's ".." entry cannot be
-// rewritten), so such a subvolume is made writable for the rename and
-// read-only again at dst. Used to move unclaimed data aside at start. A
-// crash between the steps leaves the subvolume writable, at src or at dst
-// (the next start moves it from src as it is); its data is never lost.
+// Move renames the tree at src to dst (same filesystem; unclaimed data at
+// start). btrfs refuses to move a read-only subvolume to another directory
+// (EROFS), so it is made writable for the rename; a crash in between leaves
+// it writable, its data never lost.
 func Move(src, dst string) error {
 	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
 	if err == nil || !errors.Is(err, unix.EROFS) || !isSubvolume(src) {

@@ -9,26 +9,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// compressionXattr is the btrfs property "compression" as an extended
-// attribute (btrfs-progs `btrfs property set … compression`): on a
-// directory, files and directories created in it inherit it; on a file,
-// its later writes are compressed with it. The values are "zstd", "lzo",
-// "zlib", and "none" (no compression, whatever the mount options say).
+// compressionXattr is the btrfs "compression" property: directories pass it
+// on, files compress later writes with it; "none" overrides the mount.
 const compressionXattr = "btrfs.compression"
 
 // OnBtrfs reports whether path is on a btrfs filesystem.
 func OnBtrfs(path string) bool { return onBtrfs(path) }
 
-// SetCompression sets the btrfs compression property algo (a value of
-// contract.Compressions) on the directory tree at root — the root, every
-// directory and every regular file below it — so that every later write
-// in the tree, to new files and existing ones, is compressed with algo.
-// Data already written stays as it is. The walk opens each entry relative
-// to its parent with O_NOFOLLOW and sets the property on the open file, so
-// a symlink (or a directory swapped for one while the walk runs) is never
-// followed out of the tree; entries that are neither directories nor
-// regular files are skipped. Errors: root not a directory on btrfs, or
-// the first failed open or setxattr(2).
+// SetCompression sets the btrfs compression property algo on the root, every
+// directory and every regular file of the tree at root, for later writes.
+// Entries are opened relative to their parent with O_NOFOLLOW, so a symlink
+// is never followed out of the tree.
 func SetCompression(root, algo string) error {
 	if !onBtrfs(root) {
 		return fmt.Errorf("%s is not on btrfs", root)

@@ -22,28 +22,18 @@ type CopyStats struct {
 	BytesCopied int64
 }
 
-// CopyTree copies the directory tree at src into dst, which must not exist,
-// with full fidelity: file types, modes (setuid/setgid/sticky), owners,
-// nanosecond timestamps, extended attributes (POSIX ACLs included), symlinks
-// (copied as links, never followed), hard links (kept as links), device
-// nodes, FIFOs and sparse files (holes stay holes). File data is shared with
-// FICLONE where the filesystem supports reflinks (btrfs, XFS reflink=1), else
-// copied with copy_file_range(2) over the data segments found with
-// SEEK_DATA/SEEK_HOLE.
-//
-// The walk is fd-relative (openat with O_NOFOLLOW at every level), so a
-// symlink swapped in while src is being written to can never lead the copy
-// outside src. Directories on another filesystem below src are copied as
-// empty directories. On error dst may be partly written; the caller removes
-// it.
+// CopyTree copies the directory tree at src into dst (which must not exist)
+// with file types, modes, owners, nanosecond times, xattrs (ACLs), symlinks,
+// hard links, device nodes, FIFOs and holes. Data is shared with FICLONE
+// where the filesystem has reflinks, else copied with copy_file_range(2).
+// The walk is fd-relative with O_NOFOLLOW, so a symlink swapped into a live
+// src never leads outside it; other filesystems below src are copied empty.
+// On error dst may be partly written; the caller removes it.
 func CopyTree(src, dst string) (CopyStats, error) { return copyTree(src, dst, false) }
 
-// CopySnapshotTree is CopyTree for a source that must not change during the
-// copy, such as a snapshot: an entry that disappears between listing and
-// copying fails the copy instead of being skipped (CopyTree skips it, as a
-// pod may delete files while its live volume is copied). A restore that
-// raced with the deletion of its snapshot once gave a volume with part of
-// the snapshot's files (case C34).
+// CopySnapshotTree is CopyTree for a source that must not change (a
+// snapshot): an entry that vanishes fails the copy instead of being skipped,
+// as CopyTree does for a live volume (case C34).
 func CopySnapshotTree(src, dst string) (CopyStats, error) { return copyTree(src, dst, true) }
 
 func copyTree(src, dst string, strict bool) (CopyStats, error) {
@@ -117,9 +107,8 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		}
 		return fmt.Errorf("stat %s: %w", rel, err)
 	}
-	// Every non-directory may have several names, symlinks included
-	// (link(2) does not follow them): the second and later names become
-	// hard links to the first copy.
+	// Later names of a non-directory (symlinks too: link(2) does not follow
+	// them) become hard links to its first copy.
 	if s.Mode&unix.S_IFMT != unix.S_IFDIR && s.Nlink > 1 {
 		if first, ok := c.links[s.Ino]; ok {
 			if err := unix.Linkat(unix.AT_FDCWD, filepath.Join(c.dstRoot, first), dfd, name, 0); err != nil {
@@ -154,9 +143,8 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 	}
 }
 
-// subdir copies the directory name of sfd into dfd: its entries when it is
-// on the source's filesystem (a mount point below is copied empty), then
-// its attributes.
+// subdir copies directory name of sfd into dfd: its entries unless it is
+// another filesystem, then its attributes.
 func (c *copier) subdir(sfd, dfd int, name, rel string, s *unix.Stat_t) error {
 	if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
 		return fmt.Errorf("mkdir %s: %w", rel, err)
@@ -203,10 +191,8 @@ func (c *copier) file(sfd, dfd int, name, rel string, s *unix.Stat_t) error {
 	return c.attrsFd(in, out, s)
 }
 
-// attrsFd copies owner, mode, xattrs and times of the source s onto the
-// open destination fd (files, directories). Order matters: chown clears
-// setuid/setgid and file capabilities, so it comes first, then mode, then
-// xattrs, then times.
+// attrsFd copies owner, mode, xattrs and times of s onto dst, in that order:
+// chown clears setuid/setgid and file capabilities.
 func (c *copier) attrsFd(src, dst int, s *unix.Stat_t) error {
 	if err := unix.Fchown(dst, int(s.Uid), int(s.Gid)); err != nil {
 		return err
@@ -345,12 +331,9 @@ func splitNul(b []byte) []string {
 	return out
 }
 
-// CopyData copies the contents of in to out (both open, out empty): first by
-// sharing extents (FICLONE), else segment by segment over the data regions
-// (SEEK_DATA/SEEK_HOLE) with copy_file_range(2), which the kernel may itself
-// turn into a reflink; holes are left as holes and the size set with
-// ftruncate. It returns whether the whole file was cloned and the bytes
-// copied.
+// CopyData copies in to out (out empty) by FICLONE, else with
+// copy_file_range(2) over the data segments, holes kept. It returns whether
+// the file was cloned and the bytes copied.
 func CopyData(out, in int) (cloned bool, copied int64, err error) {
 	var s unix.Stat_t
 	if err := unix.Fstat(in, &s); err != nil {

@@ -18,8 +18,7 @@ const (
 )
 
 // Engine lays out mount volumes (directory trees) on the data root's
-// filesystem. Paths passed in are always below the data root, built by
-// pkg/volume from validated ids.
+// filesystem, at paths pkg/volume builds from validated ids.
 type Engine interface {
 	// Name is Dir or Btrfs.
 	Name() contract.Engine
@@ -29,9 +28,8 @@ type Engine interface {
 	// Snapshot makes a point-in-time, read-only copy of the volume at src,
 	// at dst (which must not exist).
 	Snapshot(src, dst string) error
-	// Clone makes a writable copy of the volume at src at dst (which must
-	// not exist) with a capacity of size bytes. src may change meanwhile (a
-	// pod writing): a file removed during the copy is left out.
+	// Clone makes a writable copy of the volume at src at dst with size
+	// bytes; a file a pod removes during the copy is left out.
 	Clone(src, dst string, size int64) error
 	// Restore is Clone from a snapshot at src, which must not change: any
 	// entry that vanishes during the copy fails it.
@@ -45,18 +43,15 @@ type Engine interface {
 	// (-1 when the engine cannot count inodes cheaply).
 	Usage(path string) (bytes, inodes int64, err error)
 	// Exclusive returns the bytes only the volume at path holds (freed by
-	// deleting it): capacity counts what the volume may still write as its
-	// size minus these. dir: what Usage counts (on a reflink-capable
-	// filesystem a clone's shared extents count as its own).
+	// deleting it); dir: Usage's figure, shared extents counted as its own.
 	Exclusive(path string) (int64, error)
 	// Enforced says whether the kernel enforces the capacity (a write past
 	// it fails with EDQUOT/ENOSPC).
 	Enforced() bool
 }
 
-// New returns the engine called name for the data root root. Auto picks
-// btrfs when root is on btrfs, else dir. The btrfs engine enables quotas
-// (qgroups) on the filesystem if they are off.
+// New returns engine name for the data root (Auto: btrfs when root is on
+// btrfs, else dir); btrfs enables quotas if they are off.
 func New(name contract.Engine, root string) (Engine, error) {
 	switch name {
 	case Dir:
@@ -77,10 +72,9 @@ func onBtrfs(p string) bool {
 	return unix.Statfs(p, &s) == nil && s.Type == unix.BTRFS_SUPER_MAGIC
 }
 
-// Remove deletes a volume or snapshot tree at path made by any engine: a
-// btrfs subvolume is destroyed with its ioctl (read-only snapshots cannot
-// be emptied file by file), anything else removed with os.RemoveAll, which
-// never follows symlinks. A missing path is not an error.
+// Remove deletes a tree at path made by any engine: a btrfs subvolume with
+// its ioctl (read-only snapshots cannot be emptied file by file), else
+// os.RemoveAll. A missing path is not an error.
 func Remove(path string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -95,9 +89,8 @@ func Remove(path string) error {
 	return os.RemoveAll(path)
 }
 
-// dirEngine keeps a volume as a plain directory. Capacity is tracked by
-// pkg/volume, not enforced; snapshots and clones are CopyTree copies that
-// share extents where the filesystem has reflinks.
+// dirEngine keeps a volume as a plain directory: capacity is tracked by
+// pkg/volume, not enforced; snapshots and clones are CopyTree copies.
 type dirEngine struct{}
 
 func (dirEngine) Name() contract.Engine { return Dir }
