@@ -60,13 +60,13 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	release, err := s.d.names.Acquire("volume name", req.GetName())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 
 	existing, err := s.d.backend.VolumeByName(ctx, req.GetName())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if existing != nil {
 		if why := compatible(existing, req); why != "" {
@@ -80,7 +80,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, err
 	}
 	if err := contract.CheckMutableKind("", accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	srcSnap, srcVol, srcSize, err := s.source(ctx, req.GetVolumeContentSource())
 	if err != nil {
@@ -98,7 +98,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		// The source must not be deleted while it is copied.
 		release, err := s.d.ids.Acquire("volume", srcVol)
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, contract.ToStatus(err)
 		}
 		defer release()
 	}
@@ -114,7 +114,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		SourceVolumeID:    srcVol,
 	}, req.GetAccessibilityRequirements())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.CreateVolumeResponse{Volume: s.csiVolume(v)}, nil
 }
@@ -128,13 +128,13 @@ func (s *controller) source(ctx context.Context, src *csi.VolumeContentSource) (
 	case src.GetSnapshot() != nil:
 		snap, err := s.d.backend.Snapshot(ctx, src.GetSnapshot().GetSnapshotId())
 		if err != nil {
-			return "", "", 0, toStatus(err)
+			return "", "", 0, contract.ToStatus(err)
 		}
 		return snap.ID, "", snap.SizeBytes, nil
 	case src.GetVolume() != nil:
 		v, err := s.d.backend.Volume(ctx, src.GetVolume().GetVolumeId())
 		if err != nil {
-			return "", "", 0, toStatus(err)
+			return "", "", 0, contract.ToStatus(err)
 		}
 		return "", v.ID, v.CapacityBytes, nil
 	}
@@ -153,11 +153,11 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	}
 	release, err := s.d.ids.Acquire("volume", id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 	if err := s.d.backend.DeleteVolume(ctx, id); err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.DeleteVolumeResponse{}, nil
 }
@@ -177,7 +177,7 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if _, err := parseParams(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -226,7 +226,7 @@ func (s *controller) volumePage(ctx context.Context, maxEntries int32, token str
 	}
 	vols, next, err := s.d.backend.ListVolumes(ctx, after, int(maxEntries))
 	if err != nil {
-		return nil, "", toStatus(err)
+		return nil, "", contract.ToStatus(err)
 	}
 	return vols, encodeToken(next), nil
 }
@@ -238,7 +238,7 @@ func (s *controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: s.csiVolume(v),
@@ -262,7 +262,7 @@ func (s *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	}
 	avail, largest, err := s.d.backend.Capacity(ctx, req.GetAccessibleTopology())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.GetCapacityResponse{AvailableCapacity: avail, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
 }
@@ -323,11 +323,11 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	}
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	known, err := p.NodeKnown(ctx, req.GetNodeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if !known {
 		return nil, status.Errorf(codes.NotFound, "node %q does not run the localdir node plugin", req.GetNodeId())

@@ -37,12 +37,12 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	}
 	release, err := s.d.ids.Acquire("volume", req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if c := req.GetVolumeCapability(); c != nil && accessTypeOf([]*csi.VolumeCapability{c}) != v.AccessType {
 		return nil, invalid("volume %s is a %s volume; volume_capability asks for another access type", v.ID, v.AccessType)
@@ -54,7 +54,7 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if size > 0 {
 		capacity, err = s.d.backend.ExpandVolume(ctx, v.ID, size)
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, contract.ToStatus(err)
 		}
 	}
 	return &csi.ControllerExpandVolumeResponse{
@@ -73,18 +73,18 @@ func (s *controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 	}
 	release, err := s.d.ids.Acquire("volume", req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 	v, err := s.d.backend.Volume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if err := contract.CheckMutableKind(v.ID, v.AccessType, v.FsType, req.GetMutableParameters()); err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if err := s.d.backend.ModifyVolume(ctx, v.ID, req.GetMutableParameters()); err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.ControllerModifyVolumeResponse{}, nil
 }

@@ -31,7 +31,7 @@ func (s *controller) ControllerGetVolumeHealth(ctx context.Context, req *csi.Con
 	}
 	h, err := s.d.backend.VolumeHealth(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: csiHealth(req.GetVolumeId(), h)}, nil
 }

@@ -14,8 +14,8 @@ import (
 )
 
 func TestToStatus(t *testing.T) {
-	if toStatus(nil) != nil {
-		t.Fatal("toStatus(nil) != nil")
+	if contract.ToStatus(nil) != nil {
+		t.Fatal("contract.ToStatus(nil) != nil")
 	}
 	tests := []struct {
 		name string
@@ -44,16 +44,16 @@ func TestToStatus(t *testing.T) {
 			{"wrapped twice", fmt.Errorf("stage: %w", fmt.Errorf("%w: volume %q", tc.err, "vol-1"))},
 		} {
 			t.Run(tc.name+"/"+wrapped.name, func(t *testing.T) {
-				if got := codeOf(wrapped.err); got != tc.code {
-					t.Fatalf("codeOf(%v) = %s, want %s", wrapped.err, got, tc.code)
+				if got := contract.Code(wrapped.err); got != tc.code {
+					t.Fatalf("contract.Code(%v) = %s, want %s", wrapped.err, got, tc.code)
 				}
-				got := toStatus(wrapped.err)
+				got := contract.ToStatus(wrapped.err)
 				st, ok := status.FromError(got)
 				if !ok {
-					t.Fatalf("toStatus(%v) = %v carries no status", wrapped.err, got)
+					t.Fatalf("contract.ToStatus(%v) = %v carries no status", wrapped.err, got)
 				}
 				if st.Code() != tc.code || st.Message() != wrapped.err.Error() {
-					t.Fatalf("toStatus(%v) = %s %q, want %s %q", wrapped.err, st.Code(), st.Message(), tc.code, wrapped.err.Error())
+					t.Fatalf("contract.ToStatus(%v) = %s %q, want %s %q", wrapped.err, st.Code(), st.Message(), tc.code, wrapped.err.Error())
 				}
 			})
 		}
@@ -62,18 +62,18 @@ func TestToStatus(t *testing.T) {
 	// An error that already is a status keeps it, unchanged.
 	for _, c := range []codes.Code{codes.Aborted, codes.NotFound, codes.Unavailable, codes.InvalidArgument} {
 		in := status.Error(c, "already a status")
-		if got := toStatus(in); got != in {
-			t.Errorf("toStatus(status %s) = %v, want the same error", c, got)
+		if got := contract.ToStatus(in); got != in {
+			t.Errorf("contract.ToStatus(status %s) = %v, want the same error", c, got)
 		}
 	}
 	// A status wrapped in context keeps its code, not Internal.
 	in := fmt.Errorf("while staging: %w", status.Error(codes.Unavailable, "try later"))
-	if got := status.Code(toStatus(in)); got != codes.Unavailable {
-		t.Errorf("toStatus(wrapped status) code = %s, want Unavailable", got)
+	if got := status.Code(contract.ToStatus(in)); got != codes.Unavailable {
+		t.Errorf("contract.ToStatus(wrapped status) code = %s, want Unavailable", got)
 	}
 	// A status error wins over a sentinel in the same chain.
 	in = fmt.Errorf("%w: %w", status.Error(codes.Aborted, "busy"), contract.ErrNotFound)
-	if got := status.Code(toStatus(in)); got != codes.Aborted {
-		t.Errorf("toStatus(status+sentinel) code = %s, want Aborted", got)
+	if got := status.Code(contract.ToStatus(in)); got != codes.Aborted {
+		t.Errorf("contract.ToStatus(status+sentinel) code = %s, want Aborted", got)
 	}
 }

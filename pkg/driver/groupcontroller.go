@@ -108,17 +108,17 @@ func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *cs
 	}
 	release, err := s.d.names.Acquire("group snapshot name", groupNameKey(req.GetName()))
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 	releaseSrc, err := s.d.ids.Acquire("volume", req.GetSourceVolumeIds()...)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer releaseSrc()
 	g, err := s.b.CreateGroupSnapshot(ctx, req.GetName(), req.GetSourceVolumeIds())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
 }
@@ -131,7 +131,7 @@ func (s *groupController) GetVolumeGroupSnapshot(ctx context.Context, req *csi.G
 	}
 	g, err := s.b.GroupSnapshot(ctx, req.GetGroupSnapshotId(), req.GetSnapshotIds())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
 }
@@ -144,11 +144,11 @@ func (s *groupController) DeleteVolumeGroupSnapshot(ctx context.Context, req *cs
 	}
 	release, err := s.d.ids.Acquire("group snapshot", id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 	if err := s.b.DeleteGroupSnapshot(ctx, id, req.GetSnapshotIds()); err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }

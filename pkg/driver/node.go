@@ -29,7 +29,7 @@ const ephemeralKey = "csi.storage.k8s.io/ephemeral"
 func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
 	v, err := s.d.store.Get(id)
 	if err != nil {
-		return toStatus(err)
+		return contract.ToStatus(err)
 	}
 	return checkNodeCap(c, v)
 }
@@ -37,7 +37,7 @@ func (s *node) checkVolumeCap(id string, c *csi.VolumeCapability) error {
 // checkNodePath validates a CO-given path before any lookup: an unusable path
 // is INVALID_ARGUMENT whether or not the volume exists (csi-sanity sends
 // unknown ids with bad paths).
-func checkNodePath(field, p string) error { return toStatus(mount.CheckPath(field, p)) }
+func checkNodePath(field, p string) error { return contract.ToStatus(mount.CheckPath(field, p)) }
 
 // checkPathPlace refuses (INVALID_ARGUMENT), before any lookup, a malformed
 // path, one outside --kubelet-root, and one that could reach the driver's own
@@ -49,7 +49,7 @@ func (s *node) checkPathPlace(field, p string) error {
 	if err := checkKubeletRoot(field, p, s.d.opts.KubeletRoot); err != nil {
 		return err
 	}
-	return toStatus(mount.CheckOutside(s.d.store.Root(), field, p))
+	return contract.ToStatus(mount.CheckOutside(s.d.store.Root(), field, p))
 }
 
 // checkKubeletRoot refuses p unless it lies strictly below root (both with
@@ -89,7 +89,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		return nil, err
 	}
 	err := s.d.pub.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
-	return &csi.NodeStageVolumeResponse{}, toStatus(err)
+	return &csi.NodeStageVolumeResponse{}, contract.ToStatus(err)
 }
 
 // NodeUnstageVolume: see publish.Publisher.Unstage.
@@ -100,7 +100,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if err := s.checkPathPlace("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	return &csi.NodeUnstageVolumeResponse{}, toStatus(s.d.pub.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()))
+	return &csi.NodeUnstageVolumeResponse{}, contract.ToStatus(s.d.pub.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()))
 }
 
 // podUIDKey is the volume_context key of the pod a NodePublishVolume is
@@ -152,7 +152,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		MountFlags:   c.GetMount().GetMountFlags(),
 		PodUID:       uid,
 	})
-	return &csi.NodePublishVolumeResponse{}, toStatus(err)
+	return &csi.NodePublishVolumeResponse{}, contract.ToStatus(err)
 }
 
 // readOnly is whether a publish is read-only: readonly, or an access mode
@@ -171,7 +171,7 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		return nil, err
 	}
 	if err := s.d.pub.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
@@ -186,7 +186,7 @@ func (s *node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	}
 	u, err := s.d.pub.Stats(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	resp := &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Used: u.UsedBytes, Available: u.AvailableBytes},

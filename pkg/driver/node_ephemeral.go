@@ -52,7 +52,7 @@ func (s *node) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeR
 		MountFlags: req.GetVolumeCapability().GetMount().GetMountFlags(),
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
 // NodeExpandVolume: see publish.Publisher.NodeExpand. A capacity_range above
@@ -17,7 +19,7 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	}
 	capacity, err := s.d.pub.NodeExpand(req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if req.GetCapacityRange().GetRequiredBytes() > capacity {
 		// Kubernetes calls ControllerExpandVolume first; a CO that asks the node
@@ -30,14 +32,14 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		}
 		v, err := s.d.store.Resolve(req.GetVolumeId())
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, contract.ToStatus(err)
 		}
 		if _, err = s.d.store.Expand(v.ID, size); err != nil {
-			return nil, toStatus(err)
+			return nil, contract.ToStatus(err)
 		}
 		// The node side again, for the new size.
 		if capacity, err = s.d.pub.NodeExpand(req.GetVolumeId(), req.GetVolumePath()); err != nil {
-			return nil, toStatus(err)
+			return nil, contract.ToStatus(err)
 		}
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil

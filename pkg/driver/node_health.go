@@ -17,7 +17,7 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 	}
 	h, err := s.d.store.Health(req.GetVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if p := req.GetVolumePublishPath(); p != "" {
 		if _, err := s.d.pub.Stats(req.GetVolumeId(), p); errors.Is(err, contract.ErrNotFound) {

@@ -45,12 +45,12 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 	release, err := s.d.names.Acquire("snapshot name", snapshotNameKey(req.GetName()))
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
 	existing, err := s.d.backend.SnapshotByName(ctx, req.GetName())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	if existing != nil {
 		if existing.SourceVolumeID != req.GetSourceVolumeId() {
@@ -64,12 +64,12 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 	releaseSrc, err := s.d.ids.Acquire("volume", req.GetSourceVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer releaseSrc()
 	snap, err := s.d.backend.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId(), req.GetAccessibilityRequirements())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(snap)}, nil
 }
@@ -85,10 +85,10 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	release, err := s.d.ids.Acquire("snapshot", id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	defer release()
-	return &csi.DeleteSnapshotResponse{}, toStatus(s.d.backend.DeleteSnapshot(ctx, id))
+	return &csi.DeleteSnapshotResponse{}, contract.ToStatus(s.d.backend.DeleteSnapshot(ctx, id))
 }
 
 // ListSnapshots pages through snapshots in id order, optionally filtered by
@@ -114,7 +114,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	}
 	snaps, next, err := s.d.backend.ListSnapshots(ctx, after, int(req.GetMaxEntries()), req.GetSourceVolumeId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	resp.NextToken = encodeToken(next)
 	for _, snap := range snaps {
@@ -130,7 +130,7 @@ func (s *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 	}
 	snap, err := s.d.backend.Snapshot(ctx, req.GetSnapshotId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, contract.ToStatus(err)
 	}
 	return &csi.GetSnapshotResponse{Snapshot: s.csiSnapshot(snap)}, nil
 }

@@ -28,12 +28,7 @@ func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 	if err := checkCreateSpec(&spec); err != nil {
 		return nil, err
 	}
-	unlock, err := m.lock(spec.ID, spec.SourceVolumeID)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	release, err := m.holds.change(spec.ID, "a create")
+	release, err := m.lockChange("a create", spec.ID, spec.SourceVolumeID)
 	if err != nil {
 		return nil, err
 	}

@@ -18,12 +18,7 @@ import (
 // It returns the capacity. Errors: contract.ErrNotFound, contract.ErrNoSpace,
 // contract.ErrBusy.
 func (m *Store) Expand(id string, newSize int64) (int64, error) {
-	unlock, err := m.lock(id)
-	if err != nil {
-		return 0, err
-	}
-	defer unlock()
-	release, err := m.holds.change(id, "an expansion")
+	release, err := m.lockChange("an expansion", id)
 	if err != nil {
 		return 0, err
 	}

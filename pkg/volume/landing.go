@@ -3,6 +3,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -75,6 +76,26 @@ func (m *Store) land(l landing) error {
 			return fmt.Errorf("%w; and its record could not be taken back (%v): %w", err, rerr, errLandsAtStart)
 		}
 		return remove(err)
+	}
+	return nil
+}
+
+// unland removes the data at path that the record of kind id acknowledges,
+// land's reverse: the data is renamed to its .deleting- name (trash), the
+// record deleted (uncommit), then the data removed. A crash in between is
+// rolled back (record kept) or finished (record gone) at start; a failed
+// commit puts the data back.
+func (m *Store) unland(kind, id, path string, uncommit func(tx *state.Tx) error) error {
+	t, err := m.trash(path)
+	if err != nil {
+		return err
+	}
+	if err := m.st.Update(uncommit); err != nil {
+		_ = os.Rename(t, path)
+		return err
+	}
+	if err := engine.Remove(t); err != nil {
+		klog.ErrorS(err, "Record deleted but data removal failed; it is retried at restart", "kind", kind, "id", id)
 	}
 	return nil
 }

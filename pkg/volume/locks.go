@@ -17,3 +17,19 @@ func (m *Store) lock(keys ...string) (func(), error) {
 	}
 	return m.locks.Acquire("volume", ks...)
 }
+
+// lockChange takes the per-volume locks of keys, then the exclusive hold of
+// keys[0] for what (a create, a delete, an expansion): contract.ErrBusy
+// when either is taken. The returned func releases both.
+func (m *Store) lockChange(what string, keys ...string) (func(), error) {
+	unlock, err := m.lock(keys...)
+	if err != nil {
+		return nil, err
+	}
+	release, err := m.holds.change(keys[0], what)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	return func() { release(); unlock() }, nil
+}

@@ -21,12 +21,7 @@ func (m *Store) Modify(id string, params map[string]string) (*contract.Volume, e
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := m.lock(id)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	release, err := m.holds.change(id, "a modify")
+	release, err := m.lockChange("a modify", id)
 	if err != nil {
 		return nil, err
 	}

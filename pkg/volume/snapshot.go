@@ -3,7 +3,6 @@ package volume
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -70,12 +69,7 @@ func (sn *Snapshots) Create(spec contract.SnapshotSpec) (*contract.Snapshot, err
 	} else if !contract.ValidSnapshotID(spec.ID) {
 		return nil, fmt.Errorf("%w: snapshot id %q", contract.ErrInvalid, spec.ID)
 	}
-	unlock, err := m.lock(spec.ID, spec.SourceVolumeID)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	release, err := m.holds.change(spec.ID, "a snapshot")
+	release, err := m.lockChange("a snapshot", spec.ID, spec.SourceVolumeID)
 	if err != nil {
 		return nil, err
 	}
@@ -160,12 +154,7 @@ func (sn *Snapshots) Delete(id string) error {
 	if !contract.ValidSnapshotID(id) {
 		return nil
 	}
-	unlock, err := m.lock(id)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	release, err := m.holds.change(id, "a delete")
+	release, err := m.lockChange("a delete", id)
 	if err != nil {
 		return err
 	}
@@ -177,16 +166,8 @@ func (sn *Snapshots) Delete(id string) error {
 	if err != nil {
 		return err
 	}
-	t, err := m.trash(m.snapPath(s))
-	if err != nil {
+	if err := m.unland("snapshot", id, m.snapPath(s), func(tx *state.Tx) error { return tx.DeleteSnapshot(id) }); err != nil {
 		return err
-	}
-	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteSnapshot(id) }); err != nil {
-		_ = os.Rename(t, m.snapPath(s))
-		return err
-	}
-	if err := engine.Remove(t); err != nil {
-		klog.ErrorS(err, "Snapshot record deleted but data removal failed; it will be retried at restart", "snapshotID", id)
 	}
 	klog.V(2).InfoS("Snapshot deleted", "snapshotID", id)
 	return nil

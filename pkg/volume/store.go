@@ -202,12 +202,7 @@ func (m *Store) Delete(id string) error {
 	if !contract.ValidVolumeID(id) {
 		return nil
 	}
-	unlock, err := m.lock(id)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	release, err := m.holds.change(id, "a delete")
+	release, err := m.lockChange("a delete", id)
 	if err != nil {
 		return err
 	}
@@ -222,19 +217,10 @@ func (m *Store) Delete(id string) error {
 	if err := m.node.CheckUnused(v); err != nil {
 		return err
 	}
-	t, err := m.trash(m.dataPath(v))
-	if err != nil {
-		return err
-	}
-	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(id) }); err != nil {
-		_ = os.Rename(t, m.dataPath(v))
+	if err := m.unland("volume", id, m.dataPath(v), func(tx *state.Tx) error { return tx.DeleteVolume(id) }); err != nil {
 		return err
 	}
 	m.acct.unreserve(id, v.CapacityBytes)
-	// The record is gone, so a crash from here on is finished by recover().
-	if err := engine.Remove(t); err != nil {
-		klog.ErrorS(err, "Volume record deleted but data removal failed; it will be retried at restart", "volumeID", id)
-	}
 	klog.V(2).InfoS("Volume deleted", "volumeID", id)
 	return nil
 }
