@@ -80,7 +80,7 @@ unit-nobody: ## make unit as user nobody without network (as root; what CI runs)
 	  unshare --net setpriv --reuid=65534 --regid=65534 --clear-groups env -u GOFLAGS HOME=$$d/home GOCACHE=$$d/home/cache \
 	    GOMODCACHE=$$d/mod GOPROXY=off GOTOOLCHAIN=local GOFLAGS=-buildvcs=false $(MAKE) --no-print-directory unit
 
-sanity: ## csi-sanity (csi-test/v5) in all mode, in-process: dir, XFS reflink, btrfs, block
+sanity: ## csi-sanity (csi-test/v5) in all mode, in-process: dir, XFS reflink, btrfs, block, ext4, xfs, unprivileged
 	$(NOCGO) $(GO) test $(TRIM) $(GOTEST_FLAGS) -v ./tests/sanity/...
 
 test-cluster: tools ## cluster-mode tests against a real etcd + kube-apiserver (part of make test)

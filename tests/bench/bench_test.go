@@ -276,7 +276,7 @@ func BenchmarkNodeCycle(b *testing.B) {
 				return err
 			})
 			b.StopTimer()
-			check(!exists(target[i]), nil, "target path of %s still exists after NodeUnpublishVolume", id)
+			check(!lexists(target[i]), nil, "target path of %s still exists after NodeUnpublishVolume", id)
 			m, err = mountinfo.Mounted(staging[i])
 			check(!m, err, "staging path of %s is still a mount point after NodeUnstageVolume", id)
 			b.StartTimer()
@@ -285,7 +285,7 @@ func BenchmarkNodeCycle(b *testing.B) {
 	}
 	b.StopTimer()
 	for _, id := range ids {
-		if err := deleteVolume(in.Controller, id); err != nil {
+		if err := deleteVolumeErr(in.Controller, id); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -55,7 +55,7 @@ func mountCap() *csi.VolumeCapability {
 	}
 }
 
-func createReq(name string) *csi.CreateVolumeRequest {
+func mountCreateReq(name string) *csi.CreateVolumeRequest {
 	return &csi.CreateVolumeRequest{
 		Name:               name,
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: volumeSize},
@@ -67,12 +67,12 @@ func call() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), rpcTimeout)
 }
 
-// createVolume creates one volume and checks the answer: a driver-shaped
+// createVolumeErr creates one volume and checks the answer: a driver-shaped
 // volume_id and the requested capacity.
-func createVolume(c csi.ControllerClient, name string) (string, error) {
+func createVolumeErr(c csi.ControllerClient, name string) (string, error) {
 	ctx, cancel := call()
 	defer cancel()
-	resp, err := c.CreateVolume(ctx, createReq(name))
+	resp, err := c.CreateVolume(ctx, mountCreateReq(name))
 	if err != nil {
 		return "", fmt.Errorf("CreateVolume %s: %w", name, err)
 	}
@@ -86,7 +86,7 @@ func createVolume(c csi.ControllerClient, name string) (string, error) {
 	return v.GetVolumeId(), nil
 }
 
-func deleteVolume(c csi.ControllerClient, id string) error {
+func deleteVolumeErr(c csi.ControllerClient, id string) error {
 	ctx, cancel := call()
 	defer cancel()
 	if _, err := c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
@@ -154,7 +154,7 @@ func populate(b *testing.B, c csi.ControllerClient, prefix string, n int) []stri
 				if i >= n {
 					return
 				}
-				id, err := createVolume(c, fmt.Sprintf("%s-%05d", prefix, i))
+				id, err := createVolumeErr(c, fmt.Sprintf("%s-%05d", prefix, i))
 				if err != nil {
 					errs <- err
 					return
@@ -215,13 +215,13 @@ func runPairs(c csi.ControllerClient, prefix string, n, conc int) (*pairStats, e
 				}
 				r := &results[i]
 				t0 := time.Now()
-				id, err := createVolume(c, fmt.Sprintf("%s-%05d", prefix, i))
+				id, err := createVolumeErr(c, fmt.Sprintf("%s-%05d", prefix, i))
 				t1 := time.Now()
 				if err != nil {
 					r.err = err
 					continue
 				}
-				r.err = deleteVolume(c, id)
+				r.err = deleteVolumeErr(c, id)
 				r.create, r.delete = t1.Sub(t0), time.Since(t1)
 			}
 		}()
@@ -279,7 +279,8 @@ func mkdirs(b *testing.B, dirs ...string) {
 	}
 }
 
-func exists(p string) bool {
+// lexists reports whether lstat of p succeeds.
+func lexists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
 }

@@ -84,7 +84,7 @@ func benchImage(b *testing.B, fs, fsType string, size int64) {
 		if _, err := in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 			b.Fatal(err)
 		}
-		if err := deleteVolume(in.Controller, id); err != nil {
+		if err := deleteVolumeErr(in.Controller, id); err != nil {
 			b.Fatal(err)
 		}
 		cancel()

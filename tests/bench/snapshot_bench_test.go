@@ -228,7 +228,7 @@ func snapshotCycle(b *testing.B, in *testdriver.Instance, n int, fsKind, engine 
 	}
 	want := fillVolume(b, srcDir, uint64(n))
 	syncAll()
-	freeBefore := freeBytes(b, root)
+	freeBefore := freeBytesRoot(b, root)
 
 	// Snapshot.
 	snapName := fmt.Sprintf("snap-%d", n)
@@ -241,14 +241,14 @@ func snapshotCycle(b *testing.B, in *testdriver.Instance, n int, fsKind, engine 
 	f.snapshot = took
 	*snaps = append(*snaps, snap.GetSnapshotId())
 	checkSnapshot(b, snap, srcID, srcSize)
-	f.snapshotSync = syncfs(b, root)
+	f.snapshotSync = timedSyncfs(b, root)
 	if engine == "btrfs" {
 		expectSubvolume(b, filepath.Join(root, "snapshots", snap.GetSnapshotId()))
 	}
 	if fsKind == testfs.XFSReflink {
 		// Shared extents: the snapshot takes (almost) no space. A full copy
 		// would take the 200 MiB.
-		if used := freeBefore - freeBytes(b, root); used > snapFiles*snapFileSize/4 {
+		if used := freeBefore - freeBytesRoot(b, root); used > snapFiles*snapFileSize/4 {
 			b.Fatalf("the snapshot took %d MiB of the reflink XFS: its data was copied, not shared", used>>20)
 		}
 	}
@@ -279,7 +279,7 @@ func snapshotCycle(b *testing.B, in *testdriver.Instance, n int, fsKind, engine 
 	if restored.GetCapacityBytes() != srcSize {
 		b.Fatalf("restored volume has capacity %d, want the snapshot's %d", restored.GetCapacityBytes(), srcSize)
 	}
-	f.restoreSync = syncfs(b, root)
+	f.restoreSync = timedSyncfs(b, root)
 	restoredDir := filepath.Join(root, "volumes", restored.GetVolumeId())
 	if engine == "btrfs" {
 		expectSubvolume(b, restoredDir)
@@ -291,12 +291,12 @@ func snapshotCycle(b *testing.B, in *testdriver.Instance, n int, fsKind, engine 
 	idle := make([]time.Duration, 5)
 	for i := range idle {
 		t0 := time.Now()
-		id, err := createVolume(c, fmt.Sprintf("idle-%d-%d", n, i))
+		id, err := createVolumeErr(c, fmt.Sprintf("idle-%d-%d", n, i))
 		idle[i] = time.Since(t0)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := deleteVolume(c, id); err != nil {
+		if err := deleteVolumeErr(c, id); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -352,7 +352,7 @@ wait:
 	}
 
 	t0 := time.Now()
-	id, err := createVolume(c, fmt.Sprintf("unrelated-%d", n))
+	id, err := createVolumeErr(c, fmt.Sprintf("unrelated-%d", n))
 	t1 := time.Now()
 	if id != "" {
 		*vols = append(*vols, id)
@@ -496,7 +496,7 @@ func expectSubvolume(b *testing.B, p string) {
 func deleteAll(c csi.ControllerClient, vols, snaps *[]string) error {
 	for len(*vols) > 0 {
 		id := (*vols)[len(*vols)-1]
-		if err := deleteVolume(c, id); err != nil {
+		if err := deleteVolumeErr(c, id); err != nil {
 			return err
 		}
 		*vols = (*vols)[:len(*vols)-1]
@@ -534,8 +534,8 @@ func syncAll() {
 	unix.Sync()
 }
 
-// syncfs flushes the filesystem holding dir and returns how long it took.
-func syncfs(b *testing.B, dir string) time.Duration {
+// timedSyncfs flushes the filesystem holding dir and returns how long it took.
+func timedSyncfs(b *testing.B, dir string) time.Duration {
 	b.Helper()
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -549,8 +549,9 @@ func syncfs(b *testing.B, dir string) time.Duration {
 	return time.Since(t0)
 }
 
-// freeBytes is the free space of the filesystem holding dir.
-func freeBytes(b *testing.B, dir string) int64 {
+// freeBytesRoot is the free space of the filesystem holding dir, the blocks
+// reserved for root included (statfs f_bfree).
+func freeBytesRoot(b *testing.B, dir string) int64 {
 	b.Helper()
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(dir, &sfs); err != nil {

@@ -67,9 +67,9 @@ type loopDev struct {
 	ro  bool // /sys/block/loopN/ro: the kernel refuses writes to the device
 }
 
-// imageLoops returns the loop devices whose backing file is volume id's
+// blockLoops returns the loop devices whose backing file is volume id's
 // image (/sys/block/loop*/loop/backing_file), with their read-only flag.
-func imageLoops(t testing.TB, in *testdriver.Instance, id string) []loopDev {
+func blockLoops(t testing.TB, in *testdriver.Instance, id string) []loopDev {
 	t.Helper()
 	img := csitest.RealPath(blockImage(in, id))
 	var out []loopDev
@@ -91,13 +91,13 @@ func imageLoops(t testing.TB, in *testdriver.Instance, id string) []loopDev {
 func loopOfMode(t testing.TB, in *testdriver.Instance, id string, ro bool) string {
 	t.Helper()
 	var found []string
-	for _, l := range imageLoops(t, in, id) {
+	for _, l := range blockLoops(t, in, id) {
 		if l.ro == ro {
 			found = append(found, l.dev)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("volume %s: %d loop devices with read-only=%v (%v), want 1", id, len(found), ro, imageLoops(t, in, id))
+		t.Fatalf("volume %s: %d loop devices with read-only=%v (%v), want 1", id, len(found), ro, blockLoops(t, in, id))
 	}
 	return found[0]
 }
@@ -112,7 +112,7 @@ func assertLoops(t testing.TB, in *testdriver.Instance, id string, rw, ro int) {
 	// the kernel at that process's close: allow it a moment.
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		gotRW, gotRO = 0, 0
-		for _, l := range imageLoops(t, in, id) {
+		for _, l := range blockLoops(t, in, id) {
 			if l.ro {
 				gotRO++
 			} else {
@@ -125,7 +125,7 @@ func assertLoops(t testing.TB, in *testdriver.Instance, id string, rw, ro int) {
 	}
 	if gotRW != rw || gotRO != ro {
 		t.Errorf("volume %s: %d read-write and %d read-only loop devices attached (%v), want %d and %d",
-			id, gotRW, gotRO, imageLoops(t, in, id), rw, ro)
+			id, gotRW, gotRO, blockLoops(t, in, id), rw, ro)
 	}
 }
 

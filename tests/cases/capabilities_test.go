@@ -452,7 +452,7 @@ func TestC39VolumeStatsOnlyWhereTheVolumeIs(t *testing.T) {
 	stageBlock(t, in, b, sb)
 	stats(b, sb, codes.OK)
 	s2 := csitest.Mkdir(t, filepath.Join(dir, "S2"))
-	writeSynced(t, filepath.Join(s2, other), []byte("not a device"))
+	writeFileSynced(t, filepath.Join(s2, other), []byte("not a device"))
 	unstageBlock(t, in, other, so)
 	_, err = in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: other, StagingTargetPath: s2, VolumeCapability: csitest.BlkCap()})
 	csitest.CodeIs(t, err, codes.AlreadyExists, "NodeStageVolume onto a staging path holding a file of the volume's name")

@@ -259,7 +259,7 @@ func TestC04DeleteVolumeIdempotentAndInUse(t *testing.T) {
 		csitest.CodeIs(t, err, codes.FailedPrecondition, "DeleteVolume of a staged volume")
 
 		publish(t, in, y, staging, target)
-		writeSynced(t, target+"/f", data)
+		writeFileSynced(t, target+"/f", data)
 		for i := range 2 {
 			_, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: y})
 			csitest.CodeIs(t, err, codes.FailedPrecondition, fmt.Sprintf("DeleteVolume #%d of a published volume", i+1))

@@ -112,8 +112,8 @@ func assertDir(t testing.TB, p string) {
 	}
 }
 
-// writeSynced writes data to p and fsyncs it.
-func writeSynced(t testing.TB, p string, data []byte) {
+// writeFileSynced writes data to p and fsyncs it.
+func writeFileSynced(t testing.TB, p string, data []byte) {
 	t.Helper()
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {

@@ -184,7 +184,7 @@ func TestC50RestoreAndCloneWithEmptyCapacityRange(t *testing.T) {
 			})
 			m := createVolume(t, in, "m", 8*csitest.Mi).GetVolumeId()
 			data := csitest.RandomBytes(50, int(csitest.Mi))
-			writeSynced(t, filepath.Join(volDir(in, m), "data"), data)
+			writeFileSynced(t, filepath.Join(volDir(in, m), "data"), data)
 			b := createBlock(t, in, "b", 8*csitest.Mi)
 			snap := func(name, src string) string {
 				resp, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: src})

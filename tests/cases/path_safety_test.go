@@ -48,9 +48,9 @@ func TestC13PathTraversalThroughIDs(t *testing.T) {
 	// The victims, at every level a traversal could reach but the root.
 	for k := 2; k <= 4; k++ {
 		csitest.Mkdir(t, filepath.Join(levels[k], "victim-data.snap"))
-		writeSynced(t, filepath.Join(levels[k], "victim-data.snap", "config.bak"), []byte("config"))
+		writeFileSynced(t, filepath.Join(levels[k], "victim-data.snap", "config.bak"), []byte("config"))
 		csitest.Mkdir(t, filepath.Join(levels[k], "victim-vol"))
-		writeSynced(t, filepath.Join(levels[k], "victim-vol", "keep"), []byte("keep"))
+		writeFileSynced(t, filepath.Join(levels[k], "victim-vol", "keep"), []byte("keep"))
 	}
 
 	// A real published volume, so that T exists and is a mount.
@@ -206,11 +206,11 @@ func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 	stage(t, in, x, staging)
 
 	etc := csitest.Mkdir(t, filepath.Join(dir, "etc"))
-	writeSynced(t, filepath.Join(etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"))
+	writeFileSynced(t, filepath.Join(etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"))
 	keep := csitest.Mkdir(t, filepath.Join(dir, "srv", "keep"))
-	writeSynced(t, filepath.Join(keep, "file"), []byte("keep me"))
+	writeFileSynced(t, filepath.Join(keep, "file"), []byte("keep me"))
 	csitest.Mkdir(t, filepath.Join(keep, "sub"))
-	writeSynced(t, filepath.Join(keep, "sub", "file"), []byte("keep me too"))
+	writeFileSynced(t, filepath.Join(keep, "sub", "file"), []byte("keep me too"))
 	etcTree, keepTree := treeOf(t, etc), treeOf(t, keep)
 
 	t.Run("publish onto a symlink", func(t *testing.T) {
@@ -254,7 +254,7 @@ func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 
 		stage(t, in, y, s2)
 		publish(t, in, y, s2, target)
-		writeSynced(t, filepath.Join(target, "f"), []byte("through the symlinked parent"))
+		writeFileSynced(t, filepath.Join(target, "f"), []byte("through the symlinked parent"))
 		csitest.AssertFileBytes(t, filepath.Join(volDir(in, y), "f"), []byte("through the symlinked parent"))
 		assertShowsVolume(t, in, filepath.Join(real, "pods", "p2", "vol", "mount"), y)
 
@@ -284,7 +284,7 @@ func TestC15SymlinkTargetAndStagingPaths(t *testing.T) {
 		// The link must be removed without unmounting what it points to.
 		target := filepath.Join(dir, "T")
 		publish(t, in, x, staging, target)
-		writeSynced(t, filepath.Join(target, "f"), []byte("live"))
+		writeFileSynced(t, filepath.Join(target, "f"), []byte("live"))
 		t3 := filepath.Join(dir, "T3")
 		if err := os.Symlink(target, t3); err != nil {
 			t.Fatal(err)

@@ -30,12 +30,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// procArgs is the command line for a driver on dir (socket dir/csi.sock,
+// caseProcArgs is the command line for a driver on dir (socket dir/csi.sock,
 // data root dir/data).
-func procArgs(dir string) []string { return testdriver.ProcArgs(dir) }
+func caseProcArgs(dir string) []string { return testdriver.ProcArgs(dir) }
 
-// proc is one driver process and a client connection to it.
-type proc struct {
+// caseProc is one driver process and a client connection to it.
+type caseProc struct {
 	*testdriver.Proc
 	// cmd and stderr are Proc.Cmd and Proc.Output under the names the
 	// restart cases use.
@@ -46,13 +46,13 @@ type proc struct {
 	in *testdriver.Instance
 }
 
-// startProc starts the driver binary on dir and waits until Probe answers
+// startCaseProc starts the driver binary on dir and waits until Probe answers
 // ready. It fails the test when the process exits or is not ready in time:
 // "the driver always starts".
-func startProc(t testing.TB, dir string) *proc {
+func startCaseProc(t testing.TB, dir string) *caseProc {
 	t.Helper()
-	tp := testdriver.Launch(t, driverBinary(t), procArgs(dir))
-	p := &proc{Proc: tp, cmd: tp.Cmd, stderr: tp.Output}
+	tp := testdriver.Launch(t, driverBinary(t), caseProcArgs(dir))
+	p := &caseProc{Proc: tp, cmd: tp.Cmd, stderr: tp.Output}
 	ep := "unix://" + filepath.Join(dir, "csi.sock")
 	p.WaitReady(t, ep, testdriver.ReadyWait{Total: 20 * time.Second, Probe: 500 * time.Millisecond, Poll: 10 * time.Millisecond})
 	conn := p.Conn
@@ -67,10 +67,10 @@ func startProc(t testing.TB, dir string) *proc {
 
 // kill sends SIGKILL (kill -9) and waits for the process to be gone; safe to
 // repeat.
-func (p *proc) kill(t testing.TB) { p.Kill() }
+func (p *caseProc) kill(t testing.TB) { p.Kill() }
 
 // stop sends SIGTERM and requires a clean exit.
-func (p *proc) stop(t testing.TB) {
+func (p *caseProc) stop(t testing.TB) {
 	t.Helper()
 	p.Stop(t, 20*time.Second)
 }

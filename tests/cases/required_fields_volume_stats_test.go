@@ -244,7 +244,7 @@ func TestC32NodeGetVolumeStats(t *testing.T) {
 		t.Errorf("empty volume: bytes %v, want total 4Mi, used < 64Ki, available = total - used", emptyBytes)
 	}
 
-	writeSynced(t, filepath.Join(target, "one-mib"), csitest.RandomBytes(32, int(csitest.Mi)))
+	writeFileSynced(t, filepath.Join(target, "one-mib"), csitest.RandomBytes(32, int(csitest.Mi)))
 	for _, p := range []string{target, staging} {
 		b, i := stats(p)
 		if b.GetTotal() != 4*csitest.Mi {

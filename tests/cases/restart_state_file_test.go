@@ -45,13 +45,13 @@ func TestC08RestartBetweenCalls(t *testing.T) {
 		VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
 	}
 
-	p := startProc(t, dir)
+	p := startCaseProc(t, dir)
 	resp, err := p.in.Controller.CreateVolume(csitest.Ctx(t), createReq)
 	csitest.MustCode(t, err, codes.OK, "CreateVolume pvc-r")
 	x := resp.GetVolume().GetVolumeId()
 	stage(t, p.in, x, staging)
 	publish(t, p.in, x, staging, target)
-	writeSynced(t, filepath.Join(target, "data"), data)
+	writeFileSynced(t, filepath.Join(target, "data"), data)
 
 	p.kill(t)
 	if st := p.cmd.ProcessState; st == nil || st.ExitCode() != -1 {
@@ -60,7 +60,7 @@ func TestC08RestartBetweenCalls(t *testing.T) {
 	// The mounts outlive the process, as after a node plugin crash.
 	assertShowsVolume(t, p.in, target, x)
 
-	p = startProc(t, dir)
+	p = startCaseProc(t, dir)
 	assertListMatchesDisk(t, p.in, x)
 
 	resp, err = p.in.Controller.CreateVolume(csitest.Ctx(t), createReq)
@@ -119,7 +119,7 @@ func testC09aKill(t *testing.T) {
 	var mu sync.Mutex
 
 	for iter := 0; iter <= c09Iterations; iter++ {
-		p := startProc(t, dir)
+		p := startCaseProc(t, dir)
 		listed := listIDs(t, p.in.Controller)
 		if got := csitest.DirNames(t, volumesDir(p.in)); !slices.Equal(got, listed) {
 			t.Fatalf("iteration %d: ListVolumes %v but %s holds %v", iter, listed, volumesDir(p.in), got)
@@ -267,7 +267,7 @@ func testC09bDamaged(t *testing.T) {
 			dir := in.Dir
 			a := createVolume(t, in, "c09b-a", csitest.Mi).GetVolumeId()
 			b := createVolume(t, in, "c09b-b", csitest.Mi).GetVolumeId()
-			writeSynced(t, filepath.Join(volDir(in, a), "f"), []byte("keep"))
+			writeFileSynced(t, filepath.Join(volDir(in, a), "f"), []byte("keep"))
 			in.Stop(t)
 
 			path := filepath.Join(in.Opts.DataRoot, state.FileName)
@@ -307,7 +307,7 @@ func testC09bDamaged(t *testing.T) {
 			}
 			checkUntouched("after driver.New")
 
-			cmd := exec.Command(driverBinary(t), procArgs(dir)...)
+			cmd := exec.Command(driverBinary(t), caseProcArgs(dir)...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 1 {

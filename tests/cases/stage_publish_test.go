@@ -68,7 +68,7 @@ func TestC26CapabilityAndMountFlags(t *testing.T) {
 		// The flags are enforced, not only shown: a script runs through the
 		// plain mount and not through the noexec one; a device node opens
 		// through the plain mount and not through the nodev one.
-		writeSynced(t, filepath.Join(volDir(in, x), "run.sh"), []byte("#!/bin/sh\nexit 0\n"))
+		writeFileSynced(t, filepath.Join(volDir(in, x), "run.sh"), []byte("#!/bin/sh\nexit 0\n"))
 		if err := os.Chmod(filepath.Join(volDir(in, x), "run.sh"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +235,7 @@ func TestC27NodeStageIdempotencyAndMismatch(t *testing.T) {
 				t.Errorf("umount tmpfs: %v", err)
 			}
 		}()
-		writeSynced(t, filepath.Join(s2, "marker"), []byte("tmpfs"))
+		writeFileSynced(t, filepath.Join(s2, "marker"), []byte("tmpfs"))
 		for range 2 {
 			_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: y, StagingTargetPath: s2, VolumeCapability: csitest.MntCap()})
 			csitest.CodeIs(t, err, codes.AlreadyExists, "NodeStageVolume Y onto a tmpfs")

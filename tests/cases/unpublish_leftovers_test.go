@@ -25,7 +25,7 @@ func TestC06UnpublishUnmountedOrMissingPath(t *testing.T) {
 	staging := csitest.Mkdir(t, filepath.Join(in.Dir, "staging"))
 	stage(t, in, x, staging)
 	data := csitest.RandomBytes(6, 4096)
-	writeSynced(t, filepath.Join(volDir(in, x), "keep"), data)
+	writeFileSynced(t, filepath.Join(volDir(in, x), "keep"), data)
 
 	unpub := func(t *testing.T, target string) {
 		t.Helper()
@@ -139,7 +139,7 @@ func TestC07UnpublishUnknownVolume(t *testing.T) {
 		target := filepath.Join(dir, "T4")
 		stage(t, in, x, staging)
 		publish(t, in, x, staging, target)
-		writeSynced(t, filepath.Join(target, "f"), []byte("c07"))
+		writeFileSynced(t, filepath.Join(target, "f"), []byte("c07"))
 
 		in.Stop(t)
 		st, err := state.Open(filepath.Join(in.Opts.DataRoot, state.FileName))
@@ -189,7 +189,7 @@ func TestC11LeftoverMountPointsAfterReboot(t *testing.T) {
 			data := csitest.RandomBytes(11, int(128*csitest.Ki))
 			stage(t, in, x, staging)
 			publish(t, in, x, staging, target)
-			writeSynced(t, filepath.Join(target, "f"), data)
+			writeFileSynced(t, filepath.Join(target, "f"), data)
 
 			// Simulated reboot: the mounts vanish, the directories stay, the
 			// driver starts again on the same data root.

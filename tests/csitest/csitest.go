@@ -1,7 +1,7 @@
 // Package csitest holds the small helpers the driver-level test packages
-// (tests/cases, tests/datacases, tests/reliability) share: CSI request
-// builders, exact gRPC code assertions, mount-table and loop-device lookups,
-// and a few file helpers.
+// (tests/cases, tests/datacases, tests/imagevol, tests/reliability) share:
+// CSI request builders, exact gRPC code assertions, mount-table and
+// loop-device lookups, and a few file helpers.
 package csitest
 
 import (
@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
 // Ki and Mi are binary size units in bytes (KiB, MiB), typed int64 like
@@ -57,6 +58,14 @@ func BlkCap() *csi.VolumeCapability {
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
+}
+
+// MntCapFS is a SINGLE_NODE_WRITER mount capability with fs_type fs: an
+// image volume for "ext4" or "xfs", a directory volume for "".
+func MntCapFS(fs string) *csi.VolumeCapability {
+	c := MntCap()
+	c.GetMount().FsType = fs
+	return c
 }
 
 // CapOf is BlkCap or MntCap.
@@ -217,15 +226,11 @@ func Mkdir(t testing.TB, p string) string {
 	return p
 }
 
-// RandomBytes returns n reproducible pseudo-random bytes (PCG seeded by
-// seed).
+// RandomBytes returns n reproducible pseudo-random bytes for a seed. It is
+// treecmp.RandomBytes: one seed gives the same bytes through either
+// package, so data written with one can be checked with the other.
 func RandomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
+	return treecmp.RandomBytes(seed, n)
 }
 
 // AssertFileBytes fails the test unless p holds exactly want.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
-	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
 func diskEnv(t *testing.T) *env {
@@ -34,7 +33,7 @@ func TestBlockSnapshotStatsAndDelete(t *testing.T) {
 	if got := devSize(t, tA); got != 4*csitest.Mi {
 		t.Errorf("published device: %d bytes, want 4Mi", got)
 	}
-	p := treecmp.RandomBytes(19, int(4*csitest.Mi))
+	p := csitest.RandomBytes(19, int(4*csitest.Mi))
 
 	// C32, block: after writing 1Mi of the 4Mi volume, the BYTES entry has
 	// total 4194304 and counts what was written (the image is
@@ -42,7 +41,7 @@ func TestBlockSnapshotStatsAndDelete(t *testing.T) {
 	// write zeros into a small unwritten piece next to a write instead of
 	// splitting its extent (up to 32 KiB on each side, extent_max_zeroout_kb),
 	// which then counts as written: up to 1Mi+128Ki (CI saw 1Mi+68Ki).
-	writeDev(t, tA, 0, p[:csitest.Mi])
+	writeDevAt(t, tA, 0, p[:csitest.Mi])
 	st, err := e.node().NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: aID, VolumePath: tA})
 	csitest.MustCode(t, err, codes.OK, "NodeGetVolumeStats at the published device")
 	var byteUsage *csi.VolumeUsage
@@ -56,7 +55,7 @@ func TestBlockSnapshotStatsAndDelete(t *testing.T) {
 	} else if u := byteUsage; u.GetUsed() < csitest.Mi || u.GetUsed() > csitest.Mi+128*csitest.Ki || u.GetAvailable() != u.GetTotal()-u.GetUsed() {
 		t.Errorf("NodeGetVolumeStats BYTES after writing 1Mi: used %d, available %d; want used in [1Mi, 1Mi+128Ki] and available = total - used", u.GetUsed(), u.GetAvailable())
 	}
-	writeDev(t, tA, csitest.Mi, p[csitest.Mi:])
+	writeDevAt(t, tA, csitest.Mi, p[csitest.Mi:])
 	_, err = e.node().NodeGetVolumeStats(csitest.Ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: aID, VolumePath: "some/path"})
 	csitest.CodeIs(t, err, codes.NotFound, "NodeGetVolumeStats with a relative path")
 
@@ -116,8 +115,8 @@ func TestRestoreAndCloneLarger(t *testing.T) {
 		a := e.create("a", 4*csitest.Mi, true)
 		aID := a.GetVolumeId()
 		sA, tA := e.attach(aID, true)
-		p := treecmp.RandomBytes(21, int(4*csitest.Mi))
-		writeDev(t, tA, 0, p)
+		p := csitest.RandomBytes(21, int(4*csitest.Mi))
+		writeDevAt(t, tA, 0, p)
 		e.detach(aID, sA, tA)
 		snap := e.snapshot("s", aID)
 		m := e.create("m", 4*csitest.Mi, false)
@@ -168,7 +167,7 @@ func TestRestoreAndCloneLarger(t *testing.T) {
 			a := e.create("a", 16*csitest.Mi, false)
 			aID := a.GetVolumeId()
 			sA, tA := e.attach(aID, false)
-			data := treecmp.RandomBytes(22, int(10*csitest.Mi))
+			data := csitest.RandomBytes(22, int(10*csitest.Mi))
 			mustWrite(t, filepath.Join(tA, "data"), data)
 			e.detach(aID, sA, tA)
 			snap := e.snapshot("s", aID)
@@ -193,11 +192,11 @@ func TestRestoreAndCloneLarger(t *testing.T) {
 				assertFile(t, filepath.Join(tgt, "data"), data)
 				if ec.engine == "btrfs" {
 					// 10Mi + 16Mi = 26Mi: past the source's 16Mi, within 32Mi.
-					if err := writeFile(filepath.Join(tgt, "more"), treecmp.RandomBytes(23, int(16*csitest.Mi))); err != nil {
+					if err := writeFile(filepath.Join(tgt, "more"), csitest.RandomBytes(23, int(16*csitest.Mi))); err != nil {
 						t.Errorf("%s: writing past the source's size into the 32Mi volume: %v", name, err)
 					}
 					syncfs(t, tgt)
-					if err := writeFile(filepath.Join(tgt, "too-much"), treecmp.RandomBytes(24, int(10*csitest.Mi))); !isQuotaErr(err) {
+					if err := writeFile(filepath.Join(tgt, "too-much"), csitest.RandomBytes(24, int(10*csitest.Mi))); !isQuotaErr(err) {
 						t.Errorf("%s: writing 36Mi into a 32Mi btrfs volume: err = %v, want EDQUOT or ENOSPC", name, err)
 					}
 				}
@@ -221,8 +220,8 @@ func TestOnlineExpandBlock(t *testing.T) {
 	aID := a.GetVolumeId()
 	sA, tA := e.attach(aID, true)
 	dev := loopOf(t, e.imagePath(aID))
-	p := treecmp.RandomBytes(25, int(8*csitest.Mi))
-	writeDev(t, tA, 0, p)
+	p := csitest.RandomBytes(25, int(8*csitest.Mi))
+	writeDevAt(t, tA, 0, p)
 	fd, err := unix.Open(tA, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +254,7 @@ func TestOnlineExpandBlock(t *testing.T) {
 	if got := fdSize(t, fd); got != 16*csitest.Mi {
 		t.Errorf("descriptor opened before the expansion: BLKGETSIZE64 %d, want 16Mi", got)
 	}
-	q := treecmp.RandomBytes(26, int(csitest.Mi))
+	q := csitest.RandomBytes(26, int(csitest.Mi))
 	if n, err := unix.Pwrite(fd, q, 12*csitest.Mi); err != nil || n != len(q) {
 		t.Fatalf("write at 12Mi through the descriptor opened before the expansion: %d, %v", n, err)
 	}
@@ -280,10 +279,10 @@ func TestOnlineExpandBtrfs(t *testing.T) {
 	v := e.create("v", 16*csitest.Mi, false)
 	id := v.GetVolumeId()
 	s, tgt := e.attach(id, false)
-	a := treecmp.RandomBytes(27, int(12*csitest.Mi))
+	a := csitest.RandomBytes(27, int(12*csitest.Mi))
 	mustWrite(t, filepath.Join(tgt, "a"), a)
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "b"), treecmp.RandomBytes(28, int(8*csitest.Mi))); !isQuotaErr(err) {
+	if err := writeFile(filepath.Join(tgt, "b"), csitest.RandomBytes(28, int(8*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 20Mi into a 16Mi btrfs volume through its target: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	if err := unix.Unlink(filepath.Join(tgt, "b")); err != nil {
@@ -302,12 +301,12 @@ func TestOnlineExpandBtrfs(t *testing.T) {
 		t.Errorf("NodeExpandVolume: capacity %d, want 32Mi", nresp.GetCapacityBytes())
 	}
 	e.assertPublished(id, tgt, false)
-	b := treecmp.RandomBytes(29, int(12*csitest.Mi))
+	b := csitest.RandomBytes(29, int(12*csitest.Mi))
 	if err := writeFile(filepath.Join(tgt, "b"), b); err != nil {
 		t.Errorf("writing 24Mi into the volume grown to 32Mi: %v", err)
 	}
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "c"), treecmp.RandomBytes(30, int(12*csitest.Mi))); !isQuotaErr(err) {
+	if err := writeFile(filepath.Join(tgt, "c"), csitest.RandomBytes(30, int(12*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 36Mi into the 32Mi volume: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	assertFile(t, filepath.Join(tgt, "a"), a)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
-	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
 // TestC22ExpansionEdgeCases: C22 on a btrfs volume (so "any quota is
@@ -28,7 +27,7 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 	x := e.create("x", 8*csitest.Mi, false)
 	id := x.GetVolumeId()
 	s, tgt := e.attach(id, false)
-	keep := treecmp.RandomBytes(31, int(6*csitest.Mi))
+	keep := csitest.RandomBytes(31, int(6*csitest.Mi))
 	mustWrite(t, filepath.Join(tgt, "keep"), keep)
 	avail := e.available()
 	expand := func(id string, cr *csi.CapacityRange) (*csi.ControllerExpandVolumeResponse, error) {
@@ -66,7 +65,7 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 	assertFile(t, filepath.Join(tgt, "keep"), keep)
 	// Still 8Mi: 6Mi + 4Mi does not fit.
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "more"), treecmp.RandomBytes(32, int(4*csitest.Mi))); !isQuotaErr(err) {
+	if err := writeFile(filepath.Join(tgt, "more"), csitest.RandomBytes(32, int(4*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 10Mi into the 8Mi volume: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	_ = unix.Unlink(filepath.Join(tgt, "more"))
@@ -77,7 +76,7 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 		if nresp.GetCapacityBytes() != 16*csitest.Mi {
 			t.Errorf("NodeExpandVolume: capacity %d, want 16Mi", nresp.GetCapacityBytes())
 		}
-		if err := writeFile(filepath.Join(tgt, "more"), treecmp.RandomBytes(32, int(8*csitest.Mi))); err != nil {
+		if err := writeFile(filepath.Join(tgt, "more"), csitest.RandomBytes(32, int(8*csitest.Mi))); err != nil {
 			t.Errorf("writing 14Mi after the node expansion to 16Mi: %v (the quota was not raised)", err)
 		}
 		if got := e.capacityOf(id); got != 16*csitest.Mi {
@@ -117,9 +116,9 @@ func TestC23ExpansionRespectsCapacity(t *testing.T) {
 				t.Errorf("GetCapacity after the refused expansion: %d, want 40Mi", got)
 			}
 			if ec.engine == "btrfs" {
-				mustWrite(t, filepath.Join(tgt, "a"), treecmp.RandomBytes(33, int(50*csitest.Mi)))
+				mustWrite(t, filepath.Join(tgt, "a"), csitest.RandomBytes(33, int(50*csitest.Mi)))
 				syncfs(t, tgt)
-				if err := writeFile(filepath.Join(tgt, "b"), treecmp.RandomBytes(34, int(20*csitest.Mi))); !isQuotaErr(err) {
+				if err := writeFile(filepath.Join(tgt, "b"), csitest.RandomBytes(34, int(20*csitest.Mi))); !isQuotaErr(err) {
 					t.Errorf("writing 70Mi after the refused expansion: err = %v, want EDQUOT or ENOSPC (quota still 60Mi)", err)
 				}
 				_ = unix.Unlink(filepath.Join(tgt, "b"))
@@ -136,7 +135,7 @@ func TestC23ExpansionRespectsCapacity(t *testing.T) {
 				t.Errorf("capacity after expanding to 90Mi: %d", got)
 			}
 			if ec.engine == "btrfs" {
-				if err := writeFile(filepath.Join(tgt, "b"), treecmp.RandomBytes(34, int(20*csitest.Mi))); err != nil {
+				if err := writeFile(filepath.Join(tgt, "b"), csitest.RandomBytes(34, int(20*csitest.Mi))); err != nil {
 					t.Errorf("writing 70Mi into the volume grown to 90Mi: %v", err)
 				}
 			}
@@ -187,7 +186,7 @@ func TestC29EphemeralLifecycle(t *testing.T) {
 	if got := e.available(); got != before-10*csitest.Mi {
 		t.Errorf("GetCapacity with the ephemeral volume: %d, want %d (10Mi taken)", got, before-10*csitest.Mi)
 	}
-	f := treecmp.RandomBytes(35, 4096)
+	f := csitest.RandomBytes(35, 4096)
 	mustWrite(t, filepath.Join(target, "f"), f)
 
 	_, err = e.node().NodePublishVolume(csitest.Ctx(t), ephemeralReq("csi-e2", target, "10Mi"))

@@ -36,7 +36,7 @@ func TestC12FailedCreateLeavesNothing(t *testing.T) {
 	_, err := e.createReq(reqB)
 	csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume b (20Mi) with 40Mi of 50Mi taken")
 	e.assertVolumes(a.GetVolumeId())
-	if l := loopsUnder(t, e.root); len(l) != 0 {
+	if l := loopDevsUnder(t, e.root); len(l) != 0 {
 		t.Errorf("loop devices attached from the data root after the failed create: %v", l)
 	}
 	if got := e.available(); got != avail {

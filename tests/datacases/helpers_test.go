@@ -71,7 +71,7 @@ func (e *env) restart() {
 func (e *env) leftovers() {
 	t := e.t
 	ms := csitest.MountsUnder(t, e.dir)
-	loops := loopsUnder(t, e.root)
+	loops := loopDevsUnder(t, e.root)
 	if !t.Failed() {
 		for _, m := range ms {
 			t.Errorf("left mounted after the test: %s", m.Mountpoint)
@@ -308,8 +308,8 @@ func loopOf(t testing.TB, image string) string {
 	return found[0]
 }
 
-// loopsUnder lists loop devices whose backing file is below dir, sorted.
-func loopsUnder(t testing.TB, dir string) []string {
+// loopDevsUnder lists loop devices whose backing file is below dir, sorted.
+func loopDevsUnder(t testing.TB, dir string) []string {
 	t.Helper()
 	return slices.Sorted(maps.Keys(csitest.LoopsBelow(t, dir)))
 }
@@ -404,8 +404,8 @@ func sysfsSize(t testing.TB, dev string) int64 {
 	return n * 512
 }
 
-// writeDev writes data at off through the device node p and fsyncs it.
-func writeDev(t testing.TB, p string, off int64, data []byte) {
+// writeDevAt writes data at off through the device node p and fsyncs it.
+func writeDevAt(t testing.TB, p string, off int64, data []byte) {
 	t.Helper()
 	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -51,21 +51,21 @@ func TestNodeRebootSimulation(t *testing.T) {
 	}
 	blockFill := func(seed uint64, n int) func(*testing.T, string) func(*testing.T, string) {
 		return func(t *testing.T, tgt string) func(*testing.T, string) {
-			p := treecmp.RandomBytes(seed, n)
-			writeDev(t, tgt, 0, p)
+			p := csitest.RandomBytes(seed, n)
+			writeDevAt(t, tgt, 0, p)
 			return func(t *testing.T, tgt string) { assertBytes(t, "block pattern after reboot", readDev(t, tgt, 0, n), p) }
 		}
 	}
 	fileFill := func(seed uint64, n int) func(*testing.T, string) func(*testing.T, string) {
 		return func(t *testing.T, tgt string) func(*testing.T, string) {
-			d := treecmp.RandomBytes(seed, n)
+			d := csitest.RandomBytes(seed, n)
 			mustWrite(t, filepath.Join(tgt, "f"), d)
 			return func(t *testing.T, tgt string) { assertFile(t, filepath.Join(tgt, "f"), d) }
 		}
 	}
 	add(disk, "dir-vol", 32*csitest.Mi, false, func(t *testing.T, tgt string) func(*testing.T, string) {
 		treecmp.BuildRich(t, filepath.Join(tgt, "tree"), filepath.Join(disk.dir, "outside"))
-		mustWrite(t, filepath.Join(tgt, "f"), treecmp.RandomBytes(40, 12345))
+		mustWrite(t, filepath.Join(tgt, "f"), csitest.RandomBytes(40, 12345))
 		before := treecmp.Scan(t, tgt)
 		return func(t *testing.T, tgt string) {
 			for _, d := range treecmp.Diff(before, treecmp.Scan(t, tgt), treecmp.Options{}) {
@@ -109,7 +109,7 @@ func TestNodeRebootSimulation(t *testing.T) {
 				t.Fatalf("unmount %s: %v", ms[i].Mountpoint, err)
 			}
 		}
-		for _, l := range loopsUnder(t, e.root) {
+		for _, l := range loopDevsUnder(t, e.root) {
 			detachLoop(t, l)
 		}
 	}
@@ -123,10 +123,10 @@ func TestNodeRebootSimulation(t *testing.T) {
 	scratchDev := attachLoop(t, scratch)
 	for _, e := range []*env{disk, bfs} {
 		deadline := time.Now().Add(5 * time.Second)
-		for len(loopsUnder(t, e.root)) > 0 && time.Now().Before(deadline) {
+		for len(loopDevsUnder(t, e.root)) > 0 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
-		if l := loopsUnder(t, e.root); len(l) > 0 {
+		if l := loopDevsUnder(t, e.root); len(l) > 0 {
 			t.Fatalf("loop devices still attached after detaching: %v", l)
 		}
 		if ms := csitest.MountsUnder(t, e.dir); len(ms) > 0 {
@@ -187,7 +187,7 @@ func TestSnapshotDoesNotBlockOtherVolumes(t *testing.T) {
 	s, tgt := e.attach(bigID, false)
 	const files = 200
 	for i := 0; i < files; i++ {
-		if err := os.WriteFile(filepath.Join(tgt, "f"+string(rune('A'+i%26))+string(rune('a'+i/26))), treecmp.RandomBytes(uint64(1000+i), int(csitest.Mi)), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(tgt, "f"+string(rune('A'+i%26))+string(rune('a'+i/26))), csitest.RandomBytes(uint64(1000+i), int(csitest.Mi)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

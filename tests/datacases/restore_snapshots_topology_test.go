@@ -27,7 +27,7 @@ func TestC17RestoreAndCloneHoldTheData(t *testing.T) {
 			a := e.create("a", 64*csitest.Mi, false)
 			aID := a.GetVolumeId()
 			sA, tA := e.attach(aID, false)
-			testfile := treecmp.RandomBytes(17, int(csitest.Mi)+3)
+			testfile := csitest.RandomBytes(17, int(csitest.Mi)+3)
 			mustWrite(t, filepath.Join(tA, "TESTFILE"), testfile)
 			rich := treecmp.BuildRich(t, filepath.Join(tA, "tree"), filepath.Join(e.dir, "outside"))
 			snap := e.snapshot("s", aID)
@@ -107,9 +107,9 @@ func TestC18DeleteVolumeWithSnapshots(t *testing.T) {
 			a := e.create("a", 8*csitest.Mi, k.block)
 			aID := a.GetVolumeId()
 			sA, tA := e.attach(aID, k.block)
-			data := treecmp.RandomBytes(18, 3*int(csitest.Mi)+5)
+			data := csitest.RandomBytes(18, 3*int(csitest.Mi)+5)
 			if k.block {
-				writeDev(t, tA, 0, data)
+				writeDevAt(t, tA, 0, data)
 			} else {
 				mustWrite(t, filepath.Join(tA, "F"), data)
 			}

@@ -39,10 +39,10 @@ var (
 const NodeCapacity = "6Gi"
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(runMain(m))
 }
 
-func run(m *testing.M) int {
+func runMain(m *testing.M) int {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "go env GOMOD:", err)

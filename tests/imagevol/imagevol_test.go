@@ -2,20 +2,20 @@
 // csi.storage.k8s.io/fstype ext4 or xfs: an image file on the data root, a
 // loop device, a filesystem made on first stage) as a pod sees them: the
 // size holds (ENOSPC at it, statfs within the filesystem's own overhead),
-// online expansion, snapshots of a volume being written that keep every
-// byte fsync'd before the call, a reboot, and a driver killed while it
-// holds a filesystem frozen.
+// growth online and at the next stage, snapshots of a volume being written
+// that keep every byte fsync'd before the call, a reboot, a staged volume
+// that DeleteVolume and an early unstage leave alone, and the image's loop
+// device at unstage. A driver killed while it holds a filesystem frozen is
+// tested in tests/reliability (imagefreeze_test.go).
 package imagevol
 
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -28,14 +28,6 @@ import (
 )
 
 const mib = int64(1) << 20
-
-var bin = testdriver.Binary{TempPattern: "localdir-imagevol-bin-"}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	bin.Remove()
-	os.Exit(code)
-}
 
 // kinds are the filesystems, each on the data root the acceptance names:
 // ext4 images on an ext4 data root (snapshots are copies), xfs images on
@@ -59,13 +51,7 @@ type vol struct {
 	done                bool
 }
 
-func mntCap(fs string) *csi.VolumeCapability {
-	c := csitest.MntCap()
-	c.GetMount().FsType = fs
-	return c
-}
-
-func start(t *testing.T, dataRoot string) *testdriver.Instance {
+func startImageRoot(t *testing.T, dataRoot string) *testdriver.Instance {
 	t.Helper()
 	testdriver.RequireRoot(t)
 	root := testfs.New(t, dataRoot, 2<<30)
@@ -76,11 +62,11 @@ func start(t *testing.T, dataRoot string) *testdriver.Instance {
 	})
 }
 
-func create(t *testing.T, in *testdriver.Instance, name, fs string, size int64, src *csi.VolumeContentSource) string {
+func createImage(t *testing.T, in *testdriver.Instance, name, fs string, size int64, src *csi.VolumeContentSource) string {
 	t.Helper()
 	r, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
 		Name: name, CapacityRange: csitest.Range(size, 0),
-		VolumeCapabilities: []*csi.VolumeCapability{mntCap(fs)}, VolumeContentSource: src,
+		VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCapFS(fs)}, VolumeContentSource: src,
 	})
 	if err != nil {
 		t.Fatalf("CreateVolume %s: %v", name, err)
@@ -92,12 +78,12 @@ func stagePublish(t *testing.T, in *testdriver.Instance, id, fs string) *vol {
 	t.Helper()
 	v := &vol{id: id, staging: csitest.Mkdir(t, filepath.Join(in.Dir, "staging-"+id)), target: filepath.Join(in.Dir, "target-"+id)}
 	if _, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
-		VolumeId: id, StagingTargetPath: v.staging, VolumeCapability: mntCap(fs),
+		VolumeId: id, StagingTargetPath: v.staging, VolumeCapability: csitest.MntCapFS(fs),
 	}); err != nil {
 		t.Fatalf("NodeStageVolume: %v", err)
 	}
 	if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
-		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: mntCap(fs),
+		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.MntCapFS(fs),
 	}); err != nil {
 		t.Fatalf("NodePublishVolume: %v", err)
 	}
@@ -158,8 +144,8 @@ func fillUntilFull(t *testing.T, dir string, limit int64) (int64, error) {
 func TestImageVolumeSizeHolds(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
-			in := start(t, k.dataRoot)
-			v := stagePublish(t, in, create(t, in, "sized", k.fs, k.size, nil), k.fs)
+			in := startImageRoot(t, k.dataRoot)
+			v := stagePublish(t, in, createImage(t, in, "sized", k.fs, k.size, nil), k.fs)
 			total := statfsTotal(t, v.target)
 			if total > k.size || float64(total) < float64(k.size)*(1-k.overhead) {
 				t.Fatalf("statfs total %d bytes for a %d-byte %s volume: outside the documented overhead of %.0f%%", total, k.size, k.fs, k.overhead*100)
@@ -211,7 +197,7 @@ func hasSysResource(t *testing.T) bool {
 func expand(t *testing.T, in *testdriver.Instance, id, fs string, newSize int64) {
 	t.Helper()
 	r, err := in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{
-		VolumeId: id, CapacityRange: csitest.Range(newSize, 0), VolumeCapability: mntCap(fs),
+		VolumeId: id, CapacityRange: csitest.Range(newSize, 0), VolumeCapability: csitest.MntCapFS(fs),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -230,8 +216,8 @@ func TestImageVolumeOnlineExpansion(t *testing.T) {
 			if k.fs == "ext4" && !hasSysResource(t) {
 				t.Skip("an online ext4 resize needs CAP_SYS_RESOURCE, which this test process lacks (the node plugin runs privileged); TestImageVolumeOfflineExpansion grows ext4 at stage")
 			}
-			in := start(t, k.dataRoot)
-			v := stagePublish(t, in, create(t, in, "grow", k.fs, k.size, nil), k.fs)
+			in := startImageRoot(t, k.dataRoot)
+			v := stagePublish(t, in, createImage(t, in, "grow", k.fs, k.size, nil), k.fs)
 			data := csitest.RandomBytes(1, int(mib))
 			if err := os.WriteFile(filepath.Join(v.target, "kept"), data, 0o600); err != nil {
 				t.Fatal(err)
@@ -241,7 +227,7 @@ func TestImageVolumeOnlineExpansion(t *testing.T) {
 			expand(t, in, v.id, k.fs, newSize)
 			if _, err := in.Node.NodeExpandVolume(csitest.Ctx(t), &csi.NodeExpandVolumeRequest{
 				VolumeId: v.id, VolumePath: v.target, StagingTargetPath: v.staging,
-				CapacityRange: csitest.Range(newSize, 0), VolumeCapability: mntCap(k.fs),
+				CapacityRange: csitest.Range(newSize, 0), VolumeCapability: csitest.MntCapFS(k.fs),
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -259,8 +245,8 @@ func TestImageVolumeOnlineExpansion(t *testing.T) {
 func TestImageVolumeOfflineExpansion(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
-			in := start(t, k.dataRoot)
-			id := create(t, in, "offline", k.fs, k.size, nil)
+			in := startImageRoot(t, k.dataRoot)
+			id := createImage(t, in, "offline", k.fs, k.size, nil)
 			v := stagePublish(t, in, id, k.fs)
 			data := csitest.RandomBytes(2, int(mib))
 			if err := os.WriteFile(filepath.Join(v.target, "kept"), data, 0o600); err != nil {
@@ -288,8 +274,8 @@ func fsck(t *testing.T, fs, img string) {
 	var cmd *exec.Cmd
 	if fs == "xfs" {
 		mnt := t.TempDir()
-		run(t, "mount", "-o", "loop,nouuid", img, mnt) // its source is mounted too
-		run(t, "umount", mnt)
+		mustRun(t, "mount", "-o", "loop,nouuid", img, mnt) // its source is mounted too
+		mustRun(t, "umount", mnt)
 		cmd = exec.Command("xfs_repair", "-n", "-f", img)
 	} else {
 		cmd = exec.Command("e2fsck", "-fn", img)
@@ -299,7 +285,7 @@ func fsck(t *testing.T, fs, img string) {
 	}
 }
 
-func run(t *testing.T, name string, args ...string) {
+func mustRun(t *testing.T, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
@@ -335,8 +321,8 @@ func checkRecords(t *testing.T, path string, n int) {
 func TestImageSnapshotWhileWriting(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
-			in := start(t, k.dataRoot)
-			v := stagePublish(t, in, create(t, in, "busy", k.fs, k.size, nil), k.fs)
+			in := startImageRoot(t, k.dataRoot)
+			v := stagePublish(t, in, createImage(t, in, "busy", k.fs, k.size, nil), k.fs)
 			f, err := os.Create(filepath.Join(v.target, "log"))
 			if err != nil {
 				t.Fatal(err)
@@ -381,7 +367,7 @@ func TestImageSnapshotWhileWriting(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			restored := create(t, in, "restored", k.fs, 2*k.size, csitest.FromSnapshot(s.GetSnapshot().GetSnapshotId()))
+			restored := createImage(t, in, "restored", k.fs, 2*k.size, csitest.FromSnapshot(s.GetSnapshot().GetSnapshotId()))
 			if k.fs == "ext4" {
 				// A copy of a mounted ext4 that was not frozen has its journal
 				// marked as needing recovery; a frozen one is clean.
@@ -407,8 +393,8 @@ func TestImageSnapshotWhileWriting(t *testing.T) {
 func TestImageVolumeAfterReboot(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
-			in := start(t, k.dataRoot)
-			id := create(t, in, "persist", k.fs, k.size, nil)
+			in := startImageRoot(t, k.dataRoot)
+			id := createImage(t, in, "persist", k.fs, k.size, nil)
 			v := stagePublish(t, in, id, k.fs)
 			data := csitest.RandomBytes(7, int(mib))
 			if err := os.WriteFile(filepath.Join(v.target, "kept"), data, 0o600); err != nil {
@@ -431,12 +417,12 @@ func TestImageVolumeAfterReboot(t *testing.T) {
 			in2 := testdriver.StartWith(t, in.Opts)
 			in2.Dir = in.Dir
 			if _, err := in2.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
-				VolumeId: id, StagingTargetPath: v.staging, VolumeCapability: mntCap(k.fs),
+				VolumeId: id, StagingTargetPath: v.staging, VolumeCapability: csitest.MntCapFS(k.fs),
 			}); err != nil {
 				t.Fatalf("NodeStageVolume after the reboot: %v", err)
 			}
 			if _, err := in2.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
-				VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: mntCap(k.fs),
+				VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.MntCapFS(k.fs),
 			}); err != nil {
 				t.Fatalf("NodePublishVolume after the reboot: %v", err)
 			}
@@ -455,101 +441,6 @@ func TestImageVolumeAfterReboot(t *testing.T) {
 	}
 }
 
-// procClients starts the driver binary on dataRoot and returns it with
-// its clients.
-func procClients(t *testing.T, dir, dataRoot string) (*testdriver.Proc, csi.ControllerClient, csi.NodeClient) {
-	t.Helper()
-	p := testdriver.Launch(t, bin.Path(t), testdriver.ProcArgs(dir, "--data-root="+dataRoot, "--capacity=0", "--engine=dir"))
-	p.WaitReady(t, "unix://"+filepath.Join(dir, "csi.sock"), testdriver.ReadyWait{Total: 30 * time.Second, Probe: time.Second, Poll: 20 * time.Millisecond})
-	return p, csi.NewControllerClient(p.Conn), csi.NewNodeClient(p.Conn)
-}
-
-// writeBlocks reports whether a small write into dir stays blocked for
-// wait (the filesystem is frozen); the write goes on in the background and
-// its result arrives on done.
-func writeBlocks(dir string, wait time.Duration) (blocked bool, done <-chan error) {
-	ch := make(chan error, 1)
-	go func() {
-		ch <- os.WriteFile(filepath.Join(dir, fmt.Sprintf("probe-%d", time.Now().UnixNano())), []byte("x"), 0o600)
-	}()
-	select {
-	case err := <-ch:
-		ch <- err
-		return false, ch
-	case <-time.After(wait):
-		return true, ch
-	}
-}
-
-// TestKillDuringImageSnapshotLeavesNothingFrozen: the driver is SIGKILLed
-// while a snapshot of a staged ext4 image volume holds its filesystem
-// frozen (on an ext4 data root the image is copied, so the freeze lasts
-// the copy); the pod's writes block until the driver starts again, which
-// thaws it (#12 items 4 and 5). A kill that missed the freeze is tried
-// again with another delay.
-func TestKillDuringImageSnapshotLeavesNothingFrozen(t *testing.T) {
-	testdriver.RequireRoot(t)
-	dir := testdriver.TempDir(t)
-	dataRoot := filepath.Join(testfs.New(t, testfs.Ext4, 2<<30), "data")
-	p, ctl, node := procClients(t, dir, dataRoot)
-	r, err := ctl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
-		Name: "frozen", CapacityRange: csitest.Range(512*mib, 0), VolumeCapabilities: []*csi.VolumeCapability{mntCap("ext4")},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := r.GetVolume().GetVolumeId()
-	staging, target := csitest.Mkdir(t, filepath.Join(dir, "staging")), filepath.Join(dir, "target")
-	if _, err := node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mntCap("ext4")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mntCap("ext4")}); err != nil {
-		t.Fatal(err)
-	}
-	// Never leave a test's filesystem frozen; the mounts of a failed run
-	// are removed by TempDir's check.
-	t.Cleanup(func() { _ = exec.Command("fsfreeze", "--unfreeze", staging).Run() })
-	if n, err := fillUntilFull(t, target, 300*mib); err != nil || n != 300*mib {
-		t.Fatalf("writing 300 MiB to copy: %d, %v", n, err)
-	}
-	for attempt := range 12 {
-		delay := time.Duration(5+attempt*15) * time.Millisecond
-		go func() {
-			_, _ = ctl.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: fmt.Sprintf("s%d", attempt)})
-		}()
-		time.Sleep(delay)
-		p.Kill()
-		blocked, done := writeBlocks(target, time.Second)
-		p, ctl, node = procClients(t, dir, dataRoot)
-		if !blocked {
-			continue // the kill missed the freeze: try another moment
-		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("the write blocked by the freeze failed after the restart: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the filesystem is still frozen 10 s after the driver restarted")
-		}
-		if blocked, _ := writeBlocks(target, time.Second); blocked {
-			t.Fatal("a new write blocks after the restart: the filesystem is still frozen")
-		}
-		if ents, err := os.ReadDir(filepath.Join(dataRoot, "frozen")); err != nil || len(ents) != 0 {
-			t.Fatalf("freeze records left after the restart: %v %v", ents, err)
-		}
-		t.Logf("killed %v into CreateSnapshot (attempt %d) with the filesystem frozen; the restart thawed it", delay, attempt+1)
-		if _, err := node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatal("no kill landed while the filesystem was frozen in 12 attempts: the race this test needs never happened")
-}
-
 // TestStagedImageVolumeIsKept: DeleteVolume of a staged image volume and
 // NodeUnstageVolume while it is still published are FAILED_PRECONDITION,
 // with the image, its loop device and its mounts untouched; the data is
@@ -557,8 +448,8 @@ func TestKillDuringImageSnapshotLeavesNothingFrozen(t *testing.T) {
 func TestStagedImageVolumeIsKept(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
-			in := start(t, k.dataRoot)
-			v := stagePublish(t, in, create(t, in, "kept", k.fs, k.size, nil), k.fs)
+			in := startImageRoot(t, k.dataRoot)
+			v := stagePublish(t, in, createImage(t, in, "kept", k.fs, k.size, nil), k.fs)
 			data := csitest.RandomBytes(3, int(mib))
 			if err := os.WriteFile(filepath.Join(v.target, "kept"), data, 0o600); err != nil {
 				t.Fatal(err)
@@ -576,8 +467,8 @@ func TestStagedImageVolumeIsKept(t *testing.T) {
 	}
 }
 
-// imageLoops lists the loop devices attached to volume id's image file.
-func imageLoops(t *testing.T, in *testdriver.Instance, id string) []string {
+// imageLoopDevs lists the loop devices attached to volume id's image file.
+func imageLoopDevs(t *testing.T, in *testdriver.Instance, id string) []string {
 	t.Helper()
 	img := csitest.RealPath(imagePath(in, id))
 	var devs []string
@@ -598,16 +489,16 @@ func imageLoops(t *testing.T, in *testdriver.Instance, id string) []string {
 func TestUnstageAtAnotherPathKeepsTheVolume(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
-			in := start(t, k.dataRoot)
-			v := stagePublish(t, in, create(t, in, "elsewhere", k.fs, k.size, nil), k.fs)
-			devs := imageLoops(t, in, v.id)
+			in := startImageRoot(t, k.dataRoot)
+			v := stagePublish(t, in, createImage(t, in, "elsewhere", k.fs, k.size, nil), k.fs)
+			devs := imageLoopDevs(t, in, v.id)
 			if len(devs) != 1 {
 				t.Fatalf("loop devices of the staged image: %v, want one", devs)
 			}
 			other := csitest.Mkdir(t, filepath.Join(in.Dir, "other-staging"))
 			_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: other})
 			csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume at a path it is not staged at")
-			if got := imageLoops(t, in, v.id); len(got) != 1 || got[0] != devs[0] {
+			if got := imageLoopDevs(t, in, v.id); len(got) != 1 || got[0] != devs[0] {
 				t.Fatalf("loop devices after the unstage elsewhere: %v, want %v", got, devs)
 			}
 			b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(devs[0]), "loop", "autoclear"))
@@ -620,7 +511,7 @@ func TestUnstageAtAnotherPathKeepsTheVolume(t *testing.T) {
 			}
 			csitest.AssertFileBytes(t, filepath.Join(v.staging, "after"), data)
 			unpublishUnstage(t, in, v)
-			if got := imageLoops(t, in, v.id); len(got) != 0 {
+			if got := imageLoopDevs(t, in, v.id); len(got) != 0 {
 				t.Errorf("loop devices after the real unpublish and unstage: %v, want none", got)
 			}
 		})

@@ -105,7 +105,7 @@ func TestBrokenMounts(t *testing.T) {
 	stage(b, sB, true)
 	tX := filepath.Join(dir, "tX")
 	csitest.MustCode(t, publish(x, sX, tX, false), codes.OK, "NodePublishVolume x")
-	writeSynced(t, filepath.Join(tX, "data"), []byte("x data"))
+	writeSyncedWithDir(t, filepath.Join(tX, "data"), []byte("x data"))
 	unpublish(x, tX)
 
 	t.Run("dead FUSE mount on a target: unpublish", func(t *testing.T) {
@@ -162,7 +162,7 @@ func TestBrokenMounts(t *testing.T) {
 		if err := unix.Mount("foreign", tg, "tmpfs", 0, "size=1m"); err != nil {
 			t.Fatal(err)
 		}
-		writeSynced(t, filepath.Join(tg, "foreign"), []byte("not ours"))
+		writeSyncedWithDir(t, filepath.Join(tg, "foreign"), []byte("not ours"))
 		deadFUSE(t, tg, false)
 		csitest.CodeIs(t, publish(x, sX, tg, false), codes.AlreadyExists, "NodePublishVolume over a dead FUSE mount on a tmpfs")
 		if ms := csitest.MountsAt(t, tg); len(ms) != 1 || ms[0].FSType != "tmpfs" {
@@ -194,7 +194,7 @@ func TestBrokenMounts(t *testing.T) {
 	t.Run("dead FUSE mount on a block volume's device file", func(t *testing.T) {
 		tg := filepath.Join(dir, "tb")
 		csitest.MustCode(t, publish(b, sB, tg, true), codes.OK, "NodePublishVolume block")
-		if err := writeDev(tg, []byte("block data")); err != nil {
+		if err := writeDevAtZero(tg, []byte("block data")); err != nil {
 			t.Fatal(err)
 		}
 		deadFUSE(t, tg, true)

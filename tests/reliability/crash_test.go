@@ -504,7 +504,7 @@ func (s *storm) verify(p csiClients) {
 		t.Errorf("mounts under the CO's paths: %v, want %v", gotMounts, wantMounts)
 	}
 	var gotLoops []string
-	for _, l := range loopsUnder(t, s.root) {
+	for _, l := range describeLoopsUnder(t, s.root) {
 		gotLoops = append(gotLoops, l[strings.Index(l, " <- ")+4:])
 	}
 	slices.Sort(wantLoops)
@@ -532,7 +532,7 @@ func (s *storm) verify(p csiClients) {
 	if len(vols) > 0 {
 		v := vols[s.r.IntN(len(vols))]
 		s.repeats++
-		r, err := p.controller.CreateVolume(csitest.Ctx(t), createReq(v))
+		r, err := p.controller.CreateVolume(csitest.Ctx(t), svolCreateReq(v))
 		if csitest.CodeIs(t, err, codes.OK, "CreateVolume "+v.name+" sent again") && r.GetVolume().GetVolumeId() != v.id {
 			t.Errorf("CreateVolume %s sent again returned %s, the first answer was %s", v.name, r.GetVolume().GetVolumeId(), v.id)
 		}
@@ -559,7 +559,7 @@ func (v *svol) capability() *csi.VolumeCapability {
 	return c
 }
 
-func createReq(v *svol) *csi.CreateVolumeRequest {
+func svolCreateReq(v *svol) *csi.CreateVolumeRequest {
 	req := &csi.CreateVolumeRequest{Name: v.name, CapacityRange: csitest.Range(v.reqSize, 0), VolumeCapabilities: []*csi.VolumeCapability{v.capability()}}
 	if v.src != "" {
 		req.VolumeContentSource = csitest.FromSnapshot(v.src)
@@ -738,15 +738,15 @@ func (s *storm) writeMarker(w *stormWorker, v *svol, r *rand.Rand) {
 	var err error
 	if v.block {
 		m = append(m, bytes.Repeat([]byte{byte(r.Uint32())}, 512-len(m))...)
-		err = writeDev(v.target, m)
+		err = writeDevAtZero(v.target, m)
 	} else {
-		err = writeSyncedErr(filepath.Join(v.target, "marker"), m)
+		err = writeSyncedWithDirErr(filepath.Join(v.target, "marker"), m)
 		if err == nil && r.IntN(4) == 0 {
 			// Bulk for the copies of snapshots and restores to chew on, so
 			// that kills land in the middle of them too.
 			// At most 1 MiB: a 2 MiB btrfs volume's qgroup also counts
 			// metadata, and a write past it fails with EDQUOT.
-			err = writeSyncedErr(filepath.Join(v.target, "bulk"), make([]byte, (1+r.IntN(4))<<18))
+			err = writeSyncedWithDirErr(filepath.Join(v.target, "bulk"), make([]byte, (1+r.IntN(4))<<18))
 		}
 	}
 	if err != nil {
@@ -808,7 +808,7 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 	}
 	return &sop{what: what, want: codes.OK, newVol: v.name,
 		do: func(cx context.Context, p csiClients) error {
-			resp, err := p.controller.CreateVolume(cx, createReq(v))
+			resp, err := p.controller.CreateVolume(cx, svolCreateReq(v))
 			if err == nil {
 				v.id = resp.GetVolume().GetVolumeId()
 				if got := resp.GetVolume().GetCapacityBytes(); got != v.size {
@@ -824,7 +824,7 @@ func (s *storm) opCreate(w *stormWorker, r *rand.Rand) *sop {
 func (s *storm) opRepeatCreate(w *stormWorker, v *svol) *sop {
 	return &sop{what: "CreateVolume(repeat) " + v.name, want: codes.OK,
 		do: func(cx context.Context, p csiClients) error {
-			resp, err := p.controller.CreateVolume(cx, createReq(v))
+			resp, err := p.controller.CreateVolume(cx, svolCreateReq(v))
 			if err == nil && resp.GetVolume().GetVolumeId() != v.id {
 				return status.Errorf(codes.Internal, "test: the repeated create returned %s, the first %s", resp.GetVolume().GetVolumeId(), v.id)
 			}
@@ -962,7 +962,7 @@ func (s *storm) opUnpublish(w *stormWorker, v *svol) *sop {
 	return &sop{what: "NodeUnpublishVolume " + v.name, want: codes.OK,
 		do: func(cx context.Context, p csiClients) error {
 			_, err := p.node.NodeUnpublishVolume(cx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
-			if err == nil && exists(v.target) {
+			if err == nil && mayExist(v.target) {
 				return status.Errorf(codes.Internal, "test: %s still exists after NodeUnpublishVolume", v.target)
 			}
 			return err

@@ -18,6 +18,9 @@
 //     (brokenmount_test.go);
 //   - a data root that fills up during create, snapshot, restore and expand
 //     (exhaustion_test.go);
+//   - the binary SIGKILLed while a snapshot of a staged ext4 image volume
+//     holds its filesystem frozen: the restart thaws it
+//     (imagefreeze_test.go);
 //   - socket permissions and --kubelet-root (hardening_test.go).
 //
 // The reboot simulation is tests/datacases.TestNodeRebootSimulation; the

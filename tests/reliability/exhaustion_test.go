@@ -99,7 +99,7 @@ func (e *fullEnv) state() fullState {
 			s.disk = append(s.disk, d+"/"+n+"="+itoa(size))
 		}
 	}
-	s.loops = loopsUnder(t, e.root)
+	s.loops = describeLoopsUnder(t, e.root)
 	c, err := e.in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{})
 	csitest.MustCode(t, err, codes.OK, "GetCapacity")
 	s.available = c.GetAvailableCapacity()
@@ -136,8 +136,8 @@ func itoa(n int64) string {
 	return string(b)
 }
 
-// fill writes a file of n bytes (flushed), or as much as fits when n < 0.
-func fill(t *testing.T, p string, n int64) {
+// fillFile writes a file of n bytes (flushed), or as much as fits when n < 0.
+func fillFile(t *testing.T, p string, n int64) {
 	t.Helper()
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -167,7 +167,9 @@ func fill(t *testing.T, p string, n int64) {
 	}
 }
 
-func freeBytes(t *testing.T, p string) int64 {
+// availBytes is the space of the filesystem holding p that an unprivileged
+// writer may still use (statfs f_bavail: root's reserved blocks left out).
+func availBytes(t *testing.T, p string) int64 {
 	t.Helper()
 	var s unix.Statfs_t
 	if err := unix.Statfs(p, &s); err != nil {
@@ -197,12 +199,12 @@ func TestDataRootFull(t *testing.T) {
 	// it at its 1 MiB capacity), and a place for the pod's filler.
 	a := e.mustCreate("a", csitest.Mi, false)
 	sA, tA := e.attach(a, false)
-	fill(t, filepath.Join(tA, "big"), 24*csitest.Mi)
+	fillFile(t, filepath.Join(tA, "big"), 24*csitest.Mi)
 	filler := filepath.Join(tA, "filler")
 
 	t.Run("snapshot copy fills the disk", func(t *testing.T) {
 		e.t = t
-		fill(t, filler, freeBytes(t, fsRoot)-12*csitest.Mi)
+		fillFile(t, filler, availBytes(t, fsRoot)-12*csitest.Mi)
 		before := e.state()
 		_, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
 		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of 24 MiB with 12 MiB free")
@@ -215,7 +217,7 @@ func TestDataRootFull(t *testing.T) {
 		r, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-a", SourceVolumeId: a})
 		csitest.MustCode(t, err, codes.OK, "CreateSnapshot once there is room")
 		snapA = r.GetSnapshot().GetSnapshotId()
-		fill(t, filler, freeBytes(t, fsRoot)-12*csitest.Mi)
+		fillFile(t, filler, availBytes(t, fsRoot)-12*csitest.Mi)
 		before := e.state()
 		_, err = e.create("restored", 0, false, csitest.FromSnapshot(snapA))
 		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateVolume from a 24 MiB snapshot with 12 MiB free")
@@ -240,10 +242,10 @@ func TestDataRootFull(t *testing.T) {
 		b := e.mustCreate("b", 16*csitest.Mi, true)
 		sB, tB := e.attach(b, true)
 		// Written end to end: a snapshot copies only what was written.
-		if err := writeDev(tB, append([]byte("block b"), csitest.RandomBytes(1, int(16*csitest.Mi)-7)...)); err != nil {
+		if err := writeDevAtZero(tB, append([]byte("block b"), csitest.RandomBytes(1, int(16*csitest.Mi)-7)...)); err != nil {
 			t.Fatal(err)
 		}
-		fill(t, filler, freeBytes(t, fsRoot)-8*csitest.Mi)
+		fillFile(t, filler, availBytes(t, fsRoot)-8*csitest.Mi)
 		before := e.state()
 		_, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
 		csitest.CodeIs(t, err, codes.ResourceExhausted, "CreateSnapshot of a 16 MiB block volume with 8 MiB free")
@@ -272,8 +274,8 @@ func TestDataRootFull(t *testing.T) {
 		c := e.mustCreate("c", csitest.Mi, false)
 		r, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-c", SourceVolumeId: c})
 		csitest.MustCode(t, err, codes.OK, "CreateSnapshot snap-c")
-		fill(t, filler, -1)
-		if f := freeBytes(t, fsRoot); f > 64*csitest.Ki {
+		fillFile(t, filler, -1)
+		if f := availBytes(t, fsRoot); f > 64*csitest.Ki {
 			t.Fatalf("the disk still has %d bytes free", f)
 		}
 		before := e.state()
@@ -334,21 +336,21 @@ func TestBlockImagesRunOutMidWrite(t *testing.T) {
 				t.Errorf("left mounted: %s", m.Mountpoint)
 			}
 		}
-		if l := loopsUnder(t, e.root); len(l) != 0 {
+		if l := describeLoopsUnder(t, e.root); len(l) != 0 {
 			t.Errorf("loop devices left: %v", l)
 		}
 	})
 
 	b := e.mustCreate("b", 4*csitest.Mi, true)
 	sB, tB := e.attach(b, true)
-	if err := writeDev(tB, []byte("block b")); err != nil {
+	if err := writeDevAtZero(tB, []byte("block b")); err != nil {
 		t.Fatal(err)
 	}
 	snap, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap-b", SourceVolumeId: b})
 	csitest.MustCode(t, err, codes.OK, "CreateSnapshot of b (on the data root's own filesystem)")
 	before := e.state()
 	loopSize := func() int64 {
-		l := loopsUnder(t, e.root)
+		l := describeLoopsUnder(t, e.root)
 		if len(l) != 1 {
 			t.Fatalf("loop devices: %v, want b's", l)
 		}

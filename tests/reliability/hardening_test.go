@@ -89,7 +89,7 @@ func TestSocketPermissions(t *testing.T) {
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
 	}
-	writeSynced(t, sock, []byte("not a socket"))
+	writeSyncedWithDir(t, sock, []byte("not a socket"))
 	out, err = exec.Command(driverBinary(t), procArgs(dir)...).CombinedOutput()
 	if !errors.As(err, &ee) {
 		t.Errorf("the driver started with a regular file at its endpoint: %v\n%s", err, out)
@@ -265,7 +265,7 @@ func TestKubeletRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	outside := csitest.Mkdir(t, filepath.Join(dir, "outside"))
-	writeSynced(t, filepath.Join(outside, "keep"), []byte("keep"))
+	writeSyncedWithDir(t, filepath.Join(outside, "keep"), []byte("keep"))
 	csitest.Mkdir(t, filepath.Join(outside, "empty"))
 	in := testdriver.StartWith(t, func() driver.Options {
 		o := testdriver.DefaultOptions(dir)
@@ -289,7 +289,7 @@ func TestKubeletRoot(t *testing.T) {
 	realTarget := filepath.Join(real, "pods", "p1", "volumes", "mount2")
 	_, err = n.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{VolumeId: x, StagingTargetPath: staging, TargetPath: realTarget, VolumeCapability: csitest.MntCap()})
 	csitest.MustCode(t, err, codes.OK, "NodePublishVolume below the kubelet root's real path")
-	writeSynced(t, filepath.Join(target, "f"), []byte("inside"))
+	writeSyncedWithDir(t, filepath.Join(target, "f"), []byte("inside"))
 
 	// A symlink inside the kubelet root that leads out.
 	if err := os.Symlink(outside, filepath.Join(kubelet, "pods", "escape")); err != nil {

@@ -25,15 +25,15 @@ func quote(s string) string {
 	return fmt.Sprintf("%q", s)
 }
 
-// writeSynced writes data to p and fsyncs it and its directory.
-func writeSynced(t testing.TB, p string, data []byte) {
+// writeSyncedWithDir writes data to p and fsyncs it and its directory.
+func writeSyncedWithDir(t testing.TB, p string, data []byte) {
 	t.Helper()
-	if err := writeSyncedErr(p, data); err != nil {
+	if err := writeSyncedWithDirErr(p, data); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func writeSyncedErr(p string, data []byte) error {
+func writeSyncedWithDirErr(p string, data []byte) error {
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -57,9 +57,9 @@ func writeSyncedErr(p string, data []byte) error {
 	return d.Sync()
 }
 
-// writeDev writes data at offset 0 of the block device (or file) p and
+// writeDevAtZero writes data at offset 0 of the block device (or file) p and
 // flushes it.
-func writeDev(p string, data []byte) error {
+func writeDevAtZero(p string, data []byte) error {
 	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -86,7 +86,9 @@ func readAt(p string, n int) ([]byte, error) {
 	return b[:m], nil
 }
 
-func exists(p string) bool {
+// mayExist reports whether p may exist: true unless lstat says ENOENT, so a
+// path that cannot be looked at (EACCES, ELOOP…) counts as existing.
+func mayExist(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil || !errors.Is(err, fs.ErrNotExist)
 }
@@ -105,9 +107,9 @@ func mountPoints(t testing.TB, dirs ...string) []string {
 	return out
 }
 
-// loopsUnder lists the loop devices whose backing file is below dir, as
+// describeLoopsUnder lists the loop devices whose backing file is below dir, as
 // "device <- file".
-func loopsUnder(t testing.TB, dir string) []string {
+func describeLoopsUnder(t testing.TB, dir string) []string {
 	t.Helper()
 	var out []string
 	for dev, file := range csitest.LoopsBelow(t, dir) {
@@ -140,7 +142,7 @@ func assertClean(t testing.TB, dir string) {
 	for _, m := range csitest.MountsUnder(t, dir) {
 		t.Errorf("left mounted: %s", m.Mountpoint)
 	}
-	for _, l := range loopsUnder(t, dir) {
+	for _, l := range describeLoopsUnder(t, dir) {
 		t.Errorf("loop device left attached: %s", l)
 	}
 	cleanupMountsAndLoops(t, dir)
@@ -276,7 +278,7 @@ func (w *watcher) snap() wsnap {
 				ms = append(ms, fmt.Sprintf("%s <- %d:%d%s %s", m.Mountpoint, m.Major, m.Minor, m.Root, m.Options))
 			}
 		}
-		s.loops = append(s.loops, loopsUnder(w.t, r)...)
+		s.loops = append(s.loops, describeLoopsUnder(w.t, r)...)
 	}
 	// Mounts on the host's own directories a traversal could aim at.
 	for _, p := range []string{"/", "/etc", "/tmp", "/var", "/var/lib", "/root", "/usr"} {

@@ -51,11 +51,11 @@ func newHostileEnv(t *testing.T) *hostileEnv {
 	e := &hostileEnv{t: t, in: in, dir: csitest.RealPath(in.Dir), byRPC: map[string]int{}}
 	e.root = csitest.RealPath(in.Opts.DataRoot)
 	e.etc = csitest.Mkdir(t, filepath.Join(e.dir, "etc"))
-	writeSynced(t, filepath.Join(e.etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"))
+	writeSyncedWithDir(t, filepath.Join(e.etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"))
 	csitest.Mkdir(t, filepath.Join(e.etc, "ssl"))
-	writeSynced(t, filepath.Join(e.etc, "ssl", "key.pem"), []byte("secret"))
+	writeSyncedWithDir(t, filepath.Join(e.etc, "ssl", "key.pem"), []byte("secret"))
 	e.keep = csitest.Mkdir(t, filepath.Join(e.dir, "srv", "keep"))
-	writeSynced(t, filepath.Join(e.keep, "file"), []byte("keep me"))
+	writeSyncedWithDir(t, filepath.Join(e.keep, "file"), []byte("keep me"))
 	e.pods = csitest.Mkdir(t, filepath.Join(e.dir, "pods"))
 
 	e.x = e.create("hostile-x", false)
@@ -65,9 +65,9 @@ func newHostileEnv(t *testing.T) *hostileEnv {
 	e.sX, e.tX = e.attach(e.x, false)
 	e.sY, e.tY = e.attach(e.y, false)
 	e.sB, e.tB = e.attach(e.b, true)
-	writeSynced(t, filepath.Join(e.tX, "x-data"), []byte("x"))
-	writeSynced(t, filepath.Join(e.tY, "y-data"), []byte("y"))
-	if err := writeDev(e.tB, []byte("block data")); err != nil {
+	writeSyncedWithDir(t, filepath.Join(e.tX, "x-data"), []byte("x"))
+	writeSyncedWithDir(t, filepath.Join(e.tY, "y-data"), []byte("y"))
+	if err := writeDevAtZero(e.tB, []byte("block data")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -294,7 +294,7 @@ func (e *hostileEnv) idCases(ids []string) {
 					t.Errorf("CreateVolume name=%s returned id %q, not of the driver's shape", q, made)
 					return
 				}
-				if !exists(filepath.Join(e.root, "volumes", made)) {
+				if !mayExist(filepath.Join(e.root, "volumes", made)) {
 					t.Errorf("CreateVolume name=%s: no data for %s", q, made)
 				}
 				_, err := c.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: made})
@@ -464,7 +464,7 @@ func (e *hostileEnv) idCases(ids []string) {
 			},
 			after: func(t *testing.T) {
 				if ephWant == codes.OK {
-					writeSynced(t, filepath.Join(target, "f"), []byte("ephemeral"))
+					writeSyncedWithDir(t, filepath.Join(target, "f"), []byte("ephemeral"))
 				}
 				_, err := n.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
 				csitest.CodeIs(t, err, codes.OK, "NodeUnpublishVolume of ephemeral "+q)

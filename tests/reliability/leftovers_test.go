@@ -47,7 +47,7 @@ func TestRecoveryLeftovers(t *testing.T) {
 	resp, err := p.controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{Name: "v", CapacityRange: csitest.Range(8*csitest.Mi, 0), VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}})
 	csitest.MustCode(t, err, codes.OK, "CreateVolume")
 	vid := resp.GetVolume().GetVolumeId()
-	writeSynced(t, filepath.Join(root, "volumes", vid, "f"), []byte("volume bytes"))
+	writeSyncedWithDir(t, filepath.Join(root, "volumes", vid, "f"), []byte("volume bytes"))
 	sresp, err := p.controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: vid})
 	csitest.MustCode(t, err, codes.OK, "CreateSnapshot")
 	sid := sresp.GetSnapshot().GetSnapshotId()
@@ -63,7 +63,7 @@ func TestRecoveryLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	immutable := filepath.Join(stuck, "f")
-	writeSynced(t, immutable, []byte("x"))
+	writeSyncedWithDir(t, immutable, []byte("x"))
 	setImmutable(t, immutable, true)
 	t.Cleanup(func() { setImmutable(t, immutable, false) })
 

@@ -11,6 +11,10 @@
 //	unprivileged/ dir engine on a temporary directory, mounts pretended by
 //	             mount.Fake: no root, no loop devices, no cgroups (make unit)
 //
+// Each of them holds its csi-sanity run and nothing else. Tests of the same
+// features that are not csi-sanity (VolumeAttributesClass parameters,
+// group snapshots, I/O limits) are in tests/datacases.
+//
 // csi-sanity cannot set a capability's fs_type, so the image-volume runs
 // give the driver an interceptor (driver.WithInterceptor) that adds it to
 // every mount capability a call carries, as external-provisioner and kubelet

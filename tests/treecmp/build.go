@@ -39,7 +39,9 @@ const (
 	GID = 5678
 )
 
-// RandomBytes returns n reproducible pseudo-random bytes for a seed.
+// RandomBytes returns n reproducible pseudo-random bytes for a seed (ChaCha8
+// keyed by it). csitest.RandomBytes is this function: one seed gives the
+// same bytes through either package.
 func RandomBytes(seed uint64, n int) []byte {
 	var key [32]byte
 	binary.LittleEndian.PutUint64(key[:], seed)

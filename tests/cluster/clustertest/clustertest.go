@@ -433,7 +433,7 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return run(t, dir, o, withMetrics(t, o, cfg, func() []metrics.Sample { return b.MetricSamples(t.Context()) }, d.Run))
+	return runPlugin(t, dir, o, withMetrics(t, o, cfg, func() []metrics.Sample { return b.MetricSamples(t.Context()) }, d.Run))
 }
 
 // StartNode runs a node-mode driver (gRPC Node service plus the node
@@ -463,7 +463,7 @@ func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin 
 	agent := &cluster.NodeAgent{NodeID: o.NodeID, Store: n.Store, Snapshots: n.Store.Snapshots(), Version: driver.Version(), Heartbeat: 2 * time.Second}
 	cfg := rest.CopyConfig(nodeID.Config)
 	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
-	return run(t, dir, o, func(ctx context.Context) error {
+	return runPlugin(t, dir, o, func(ctx context.Context) error {
 		// Like app.Run: when either half fails, both stop.
 		errc := make(chan error, 1)
 		actx, cancel := context.WithCancel(ctx)
@@ -481,7 +481,7 @@ func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin 
 	})
 }
 
-func run(t testing.TB, dir string, o driver.Options, serve func(context.Context) error) *Plugin {
+func runPlugin(t testing.TB, dir string, o driver.Options, serve func(context.Context) error) *Plugin {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Plugin{Endpoint: o.Endpoint, Dir: dir, Opts: o, cancel: cancel, done: make(chan error, 1)}
 	go func() { p.done <- serve(ctx) }()

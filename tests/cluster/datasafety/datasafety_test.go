@@ -38,7 +38,7 @@ type fixture struct {
 	ctx  context.Context
 }
 
-func start(t *testing.T) *fixture {
+func startOneNode(t *testing.T) *fixture {
 	env := clustertest.Start(t)
 	f := &fixture{env: env, ctx: context.Background()}
 	f.node = env.StartNode(t, "node-a", func(o *driver.Options) { o.CapacityBytes = 1 << 30 })
@@ -122,7 +122,7 @@ func TestCRDsDeletedAndReinstalledKeepsAndReadoptsData(t *testing.T) {
 }
 
 func crdsDeletedAndReinstalled(t *testing.T, nodeGone bool) {
-	f := start(t)
+	f := startOneNode(t)
 	id, marker := f.volume(t, "pvc-crd")
 	snap, err := f.ctrl.Controller.CreateSnapshot(f.ctx, &csi.CreateSnapshotRequest{Name: "snap-crd", SourceVolumeId: id})
 	if err != nil {
@@ -233,7 +233,7 @@ func waitGone(t *testing.T, p string) {
 }
 
 func TestLocalVolumeDeletedByHandIsReadopted(t *testing.T) {
-	f := start(t)
+	f := startOneNode(t)
 	id, marker := f.volume(t, "pvc-hand")
 	lv := &v1.LocalVolume{}
 	f.noFinalizers(t, lv, id)
@@ -258,7 +258,7 @@ func TestLocalVolumeDeletedByHandIsReadopted(t *testing.T) {
 // deletes nothing; if the node comes back its data is re-adopted, and the
 // documented removal (recording the intent) deletes it for good.
 func TestStuckDeleteDeletedByHandKeepsData(t *testing.T) {
-	f := start(t)
+	f := startOneNode(t)
 	id, marker := f.volume(t, "pvc-stuck")
 	f.node.Stop(t) // the node plugin is gone: nobody carries the delete out
 	if _, err := f.ctrl.Controller.DeleteVolume(f.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {

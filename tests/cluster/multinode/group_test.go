@@ -21,10 +21,10 @@ import (
 // LocalSnapshot per member; the group is found, restored from, listed and
 // deleted through CSI; volumes on different nodes are FAILED_PRECONDITION.
 func TestGroupSnapshotOnOneNode(t *testing.T) {
-	c := start(t, 100*mi, 100*mi)
+	c := startNodes(t, 100*mi, 100*mi)
 	ctx := context.Background()
 	pin := func(n string) *csi.TopologyRequirement {
-		return &csi.TopologyRequirement{Requisite: []*csi.Topology{onNode(n)}, Preferred: []*csi.Topology{onNode(n)}}
+		return &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf(n)}, Preferred: []*csi.Topology{topologyOf(n)}}
 	}
 	var ids []string
 	for _, n := range []string{"a", "b"} {

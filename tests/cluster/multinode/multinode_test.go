@@ -29,7 +29,7 @@ var mnt = []*csi.VolumeCapability{{
 	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 }}
 
-func onNode(n string) *csi.Topology {
+func topologyOf(n string) *csi.Topology {
 	return &csi.Topology{Segments: map[string]string{driver.TopologyKey: n}}
 }
 
@@ -39,8 +39,8 @@ type fixture struct {
 	nodes map[string]*clustertest.Plugin
 }
 
-// start runs one controller and a node plugin per capacity (node-0, …).
-func start(t *testing.T, capacities ...int64) *fixture {
+// startNodes runs one controller and a node plugin per capacity (node-0, …).
+func startNodes(t *testing.T, capacities ...int64) *fixture {
 	env := clustertest.Start(t)
 	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
 	for i, capBytes := range capacities {
@@ -65,7 +65,7 @@ func nodeOfVol(v *csi.Volume) string {
 }
 
 func TestSpreadFullNodeAndDataOnTheRightNode(t *testing.T) {
-	c := start(t, 100*mi, 300*mi, 200*mi)
+	c := startNodes(t, 100*mi, 300*mi, 200*mi)
 	ctx := context.Background()
 
 	// Without topology the node with most room is chosen, so volumes spread.
@@ -91,7 +91,7 @@ func TestSpreadFullNodeAndDataOnTheRightNode(t *testing.T) {
 	}
 
 	// node-0 (100Mi) pinned by requisite: 60Mi fits, another 60Mi does not.
-	pin := &csi.TopologyRequirement{Requisite: []*csi.Topology{onNode("node-0")}}
+	pin := &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-0")}}
 	if _, err := c.create(ctx, "full-1", 60*mi, pin); err != nil && counts["node-0"] == 0 {
 		t.Fatalf("first 60Mi on node-0: %v", err)
 	}
@@ -106,7 +106,7 @@ func TestSpreadFullNodeAndDataOnTheRightNode(t *testing.T) {
 	}
 
 	// GetCapacity per segment matches what a node has left.
-	gc, err := c.ctrl.Controller.GetCapacity(ctx, &csi.GetCapacityRequest{AccessibleTopology: onNode("node-1"), VolumeCapabilities: mnt})
+	gc, err := c.ctrl.Controller.GetCapacity(ctx, &csi.GetCapacityRequest{AccessibleTopology: topologyOf("node-1"), VolumeCapabilities: mnt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestSpreadFullNodeAndDataOnTheRightNode(t *testing.T) {
 func volumeIDFor(_ *testing.T, _ *fixture, name string) string { return lcluster.VolumeIDFor(name) }
 
 func TestPlacementRaceNeverOversubscribes(t *testing.T) {
-	c := start(t, 100*mi)
+	c := startNodes(t, 100*mi)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -164,7 +164,7 @@ func TestPlacementRaceNeverOversubscribes(t *testing.T) {
 }
 
 func TestDeleteWhileNodePluginStoppedCompletesOnReturn(t *testing.T) {
-	c := start(t, 100*mi)
+	c := startNodes(t, 100*mi)
 	ctx := context.Background()
 	v, err := c.create(ctx, "del-later", 10*mi, nil)
 	if err != nil {
@@ -204,10 +204,10 @@ func TestDeleteWhileNodePluginStoppedCompletesOnReturn(t *testing.T) {
 }
 
 func TestRestoreAndCloneFromAnotherNodeIsResourceExhausted(t *testing.T) {
-	c := start(t, 100*mi, 100*mi)
+	c := startNodes(t, 100*mi, 100*mi)
 	ctx := context.Background()
-	pin0 := &csi.TopologyRequirement{Requisite: []*csi.Topology{onNode("node-0")}}
-	pin1 := &csi.TopologyRequirement{Requisite: []*csi.Topology{onNode("node-1")}, Preferred: []*csi.Topology{onNode("node-1")}}
+	pin0 := &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-0")}}
+	pin1 := &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-1")}, Preferred: []*csi.Topology{topologyOf("node-1")}}
 	src, err := c.create(ctx, "src", 10*mi, pin0)
 	if err != nil {
 		t.Fatal(err)

@@ -59,7 +59,7 @@ func apiWrites(b *testing.B, n int, crds string) {
 		b.Fatal(err)
 	}
 	// The controller watches every LocalVolume, a node plugin its own.
-	for _, o := range []client.ListOption{client.MatchingLabels{}, client.MatchingLabels{v1.NodeLabel: node}} {
+	for _, o := range []client.ListOption{client.MatchingLabels{}, client.MatchingLabels{v1.NodeLabel: scaleNode}} {
 		w, err := wc.Watch(ctx, &v1.LocalVolumeList{}, o)
 		if err != nil {
 			b.Fatal(err)
@@ -79,8 +79,8 @@ func apiWrites(b *testing.B, n int, crds string) {
 	for i := range lvs {
 		name := fmt.Sprintf("pvc-%08d-0000-4000-8000-000000000000", i)
 		lvs[i] = &v1.LocalVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
-			Spec:       v1.LocalVolumeSpec{Node: node, Size: resource.MustParse("1Mi"), CSIName: name, Engine: "btrfs"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: scaleNode}},
+			Spec:       v1.LocalVolumeSpec{Node: scaleNode, Size: resource.MustParse("1Mi"), CSIName: name, Engine: "btrfs"},
 		}
 	}
 	for _, step := range []struct {

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-const node = "scale-node"
+const scaleNode = "scale-node"
 
 func BenchmarkNodeScale(b *testing.B) {
 	n := envCount(b, "LOCALDIR_SCALE_VOLUMES", 5000)
@@ -50,22 +50,22 @@ func BenchmarkNodeScale(b *testing.B) {
 
 func nodeScale(b *testing.B, n int) {
 	env := clustertest.Start(b)
-	ctrlID, nodeID := env.ControllerIdentity(b), env.NodeIdentity(b, node)
+	ctrlID, nodeID := env.ControllerIdentity(b), env.NodeIdentity(b, scaleNode)
 	dir := testdriver.TempDir(b)
 	ctrlEP, nodeEP := "unix://"+filepath.Join(dir, "controller.sock"), "unix://"+filepath.Join(dir, "node.sock")
 	nodeArgs := []string{"--mode=node", "--endpoint=" + nodeEP, "--kubeconfig=" + nodeID.Kubeconfig,
-		"--data-root=" + filepath.Join(dir, "data"), "--node-id=" + node, "--engine=dir", "--kubelet-root=" + filepath.Join(dir, "kubelet")}
+		"--data-root=" + filepath.Join(dir, "data"), "--node-id=" + scaleNode, "--engine=dir", "--kubelet-root=" + filepath.Join(dir, "kubelet")}
 	ready := testdriver.ReadyWait{Total: 2 * time.Minute, Probe: time.Second, Poll: 5 * time.Millisecond}
 	nodeProc := testdriver.Launch(b, bin.Path(b), nodeArgs)
 	nodeProc.WaitReady(b, nodeEP, ready)
 	ctrl := testdriver.Launch(b, bin.Path(b), []string{"--mode=controller", "--endpoint=" + ctrlEP, "--kubeconfig=" + ctrlID.Kubeconfig})
 	ctrl.WaitReady(b, ctrlEP, ready)
-	env.WaitLocalNode(b, node)
+	env.WaitLocalNode(b, scaleNode)
 	cc := csi.NewControllerClient(ctrl.Conn)
 
 	at0 := createLatency(b, cc, "first", 20)
 	t0 := time.Now()
-	csitest.Each(b, n, 32, func(i int) error { return createVolume(cc, fmt.Sprintf("bulk-%05d", i)) })
+	csitest.Each(b, n, 32, func(i int) error { return createOne(cc, fmt.Sprintf("bulk-%05d", i)) })
 	createRate := float64(n) / time.Since(t0).Seconds()
 	atN := createLatency(b, cc, "then", 20)
 	ctrlRSS, nodeRSS := rss(b, ctrl), rss(b, nodeProc)
@@ -79,7 +79,7 @@ func nodeScale(b *testing.B, n int) {
 	serving := time.Since(restart)
 	fresh := waitHeartbeat(b, env, prev, restart)
 	// A volume created now waits behind the reconciles of all n others.
-	if err := createVolume(cc, "after-restart"); err != nil {
+	if err := createOne(cc, "after-restart"); err != nil {
 		b.Fatal(err)
 	}
 	caughtUp := time.Since(restart)
@@ -119,7 +119,7 @@ func nodeScale(b *testing.B, n int) {
 	b.ReportMetric(caughtUp.Seconds(), "restart-s")
 }
 
-func createVolume(cc csi.ControllerClient, name string) error {
+func createOne(cc csi.ControllerClient, name string) error {
 	_, err := cc.CreateVolume(context.Background(), &csi.CreateVolumeRequest{
 		Name:               name,
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: 1 << 20},
@@ -134,7 +134,7 @@ func createLatency(b *testing.B, cc csi.ControllerClient, prefix string, count i
 	var lat []time.Duration
 	for i := range count {
 		t0 := time.Now()
-		if err := createVolume(cc, fmt.Sprintf("%s-%02d", prefix, i)); err != nil {
+		if err := createOne(cc, fmt.Sprintf("%s-%02d", prefix, i)); err != nil {
 			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(t0))
@@ -146,7 +146,7 @@ func createLatency(b *testing.B, cc csi.ControllerClient, prefix string, count i
 // heartbeat is the LocalNode's last heartbeat.
 func heartbeat(b *testing.B, env *clustertest.Env) time.Time {
 	ln := &v1.LocalNode{}
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, ln); err != nil {
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: scaleNode}, ln); err != nil {
 		b.Fatal(err)
 	}
 	return ln.Status.Heartbeat.Time

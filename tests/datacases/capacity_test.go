@@ -1,8 +1,4 @@
-// Package capacity checks that GetCapacity never lets a node be
-// overcommitted, on every engine: available_capacity is what a new volume
-// can still be guaranteed, so it moves by exactly the size of every volume
-// created or deleted, and two creates never both get the last free bytes.
-package capacity
+package datacases
 
 import (
 	"fmt"
@@ -23,16 +19,14 @@ import (
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
-const mib = int64(1) << 20
-
 // tolerance is how far a move of available_capacity may be from the
 // volume sizes: the state file's own pages, written at each commit, take
 // filesystem blocks too.
 const tolerance = 64 << 10
 
-// setups are the data roots of the acceptance: the dir engine on ext4 and
+// capacitySetups are the data roots of the acceptance: the dir engine on ext4 and
 // on XFS, btrfs, and raw block volumes (image files) on ext4.
-var setups = []struct {
+var capacitySetups = []struct {
 	name, fs, engine string
 	block            bool
 }{
@@ -42,10 +36,10 @@ var setups = []struct {
 	{"image-on-ext4", testfs.Ext4, "dir", true},
 }
 
-func start(t *testing.T, fs, engine string) *testdriver.Instance {
+func startCapacity(t *testing.T, fs, engine string) *testdriver.Instance {
 	t.Helper()
 	testdriver.RequireRoot(t)
-	root := testfs.New(t, fs, 320*mib)
+	root := testfs.New(t, fs, 320*csitest.Mi)
 	return testdriver.Start(t, func(o *driver.Options) {
 		o.DataRoot = root + "/data"
 		o.Engine = contract.Engine(engine)
@@ -53,7 +47,7 @@ func start(t *testing.T, fs, engine string) *testdriver.Instance {
 	})
 }
 
-func available(t *testing.T, in *testdriver.Instance, block bool) int64 {
+func availableFor(t *testing.T, in *testdriver.Instance, block bool) int64 {
 	t.Helper()
 	r, err := in.Controller.GetCapacity(csitest.Ctx(t), &csi.GetCapacityRequest{
 		VolumeCapabilities: []*csi.VolumeCapability{csitest.CapOf(block)},
@@ -64,10 +58,10 @@ func available(t *testing.T, in *testdriver.Instance, block bool) int64 {
 	return r.GetAvailableCapacity()
 }
 
-// fill checks that the volume id of size bytes can hold its size: a block
+// assertHoldsSize checks that the volume id of size bytes can hold its size: a block
 // volume's image owns all its blocks; a mount volume takes size − 1 MiB
 // (its own metadata needs a little) of data written to its directory.
-func fill(t *testing.T, root, id string, size int64, block bool) {
+func assertHoldsSize(t *testing.T, root, id string, size int64, block bool) {
 	t.Helper()
 	if block {
 		var st unix.Stat_t
@@ -84,11 +78,11 @@ func fill(t *testing.T, root, id string, size int64, block bool) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	buf := make([]byte, mib)
+	buf := make([]byte, csitest.Mi)
 	for i := range buf {
 		buf[i] = byte(i) | 1 // not zeros: no filesystem may skip them
 	}
-	for n := int64(0); n < size-mib; n += mib {
+	for n := int64(0); n < size-csitest.Mi; n += csitest.Mi {
 		if _, err := f.Write(buf); err != nil {
 			t.Fatalf("writing the acknowledged volume failed after %d of %d bytes: %v", n, size, err)
 		}
@@ -98,7 +92,7 @@ func fill(t *testing.T, root, id string, size int64, block bool) {
 	}
 }
 
-func create(in *testdriver.Instance, t *testing.T, name string, size int64, block bool) (string, error) {
+func createSized(in *testdriver.Instance, t *testing.T, name string, size int64, block bool) (string, error) {
 	r, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
 		Name:               name,
 		CapacityRange:      csitest.Range(size, 0),
@@ -121,35 +115,35 @@ func moved(t *testing.T, what string, before, after, want int64) {
 // create fail and creates 2 × 10 MiB at once, checking each time that
 // available_capacity moved by exactly the sizes involved (#12, item 6).
 func TestCapacityMovesBySizes(t *testing.T) {
-	for _, s := range setups {
+	for _, s := range capacitySetups {
 		t.Run(s.name, func(t *testing.T) {
-			in := start(t, s.fs, s.engine)
-			a := available(t, in, s.block)
-			if a < 100*mib {
+			in := startCapacity(t, s.fs, s.engine)
+			a := availableFor(t, in, s.block)
+			if a < 100*csitest.Mi {
 				t.Fatalf("available_capacity %d on a fresh 320 MiB filesystem", a)
 			}
 			var ids []string
 			for i := range 3 {
-				id, err := create(in, t, fmt.Sprintf("v%d", i), 10*mib, s.block)
+				id, err := createSized(in, t, fmt.Sprintf("v%d", i), 10*csitest.Mi, s.block)
 				if err != nil {
 					t.Fatalf("create %d: %v", i, err)
 				}
 				ids = append(ids, id)
-				b := available(t, in, s.block)
-				moved(t, fmt.Sprintf("create %d", i), a, b, -10*mib)
+				b := availableFor(t, in, s.block)
+				moved(t, fmt.Sprintf("create %d", i), a, b, -10*csitest.Mi)
 				a = b
 			}
 			for i := range 2 {
 				if _, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: ids[0]}); err != nil {
 					t.Fatalf("delete %d: %v", i, err)
 				}
-				b := available(t, in, s.block)
-				moved(t, fmt.Sprintf("delete %d", i), a, b, []int64{10 * mib, 0}[i])
+				b := availableFor(t, in, s.block)
+				moved(t, fmt.Sprintf("delete %d", i), a, b, []int64{10 * csitest.Mi, 0}[i])
 				a = b
 			}
-			_, err := create(in, t, "too-big", a+mib, s.block)
+			_, err := createSized(in, t, "too-big", a+csitest.Mi, s.block)
 			csitest.MustCode(t, err, codes.ResourceExhausted, "create above available_capacity")
-			b := available(t, in, s.block)
+			b := availableFor(t, in, s.block)
 			moved(t, "failed create", a, b, 0)
 			a = b
 			var wg sync.WaitGroup
@@ -158,7 +152,7 @@ func TestCapacityMovesBySizes(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, errs[i] = create(in, t, fmt.Sprintf("c%d", i), 10*mib, s.block)
+					_, errs[i] = createSized(in, t, fmt.Sprintf("c%d", i), 10*csitest.Mi, s.block)
 				}()
 			}
 			wg.Wait()
@@ -167,7 +161,7 @@ func TestCapacityMovesBySizes(t *testing.T) {
 					t.Fatalf("concurrent create %d: %v", i, err)
 				}
 			}
-			moved(t, "two concurrent creates", a, available(t, in, s.block), -20*mib)
+			moved(t, "two concurrent creates", a, availableFor(t, in, s.block), -20*csitest.Mi)
 		})
 	}
 }
@@ -177,10 +171,10 @@ func TestCapacityMovesBySizes(t *testing.T) {
 // RESOURCE_EXHAUSTED, and the volume that got OK can be filled to its size
 // (#12, item 6).
 func TestLastRoomGoesToOneCreate(t *testing.T) {
-	for _, s := range setups {
+	for _, s := range capacitySetups {
 		t.Run(s.name, func(t *testing.T) {
-			in := start(t, s.fs, s.engine)
-			size := available(t, in, s.block)*3/5/mib*mib + mib
+			in := startCapacity(t, s.fs, s.engine)
+			size := availableFor(t, in, s.block)*3/5/csitest.Mi*csitest.Mi + csitest.Mi
 			var wg sync.WaitGroup
 			errs := make([]error, 2)
 			ids := make([]string, 2)
@@ -188,7 +182,7 @@ func TestLastRoomGoesToOneCreate(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					ids[i], errs[i] = create(in, t, fmt.Sprintf("last%d", i), size, s.block)
+					ids[i], errs[i] = createSized(in, t, fmt.Sprintf("last%d", i), size, s.block)
 				}()
 			}
 			wg.Wait()
@@ -209,7 +203,7 @@ func TestLastRoomGoesToOneCreate(t *testing.T) {
 			if errs[0] != nil {
 				id = ids[1]
 			}
-			fill(t, in.Opts.DataRoot, id, size, s.block)
+			assertHoldsSize(t, in.Opts.DataRoot, id, size, s.block)
 		})
 	}
 }
@@ -219,21 +213,21 @@ func TestLastRoomGoesToOneCreate(t *testing.T) {
 // driver starts), available_capacity is what it was right after the
 // create (#12, item 6).
 func TestCapacityCountsWrittenData(t *testing.T) {
-	for _, s := range setups[:3] {
+	for _, s := range capacitySetups[:3] {
 		t.Run(s.name, func(t *testing.T) {
-			in := start(t, s.fs, s.engine)
-			id, err := create(in, t, "w", 20*mib, false)
+			in := startCapacity(t, s.fs, s.engine)
+			id, err := createSized(in, t, "w", 20*csitest.Mi, false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := available(t, in, false)
-			fill(t, in.Opts.DataRoot, id, 6*mib, false) // 5 MiB
+			a := availableFor(t, in, false)
+			assertHoldsSize(t, in.Opts.DataRoot, id, 6*csitest.Mi, false) // 5 MiB
 			if s.engine == "btrfs" {
 				testfs.Sync(t, in.Opts.DataRoot) // qgroup counters move at commit
 			}
 			in.Stop(t)
 			in = testdriver.StartWith(t, in.Opts)
-			moved(t, "5 MiB written, driver restarted", a, available(t, in, false), 0)
+			moved(t, "5 MiB written, driver restarted", a, availableFor(t, in, false), 0)
 		})
 	}
 }

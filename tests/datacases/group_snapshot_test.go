@@ -1,4 +1,4 @@
-package ext4
+package datacases
 
 import (
 	"context"
@@ -14,35 +14,21 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/testcgroup"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 )
-
-func capOf(fsType string) *csi.VolumeCapability {
-	return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-}
-
-// startDir starts the driver in all mode with the dir engine on a data
-// root in a temp dir, and returns it, its options and the temp dir.
-func startDir(t *testing.T) (*testdriver.Instance, driver.Options, string) {
-	t.Helper()
-	testdriver.RequireRoot(t)
-	dir := testdriver.TempDir(t)
-	o := testdriver.DefaultOptions(dir)
-	o.Engine = "dir"
-	return testdriver.StartWith(t, o), o, dir
-}
 
 // inUse creates a volume of fsType ("" for a directory volume), stages and
 // publishes it below dir (for no pod), and returns its id and the
 // published path (unpublished and unstaged when the test ends).
 func inUse(t *testing.T, in *testdriver.Instance, dir, name, fsType string) (string, string) {
 	t.Helper()
-	return forPod(t, in, dir, name, capOf(fsType), "", nil)
+	return forPod(t, in, dir, name, csitest.MntCapFS(fsType), "", nil)
 }
 
 // writeSeq replaces path with a file holding n: written to path.tmp,
@@ -105,7 +91,7 @@ func seqIn(t *testing.T, img, mnt string) int {
 // found by id, deleted with its snapshot ids, and a delete naming
 // another snapshot is INVALID_ARGUMENT.
 func TestGroupSnapshotWriteOrder(t *testing.T) {
-	in, o, dir := startDir(t)
+	in, o, dir := startDirEngine(t)
 	gc := csi.NewGroupControllerClient(in.Conn)
 	ctx := context.Background()
 	a, pubA := inUse(t, in, dir, "first", "ext4")
@@ -163,7 +149,7 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 
 	// A member restores like any snapshot.
 	member := groups[0].GetSnapshots()[0]
-	if _, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "restored", VolumeCapabilities: []*csi.VolumeCapability{capOf("ext4")},
+	if _, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "restored", VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCapFS("ext4")},
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: member.GetSnapshotId()}}}}); err != nil {
 		t.Errorf("restore of group member %s: %v", member.GetSnapshotId(), err)
 	}
@@ -194,7 +180,7 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 	if _, err := gc.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "with-dir", SourceVolumeIds: []string{a, dirVol}}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("a group with a directory volume in use: %v, want FAILED_PRECONDITION", err)
 	}
-	idle, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "idle", VolumeCapabilities: []*csi.VolumeCapability{capOf("")}})
+	idle, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "idle", VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCapFS("")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,58 +214,114 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 	}
 }
 
-// dirMode on an image volume: the StorageClass's is its filesystem root's
-// mode at stage, a VolumeAttributesClass's changes it where it is staged
-// and wins at every later stage.
-func TestImageDirMode(t *testing.T) {
-	in, _, dir := startDir(t)
+// Group snapshots of volumes in use by pods: a directory volume and a raw
+// block volume, written by one pod in a known order (a number to the
+// directory volume's file, synced and renamed into place, then to the
+// block device, synced). The
+// pod is frozen (its freezer cgroup) while the members are cut, so every
+// group shows the block device at the directory's number or the one
+// before. A pod's freeze that a killed driver left behind is thawed when
+// the driver starts.
+func TestGroupSnapshotFreezesPods(t *testing.T) {
+	in, o, dir := startDirEngine(t)
+	gc := csi.NewGroupControllerClient(in.Conn)
 	ctx := context.Background()
-	c := capOf("ext4")
-	r, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "img", VolumeCapabilities: []*csi.VolumeCapability{c},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, Parameters: map[string]string{"dirMode": "0750"}})
-	if err != nil {
+	pod := testcgroup.NewPod(t, "3f1c7a52-1d2e-4c11-9a50-0000000000b2")
+	a, pubA := forPod(t, in, dir, "files", csitest.MntCapFS(""), pod.UID, nil)
+	b, pubB := forPod(t, in, dir, "device", csitest.BlkCap(), pod.UID, nil)
+	// The kubelet also binds a raw block volume's device at
+	// .../volumeDevices/<volume>/dev/<pod UID>: that is the pod's too.
+	mapped := filepath.Join(dir, "map", "dev", pod.UID)
+	if err := os.MkdirAll(filepath.Dir(mapped), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	id := r.GetVolume().GetVolumeId()
-	stage := filepath.Join(dir, "stage")
-	if err := os.MkdirAll(stage, 0o755); err != nil {
+	if err := os.WriteFile(mapped, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	mode := func(when string, want os.FileMode) {
-		t.Helper()
-		if fi, err := os.Stat(stage); err != nil || fi.Mode().Perm() != want {
-			t.Errorf("%s: mode of the filesystem root %v (%v), want %o", when, fi.Mode().Perm(), err, want)
+	if err := unix.Mount(pubB, mapped, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mapped, unix.MNT_DETACH) })
+	pod.Start(t, "sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > "$0/seq.tmp"; sync "$0/seq.tmp"; mv "$0/seq.tmp" "$0/seq"; printf '%-15s\n' $i | dd of="$1" bs=16 count=1 conv=fsync,notrunc status=none; done`, pubA, pubB)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, _ := os.ReadFile(filepath.Join(pubA, "seq")); len(b) > 0 {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pod never wrote")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	stageIt := func() {
-		t.Helper()
-		if _, err := in.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: c}); err != nil {
+	num := func(b []byte) int {
+		n, err := strconv.Atoi(strings.TrimSpace(strings.TrimRight(string(b), "\x00")))
+		if err != nil {
+			t.Fatalf("not a number: %q", b)
+		}
+		return n
+	}
+	for i := range 6 {
+		time.Sleep(30 * time.Millisecond)
+		r, err := gc.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: fmt.Sprintf("g%d", i), SourceVolumeIds: []string{a, b}})
+		if err != nil {
 			t.Fatal(err)
 		}
+		seq := map[string]int{}
+		for _, s := range r.GetGroupSnapshot().GetSnapshots() {
+			p := filepath.Join(o.DataRoot, "snapshots", s.GetSnapshotId())
+			var data []byte
+			if s.GetSourceVolumeId() == a {
+				data, err = os.ReadFile(filepath.Join(p, "seq"))
+			} else {
+				data, err = os.ReadFile(p + ".img")
+				if len(data) > 16 {
+					data = data[:16]
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq[s.GetSourceVolumeId()] = num(data)
+		}
+		if seq[b] != seq[a] && seq[b] != seq[a]-1 {
+			t.Errorf("group %d: directory volume at %d, block volume at %d; the block volume must be at the directory's number or the one before", i, seq[a], seq[b])
+		}
+		t.Logf("group %d: directory %d, block %d", i, seq[a], seq[b])
 	}
-	unstage := func() {
-		t.Helper()
-		if _, err := in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage}); err != nil {
-			t.Fatal(err)
+
+	// A pod left frozen by a killed driver (its record written, the pod
+	// frozen) is thawed at the next start.
+	freezer := filepath.Dir(pod.Containers[len(pod.Containers)-1])
+	state := "freezer.state"
+	if err := os.WriteFile(filepath.Join(o.DataRoot, "frozen", "pod-"+pod.UID), []byte(freezer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(freezer, state), []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	in.Stop(t)
+	in = testdriver.StartWith(t, o)
+	if got, _ := os.ReadFile(filepath.Join(freezer, state)); strings.TrimSpace(string(got)) != "THAWED" {
+		t.Errorf("after the restart the pod's freezer.state is %q, want THAWED", got)
+	}
+	if _, err := os.Stat(filepath.Join(o.DataRoot, "frozen", "pod-"+pod.UID)); !os.IsNotExist(err) {
+		t.Errorf("the freeze record is still there: %v", err)
+	}
+	pod.Kill(t)
+	// The kubelet's teardown order: the pod's device map first, then the
+	// unpublish, then the unstage (which refuses a device still mapped).
+	if err := unix.Unmount(mapped, 0); err != nil {
+		t.Error(err)
+	}
+	for id, target := range map[string]string{a: pubA, b: pubB} {
+		if _, err := in.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Error(err)
 		}
 	}
-	stageIt()
-	mode("staged with the class's dirMode 0750", 0o750)
-	if _, err := in.Controller.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: map[string]string{"dirMode": "0700"}}); err != nil {
-		t.Fatal(err)
+	if _, err := in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: a, StagingTargetPath: filepath.Join(dir, "files-stage")}); err != nil {
+		t.Error(err)
 	}
-	mode("modified to dirMode 0700 while staged", 0o700)
-	if err := os.Chmod(stage, 0o755); err != nil {
-		t.Fatal(err)
+	if _, err := in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: b, StagingTargetPath: filepath.Join(dir, "device-stage")}); err != nil {
+		t.Error(err)
 	}
-	unstage()
-	stageIt()
-	mode("staged again", 0o700)
-	unstage()
-	if _, err := in.Controller.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: map[string]string{"dirMode": "0711"}}); err != nil {
-		t.Fatal(err)
-	}
-	stageIt()
-	mode("modified to 0711 while not staged, then staged", 0o711)
-	unstage()
 }
