@@ -273,3 +273,27 @@ func Each(tb testing.TB, n, workers int, f func(i int) error) {
 		tb.FailNow()
 	}
 }
+
+// FillUntilFull writes 1 MiB blocks of non-zero data into a new file under
+// dir until a write fails, and returns the bytes written and the error.
+func FillUntilFull(t testing.TB, dir string, limit int64) (int64, error) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := bytes.Repeat([]byte{0xa5}, int(Mi))
+	var n int64
+	for n < limit {
+		w, err := f.Write(buf)
+		n += int64(w)
+		if err == nil {
+			err = f.Sync() // delayed allocation: make the filesystem decide now
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

@@ -114,30 +114,6 @@ func statfsTotal(t *testing.T, p string) int64 {
 	return int64(s.Blocks) * s.Bsize
 }
 
-// fillUntilFull writes 1 MiB blocks of non-zero data into a new file under
-// dir until a write fails, and returns the bytes written and the error.
-func fillUntilFull(t *testing.T, dir string, limit int64) (int64, error) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "fill"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := bytes.Repeat([]byte{0xa5}, int(mib))
-	var n int64
-	for n < limit {
-		w, err := f.Write(buf)
-		n += int64(w)
-		if err == nil {
-			err = f.Sync() // delayed allocation: make the filesystem decide now
-		}
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
 // TestImageVolumeSizeHolds: a pod sees a filesystem of the requested size
 // less the filesystem's own overhead, NodeGetVolumeStats reports that
 // filesystem, and a write past the size fails with ENOSPC (#12 item 2).
@@ -166,7 +142,7 @@ func TestImageVolumeSizeHolds(t *testing.T) {
 			if bytesTotal != total || inodesTotal <= 0 {
 				t.Errorf("NodeGetVolumeStats: %d bytes, %d inodes; want the mounted filesystem's %d bytes and its inodes", bytesTotal, inodesTotal, total)
 			}
-			n, err := fillUntilFull(t, v.target, 2*k.size)
+			n, err := csitest.FillUntilFull(t, v.target, 2*k.size)
 			if !errors.Is(err, unix.ENOSPC) {
 				t.Fatalf("writing into a %d-byte volume: %d bytes written, then %v; want ENOSPC", k.size, n, err)
 			}

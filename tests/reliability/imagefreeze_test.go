@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -42,30 +41,6 @@ func writeBlocks(dir string, wait time.Duration) (blocked bool, done <-chan erro
 	}
 }
 
-// fillUntilFull writes 1 MiB blocks of non-zero data into a new file under
-// dir until a write fails, and returns the bytes written and the error.
-func fillUntilFull(t *testing.T, dir string, limit int64) (int64, error) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "fill"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := bytes.Repeat([]byte{0xa5}, int(csitest.Mi))
-	var n int64
-	for n < limit {
-		w, err := f.Write(buf)
-		n += int64(w)
-		if err == nil {
-			err = f.Sync() // delayed allocation: make the filesystem decide now
-		}
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
 // TestKillDuringImageSnapshotLeavesNothingFrozen: the driver is SIGKILLed
 // while a snapshot of a staged ext4 image volume holds its filesystem
 // frozen (on an ext4 data root the image is copied, so the freeze lasts
@@ -94,7 +69,7 @@ func TestKillDuringImageSnapshotLeavesNothingFrozen(t *testing.T) {
 	// Never leave a test's filesystem frozen; the mounts of a failed run
 	// are removed by TempDir's check.
 	t.Cleanup(func() { _ = exec.Command("fsfreeze", "--unfreeze", staging).Run() })
-	if n, err := fillUntilFull(t, target, 300*csitest.Mi); err != nil || n != 300*csitest.Mi {
+	if n, err := csitest.FillUntilFull(t, target, 300*csitest.Mi); err != nil || n != 300*csitest.Mi {
 		t.Fatalf("writing 300 MiB to copy: %d, %v", n, err)
 	}
 	for attempt := range 12 {
