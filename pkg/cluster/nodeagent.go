@@ -63,8 +63,8 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		HealthProbeBindAddress: "0",
 		Logger:                 klog.NewKlogr(),
 		// Agents may share a process (tests), so names need not be unique.
-		// Volumes are independent: in parallel (one at a time, 100 PVCs took
-		// 40 s on btrfs in the e2e scale test).
+		// Volumes are independent: reconcile them in parallel (one at a time
+		// makes 100 PVCs on btrfs take 40 s in the e2e scale test).
 		Controller: config.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: reconcileWorkers},
 	})
 	if err != nil {

@@ -137,8 +137,9 @@ var notLookedUp = &contract.Volume{}
 
 // judgeFsType is judgeCaps' decision on a mount capability's fs_type for vol
 // (nil: a new volume, which needs "" or one of contract.FsTypes). A directory
-// volume accepts any fs_type: PVs made before image volumes existed may pass
-// one through.
+// volume accepts any fs_type: it has no filesystem of its own to check, and a
+// CO may send one for it (external-provisioner's --default-fstype, a PV
+// written by hand).
 func judgeFsType(fs string, vol *contract.Volume) *capIssue {
 	switch {
 	case fs == "" || vol == notLookedUp:
