@@ -43,15 +43,25 @@ func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 		return nil, err
 	}
 	defer releaseSrc()
+	return m.make(spec, func(v *contract.Volume, tmp string) error {
+		return m.writeData(v, tmp, srcPath, spec.DirMode)
+	})
+}
+
+// make lands the volume of spec (its id checked and locked by the caller):
+// it reserves the size, fill writes the data at tmp, the mutable parameters
+// are applied, the record committed. A failure leaves no data, record or
+// reservation.
+func (m *Store) make(spec contract.CreateSpec, fill func(v *contract.Volume, tmp string) error) (*contract.Volume, error) {
 	if err := m.acct.reserve(spec.ID, spec.SizeBytes); err != nil {
 		return nil, err
 	}
 	v := m.newRecord(spec)
-	err = m.land(landing{
+	err := m.land(landing{
 		what: "create",
 		dsts: []string{m.dataPath(v)},
 		write: func(tmps []string) error {
-			if err := m.writeData(v, tmps[0], srcPath, spec.DirMode); err != nil {
+			if err := fill(v, tmps[0]); err != nil {
 				return fmt.Errorf("create volume data: %w", err)
 			}
 			if len(spec.MutableParameters) == 0 {

@@ -16,6 +16,7 @@ type layout struct {
 	blockRoot string
 	snapRoot  string
 	lostRoot  string // unclaimed data moved aside at start, never deleted by the driver
+	sendRoot  string // point-in-time copies of volumes being sent to another node (Send)
 }
 
 func newLayout(root string) layout {
@@ -25,6 +26,7 @@ func newLayout(root string) layout {
 		blockRoot: filepath.Join(root, "block"),
 		snapRoot:  filepath.Join(root, "snapshots"),
 		lostRoot:  filepath.Join(root, "orphaned"),
+		sendRoot:  filepath.Join(root, "sending"),
 	}
 }
 

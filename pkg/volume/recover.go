@@ -83,6 +83,7 @@ func (m recovery) recover() error {
 			m.recoverEntry(dir, e.Name(), known)
 		}
 	}
+	m.removeSendCopies()
 	for _, v := range vols {
 		grew, err := m.finishGrowth(v)
 		switch {

@@ -14,6 +14,7 @@
 //	<dir>/.creating-<name>       data a create or snapshot is still writing (recover.go)
 //	<dir>/.deleting-<name>       data of a delete in flight (recover.go)
 //	<root>/orphaned/             data no record claimed at start: moved aside, never deleted
+//	<root>/sending/<n>           a point-in-time copy of a volume being sent to another node (transfer.go), removed at start
 //
 // Every path below the root is built from a driver-issued id checked against
 // contract.ValidVolumeID / ValidSnapshotID first. Nothing outside the root is
@@ -116,7 +117,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	m.snaps = &Snapshots{m}
 	m.acct = accounting{m}
-	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot} {
+	for _, d := range []string{m.volRoot, m.blockRoot, m.snapRoot, m.lostRoot, m.sendRoot} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}

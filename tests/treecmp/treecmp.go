@@ -173,7 +173,9 @@ func Xattrs(p string) (map[string]string, error) {
 	}
 	out := map[string]string{}
 	for _, name := range strings.Split(string(buf[:sz]), "\x00") {
-		if name == "" {
+		// XFS shows its POSIX ACLs to root a second time under these
+		// names; the system.posix_acl_* ones are what a copy carries.
+		if name == "" || name == "trusted.SGI_ACL_FILE" || name == "trusted.SGI_ACL_DEFAULT" {
 			continue
 		}
 		vsz, err := unix.Lgetxattr(p, name, nil)

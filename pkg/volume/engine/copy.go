@@ -276,23 +276,41 @@ func pathXattr(p string) xattrIO {
 // copyXattrs copies every extended attribute (POSIX ACLs are the
 // system.posix_acl_* ones) from src to dst.
 func copyXattrs(src, dst xattrIO) error {
+	xs, err := readXattrs(src)
+	if err != nil {
+		return err
+	}
+	return writeXattrs(dst, xs)
+}
+
+// readXattrs reads every extended attribute of src, in listed order (none
+// where the filesystem has no xattrs).
+func readXattrs(src xattrIO) ([]xattr, error) {
 	names, err := readSized(src.list)
 	if err != nil {
 		if errors.Is(err, unix.ENOTSUP) {
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("listxattr: %w", err)
+		return nil, fmt.Errorf("listxattr: %w", err)
 	}
+	var out []xattr
 	for _, n := range splitNul(names) {
 		val, err := readSized(func(d []byte) (int, error) { return src.get(n, d) })
 		if err != nil {
 			if errors.Is(err, unix.ENODATA) {
 				continue
 			}
-			return fmt.Errorf("getxattr %s: %w", n, err)
+			return nil, fmt.Errorf("getxattr %s: %w", n, err)
 		}
-		if err := dst.set(n, val); err != nil {
-			return fmt.Errorf("setxattr %s: %w", n, err)
+		out = append(out, xattr{Name: n, Value: val})
+	}
+	return out, nil
+}
+
+func writeXattrs(dst xattrIO, xs []xattr) error {
+	for _, x := range xs {
+		if err := dst.set(x.Name, x.Value); err != nil {
+			return fmt.Errorf("setxattr %s: %w", x.Name, err)
 		}
 	}
 	return nil

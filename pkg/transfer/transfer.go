@@ -1,0 +1,327 @@
+// Package transfer is the node-to-node data channel of cluster mode: each
+// node plugin serves the data of its volumes and snapshots to the node
+// plugin that the API says is creating a volume from them, and pulls from
+// its peers the data of the volumes it creates from another node's.
+//
+// The channel is HTTPS (TLS 1.3, HTTP/1.1: one long response body per
+// transfer) with mutual authentication by pinned keys: every node plugin
+// makes an ECDSA key and a self-signed certificate for it at start (held in
+// memory only, renewed before it expires: Identity) and publishes the
+// certificate in its LocalNode's status, which the API server lets only
+// that node's plugin write (the localdir-node-scope admission policy). A
+// client accepts a server only if it presents exactly the certificate its
+// node published; a server serves a volume's data only to a client that
+// presents exactly the certificate of the node the API says the volume is
+// being created on, from this node's data (Authorizer). No bearer secret
+// ever crosses the wire, so there is nothing to replay, and an old key is
+// refused the moment its node publishes a new one.
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+)
+
+// Identity is a node plugin's key and the certificate it publishes.
+type Identity struct {
+	node     string
+	lifetime time.Duration
+
+	mu   sync.RWMutex
+	cert tls.Certificate
+	pem  string
+}
+
+// NewIdentity makes a key for node with a certificate valid for lifetime.
+func NewIdentity(node string, lifetime time.Duration) (*Identity, error) {
+	id := &Identity{node: node, lifetime: lifetime}
+	return id, id.Rotate()
+}
+
+// Rotate replaces the key and certificate. Connections made with the old
+// ones finish; new ones are refused once the new certificate is published.
+func (id *Identity) Rotate() error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "localdir node " + id.node, Organization: []string{"localdir.csi.dev"}},
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     now.Add(id.lifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return err
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	id.cert = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	id.pem = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	return nil
+}
+
+// CertificatePEM is the certificate to publish.
+func (id *Identity) CertificatePEM() string {
+	id.mu.RLock()
+	defer id.mu.RUnlock()
+	return id.pem
+}
+
+// RotateIfOld rotates once less than half the lifetime is left.
+func (id *Identity) RotateIfOld() error {
+	id.mu.RLock()
+	left := time.Until(id.cert.Leaf.NotAfter)
+	id.mu.RUnlock()
+	if left > id.lifetime/2 {
+		return nil
+	}
+	return id.Rotate()
+}
+
+func (id *Identity) current() *tls.Certificate {
+	id.mu.RLock()
+	defer id.mu.RUnlock()
+	c := id.cert
+	return &c
+}
+
+// Pinned parses a published certificate.
+func Pinned(certPEM string) (*x509.Certificate, error) {
+	b, _ := pem.Decode([]byte(certPEM))
+	if b == nil || b.Type != "CERTIFICATE" {
+		return nil, errors.New("no PEM certificate")
+	}
+	return x509.ParseCertificate(b.Bytes)
+}
+
+// checkPeer accepts exactly the certificate want, within its validity.
+func checkPeer(raw [][]byte, want *x509.Certificate, now time.Time) error {
+	if len(raw) != 1 {
+		return fmt.Errorf("the peer presented %d certificates, want exactly its published one", len(raw))
+	}
+	if !bytes.Equal(raw[0], want.Raw) {
+		return errors.New("the peer's certificate is not the one its node published")
+	}
+	if now.Before(want.NotBefore) || now.After(want.NotAfter) {
+		return fmt.Errorf("the peer's certificate is outside its validity (%s to %s)", want.NotBefore.Format(time.RFC3339), want.NotAfter.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// ErrRefused wraps every refusal of the server (answered 403): the client's
+// certificate is not the one of the node the volume is being created on, or
+// no volume is being created from this node's data under that id.
+var ErrRefused = errors.New("transfer refused")
+
+// Authorizer decides a pull of the data for volumeID by the client that
+// presented certificate peer (DER): the create to send the source of
+// (Server sends its SourceSnapshotID or SourceVolumeID), or an error
+// wrapping ErrRefused or contract.ErrNotFound.
+type Authorizer interface {
+	Authorize(ctx context.Context, volumeID string, peer []byte) (contract.CreateSpec, error)
+}
+
+// SendFunc writes the stream of spec's source to w (pkg/volume Store.Send).
+type SendFunc func(spec contract.CreateSpec, w io.Writer) error
+
+// Server serves the data of this node's volumes and snapshots to its peers.
+type Server struct {
+	Identity  *Identity
+	Authorize Authorizer
+	Send      SendFunc
+}
+
+// dataPath is the one request: GET dataPath + volume_id.
+const dataPath = "/v1/volumes/"
+
+// Serve serves on lis until ctx is done.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	hs := &http.Server{
+		Handler:           http.HandlerFunc(s.handle),
+		ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig:         s.tlsConfig(),
+		// HTTP/1.1 only: one stream per connection, no HTTP/2 flow control.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+	}
+	go func() {
+		<-ctx.Done()
+		_ = hs.Close()
+	}()
+	err := hs.ServeTLS(lis, "", "")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) tlsConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS13,
+		NextProtos:     []string{"http/1.1"},
+		ClientAuth:     tls.RequireAnyClientCert,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.Identity.current(), nil },
+	}
+}
+
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
+	volumeID, ok := strings.CutPrefix(r.URL.Path, dataPath)
+	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	peer := r.TLS.PeerCertificates
+	if len(peer) != 1 {
+		http.Error(w, "one client certificate required", http.StatusForbidden)
+		return
+	}
+	spec, err := s.Authorize.Authorize(r.Context(), volumeID, peer[0].Raw)
+	if err != nil {
+		klog.InfoS("Transfer refused", "volumeID", volumeID, "remote", r.RemoteAddr, "reason", err)
+		code := http.StatusForbidden
+		if errors.Is(err, contract.ErrNotFound) {
+			code = http.StatusNotFound
+		} else if !errors.Is(err, ErrRefused) {
+			code = http.StatusServiceUnavailable
+		}
+		http.Error(w, err.Error(), code)
+		return
+	}
+	klog.InfoS("Sending data to another node", "volumeID", volumeID, "remote", r.RemoteAddr,
+		"sourceSnapshot", spec.SourceSnapshotID, "sourceVolume", spec.SourceVolumeID)
+	w.Header().Set("Content-Type", "application/x-localdir-stream")
+	// Send's errors before the first byte are the caller's to see; after
+	// it, the connection is cut so the client never mistakes a partial
+	// stream for a whole one (the stream's digest would catch it too).
+	cw := &countingWriter{w: w}
+	if err := s.Send(spec, cw); err != nil {
+		klog.ErrorS(err, "Sending data to another node failed", "volumeID", volumeID, "remote", r.RemoteAddr)
+		if cw.n == 0 {
+			code := http.StatusInternalServerError
+			switch {
+			case errors.Is(err, contract.ErrNotFound):
+				code = http.StatusNotFound
+			case errors.Is(err, contract.ErrBusy):
+				code = http.StatusConflict
+			case errors.Is(err, contract.ErrInvalid), errors.Is(err, contract.ErrOutOfRange):
+				code = http.StatusUnprocessableEntity
+			}
+			http.Error(w, err.Error(), code)
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Client pulls data from peers with this node's Identity.
+type Client struct {
+	Identity *Identity
+	// Dialer, when set, dials the peers (tests).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Pull opens the stream of the source of volumeID from the node at address
+// whose published certificate is certPEM. Errors: contract.ErrNotFound (the
+// peer holds no such source), ErrRefused, contract.ErrBusy (the source is
+// being changed: retry), contract.ErrInvalid (the source does not fit the
+// volume), or a network error (retry).
+func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID string) (io.ReadCloser, error) {
+	want, err := Pinned(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("node %s published no usable transfer certificate: %w", node, err)
+	}
+	tc := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{"http/1.1"},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return c.Identity.current(), nil
+		},
+		// The server is authenticated by its pinned certificate, not by a
+		// CA and a name: VerifyPeerCertificate does it.
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if err := checkPeer(raw, want, time.Now()); err != nil {
+				return fmt.Errorf("node %s at %s: %w", node, address, err)
+			}
+			return nil
+		},
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     tc,
+		DialContext:         c.Dialer,
+		TLSHandshakeTimeout: 10 * time.Second,
+		DisableKeepAlives:   true,
+		ForceAttemptHTTP2:   false,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	u := url.URL{Scheme: "https", Host: address, Path: dataPath + volumeID}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return nil, fmt.Errorf("reach node %s at %s: %w", node, address, err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp.Body, nil
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	why := fmt.Sprintf("node %s: %s", node, strings.TrimSpace(string(msg)))
+	switch resp.StatusCode {
+	case http.StatusNotFound:
+		return nil, fmt.Errorf("%w: %s", contract.ErrNotFound, why)
+	case http.StatusForbidden:
+		return nil, fmt.Errorf("%w: %s", ErrRefused, why)
+	case http.StatusConflict:
+		return nil, fmt.Errorf("%w: %s", contract.ErrBusy, why)
+	case http.StatusUnprocessableEntity:
+		return nil, fmt.Errorf("%w: %s", contract.ErrInvalid, why)
+	}
+	return nil, fmt.Errorf("%s (HTTP %d)", why, resp.StatusCode)
+}
