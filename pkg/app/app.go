@@ -187,8 +187,16 @@ func Run(ctx context.Context, opts driver.Options) error {
 	if err != nil {
 		return err
 	}
+	xfer, err := NewTransfer(opts, cfg, n.Store)
+	if err != nil {
+		return errors.Join(err, d.Close())
+	}
 	agent := &cluster.NodeAgent{NodeID: opts.NodeID, Store: n.Store, Snapshots: n.Store.Snapshots(), Version: driver.Version(), MaxVolumeBytes: opts.MaxVolumeBytes,
 		Heartbeat: opts.HeartbeatInterval}
+	if xfer != nil {
+		agent.Transfer = xfer.Agent
+		g.Go(func() error { return xfer.Serve(gctx) })
+	}
 	if err := serveMetrics(gctx, g, ms, NodeMetrics(n, opts.NodeID, agent.Orphans)); err != nil {
 		return err
 	}

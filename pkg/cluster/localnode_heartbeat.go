@@ -27,6 +27,9 @@ type LocalNodeHeartbeat struct {
 	Interval time.Duration
 	// Orphans, when set, receives the number of orphans after each write.
 	Orphans *atomic.Int64
+	// Transfer, when set, is published (address and certificate), its key
+	// renewed first when it is old.
+	Transfer Transfer
 }
 
 // Start implements manager.Runnable: it writes until ctx is done.
@@ -85,6 +88,12 @@ func (h *LocalNodeHeartbeat) write(ctx context.Context) error {
 		DriverVersion:    h.Version,
 		Heartbeat:        metav1.Now(),
 		Orphans:          orphans,
+	}
+	if h.Transfer != nil {
+		if err := h.Transfer.RotateIfOld(); err != nil {
+			klog.ErrorS(err, "Cannot renew the transfer key; the current one stays in use")
+		}
+		ln.Status.Transfer = &v1.TransferEndpoint{Address: h.Transfer.Address(), Certificate: h.Transfer.CertificatePEM()}
 	}
 	for _, l := range h.Store.Leftovers() {
 		ln.Status.RecoveryProblems = append(ln.Status.RecoveryProblems, v1.RecoveryProblem{Path: l.Path, Problem: l.Problem})

@@ -3,6 +3,10 @@ package cluster
 import (
 	"context"
 	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"k8s.io/client-go/tools/record"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,6 +27,11 @@ type LocalVolumeReconciler struct {
 	NodeID    string
 	Store     NodeStore
 	Snapshots NodeSnapshots
+	// Transfer pulls volumes whose source is on another node; nil: such a
+	// volume fails (no channel).
+	Transfer Transfer
+	// Recorder, when set, gets the Events of transfers.
+	Recorder record.EventRecorder
 }
 
 // SetupWithManager registers the reconciler for LocalVolumes (the
@@ -52,19 +61,22 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		// DeleteVolume recorded its intent: the data goes, then the object.
 		return deleteRequested(ctx, r.Client, "LocalVolume", lv, func() error { return r.Store.Delete(lv.Name) }, func(err error) { r.deleteBlocked(ctx, lv, err) })
 	}
-	before := lv.Status.DeepCopy()
-	if busy, err := r.carryOut(lv); err != nil {
+	orig := lv.DeepCopy()
+	retry, err := r.carryOut(ctx, lv)
+	if err != nil {
 		return reconcile.Result{}, err
-	} else if busy {
+	} else if retry == busyRetry {
 		return reconcile.Result{RequeueAfter: busyRetry}, nil
 	}
 	lv.Status.ObservedGeneration = lv.Generation
-	if !equality.Semantic.DeepEqual(before, &lv.Status) {
-		if err := r.Client.Status().Update(ctx, lv); err != nil {
+	if !equality.Semantic.DeepEqual(&orig.Status, &lv.Status) {
+		// A merge patch: a transfer's progress writes moved the
+		// resourceVersion on (this node plugin is the status's only writer).
+		if err := r.Client.Status().Patch(ctx, lv, client.MergeFrom(orig)); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{RequeueAfter: retry}, nil
 }
 
 func (r *LocalVolumeReconciler) data() nodeData {
@@ -72,8 +84,9 @@ func (r *LocalVolumeReconciler) data() nodeData {
 }
 
 // carryOut brings the node's data in line with lv and records the outcome in
-// lv.Status. busy: a conflicting operation; try again after busyRetry.
-func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err error) {
+// lv.Status. retry: when to look again — busyRetry after a conflicting
+// operation (status not written), a transfer's backoff, or 0.
+func (r *LocalVolumeReconciler) carryOut(ctx context.Context, lv *v1.LocalVolume) (retry time.Duration, err error) {
 	local, err := r.Store.Get(lv.Name)
 	notFound := errors.Is(err, contract.ErrNotFound)
 	switch {
@@ -81,21 +94,38 @@ func (r *LocalVolumeReconciler) carryOut(lv *v1.LocalVolume) (busy bool, err err
 		lv.Status.ErrorCode = dataLoss
 		setReady(&lv.Status.Conditions, lv.Generation, false, "DataMissing",
 			"the node holds no data for this volume although it was Ready; it was removed outside localdir")
-		return false, nil
+		return 0, nil
 	case notFound && lv.Status.Phase != v1.PhaseFailed:
-		if local, busy = r.create(lv); local == nil {
-			return busy, nil
+		if cs := lv.Spec.ContentSource; cs != nil && cs.Node != "" && cs.Node != r.NodeID {
+			if r.Transfer == nil {
+				local, retry = nil, 0
+				lv.Status.Phase, lv.Status.ErrorCode = v1.PhaseFailed, v1.ErrorCode(codes.FailedPrecondition.String())
+				setReady(&lv.Status.Conditions, lv.Generation, false, "CreateFailed", "the source is on node "+cs.Node+" and this node plugin serves no transfer channel (--transfer-port=0)")
+			} else {
+				local, retry = r.pull(ctx, lv)
+			}
+		} else {
+			var busy bool
+			if local, busy = r.create(lv); busy {
+				retry = busyRetry
+			}
+		}
+		if local == nil {
+			return retry, nil
 		}
 	case err != nil:
-		return false, err
+		return 0, err
 	}
-	return r.ready(lv, local), nil
+	if r.ready(lv, local) {
+		return busyRetry, nil
+	}
+	return 0, nil
 }
 
 // create creates lv's volume; a failure is recorded in lv.Status (Failed,
 // with its code) and nil returned. busy: its source is being changed.
 func (r *LocalVolumeReconciler) create(lv *v1.LocalVolume) (local *contract.Volume, busy bool) {
-	spec, err := r.createSpec(lv)
+	spec, err := specOf(lv)
 	if err == nil {
 		local, err = r.Store.Create(spec)
 	}
@@ -166,30 +196,6 @@ func (r *LocalVolumeReconciler) modify(lv *v1.LocalVolume, local *contract.Volum
 		setCondition(&lv.Status.Conditions, v1.ConditionModified, lv.Generation, true, "InEffect", "the mutable parameters of the spec are in effect on node "+r.NodeID)
 	}
 	return false
-}
-
-// createSpec is the create of lv's volume, its parameters parsed as
-// CreateVolume parsed them: a value written by hand that they refuse fails
-// the create with INVALID_ARGUMENT instead of falling back to a default.
-func (r *LocalVolumeReconciler) createSpec(lv *v1.LocalVolume) (contract.CreateSpec, error) {
-	params, err := contract.ParseParams(lv.Spec.Parameters)
-	if err != nil {
-		return contract.CreateSpec{}, err
-	}
-	spec := contract.CreateSpec{
-		ID:                lv.Name,
-		Name:              lv.Spec.CSIName,
-		SizeBytes:         lv.Spec.Size.Value(),
-		AccessType:        accessType(lv.Spec.VolumeMode),
-		FsType:            lv.Spec.FsType,
-		Parameters:        lv.Spec.Parameters,
-		MutableParameters: lv.Spec.MutableParameters,
-		DirMode:           params.DirMode,
-	}
-	if cs := lv.Spec.ContentSource; cs != nil {
-		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume
-	}
-	return spec, nil
 }
 
 // deleteBlocked reports in lv's status (phase Deleting, condition Ready

@@ -40,6 +40,9 @@ type NodeAgent struct {
 	MaxVolumeBytes int64
 	// Heartbeat is how often LocalNode status is refreshed.
 	Heartbeat time.Duration
+	// Transfer is the node-to-node channel (published in LocalNode status,
+	// used to pull); nil: none.
+	Transfer Transfer
 
 	orphanCount atomic.Int64 // unclaimed data left after the last heartbeat
 }
@@ -71,7 +74,9 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	c := mgr.GetClient()
-	if err := (&LocalVolumeReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {
+	lvr := &LocalVolumeReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots, Transfer: a.Transfer,
+		Recorder: mgr.GetEventRecorderFor("localdir-node")}
+	if err := lvr.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {
@@ -82,7 +87,7 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 	}
 	hb := &LocalNodeHeartbeat{
 		Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots, Version: a.Version, MaxVolumeBytes: a.MaxVolumeBytes,
-		Interval: a.Heartbeat, Orphans: &a.orphanCount,
+		Interval: a.Heartbeat, Orphans: &a.orphanCount, Transfer: a.Transfer,
 	}
 	if err := mgr.Add(hb); err != nil {
 		return err

@@ -1,6 +1,10 @@
 package cluster
 
-import "github.com/localdir-csi/localdir/pkg/contract"
+import (
+	"io"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+)
 
 // NodeStore is the node's volumes as the node agent uses them (pkg/volume's
 // Store); the controller side never uses it.
@@ -8,6 +12,8 @@ type NodeStore interface {
 	Get(id string) (*contract.Volume, error)
 	List(after string, limit int) ([]*contract.Volume, string, error)
 	Create(spec contract.CreateSpec) (*contract.Volume, error)
+	// Receive creates spec's volume from the stream of another node's Send.
+	Receive(spec contract.CreateSpec, r io.Reader, progress func(done, total int64)) (*contract.Volume, error)
 	Delete(id string) error
 	Expand(id string, newSize int64) (int64, error)
 	Modify(id string, params map[string]string) (*contract.Volume, error)

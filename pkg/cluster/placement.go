@@ -228,32 +228,36 @@ func (b *ControllerBackend) sortByRoom(ctx context.Context, nodes []string) erro
 	return nil
 }
 
-// placeVolume creates lv on the first candidate node (the source's node
-// for a restore or clone) that has room for it.
+// placeVolume creates lv on the first candidate node that has room for it.
+// A restore or clone (sourceNode set) goes to its source's node when the
+// requirements allow it and name no other first (a local copy is instant);
+// on any other node it is made by a transfer from the source's node, which
+// both node plugins must serve (transferable).
 func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume, sourceNode string, topology *csi.TopologyRequirement) error {
 	nodes, err := b.candidates(ctx, topology)
 	if err != nil {
 		return err
 	}
-	if sourceNode != "" {
-		if len(topology.GetRequisite())+len(topology.GetPreferred()) > 0 && !slices.Contains(nodes, sourceNode) {
-			// RESOURCE_EXHAUSTED, not NOT_FOUND: the provisioner then
-			// reschedules instead of giving up (kubernetes-csi/csi-driver-host-path#651).
-			return fmt.Errorf("%w: the content source lives on node %q, which the accessibility requirements exclude (a restore or clone is made on its source's node: run its pod there, or use an Immediate StorageClass)", contract.ErrNoSpace, sourceNode)
-		}
-		nodes = []string{sourceNode}
+	if sourceNode != "" && len(topology.GetPreferred()) == 0 && (len(topology.GetRequisite()) == 0 || slices.Contains(nodes, sourceNode)) {
+		nodes = append([]string{sourceNode}, slices.DeleteFunc(nodes, func(n string) bool { return n == sourceNode })...)
 	}
 	if len(nodes) == 0 {
 		return fmt.Errorf("%w: no node runs the localdir node plugin (no LocalNode objects)", contract.ErrNoSpace)
 	}
 	var refused []string
 	for _, node := range nodes {
-		placed, why, err := b.place(ctx, lv, node)
+		if sourceNode != "" && node != sourceNode {
+			if why := b.transferable(sourceNode, node); why != "" {
+				refused = append(refused, fmt.Sprintf("%s: %s", node, why))
+				continue
+			}
+		}
+		placed, why, err := b.place(ctx, lv, node, sourceNode)
 		if err != nil {
 			return err
 		}
 		if placed {
-			klog.V(2).InfoS("Volume placed", "volumeID", lv.Name, "node", node, "size", lv.Spec.Size.Value())
+			klog.V(2).InfoS("Volume placed", "volumeID", lv.Name, "node", node, "size", lv.Spec.Size.Value(), "sourceNode", sourceNode)
 			return nil
 		}
 		refused = append(refused, fmt.Sprintf("%s: %s", node, why))
@@ -261,10 +265,30 @@ func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume,
 	return fmt.Errorf("%w: no node can take %d bytes (%s); free space on a node, pick a smaller size, or add nodes", contract.ErrNoSpace, lv.Spec.Size.Value(), strings.Join(refused, "; "))
 }
 
-// place creates lv on node if the node has room. Decisions for one node are
+// transferable says why a volume cannot be copied from node src to node dst
+// ("" when it can): both must serve the node-to-node channel, and src must
+// be heard from.
+func (b *ControllerBackend) transferable(src, dst string) string {
+	for _, n := range []string{src, dst} {
+		ln, ok := get[*v1.LocalNode](b.cache.nodes, n)
+		if !ok {
+			return fmt.Sprintf("the content source is on node %s and node %s has no LocalNode", src, n)
+		}
+		if ln.Status.Transfer == nil {
+			return fmt.Sprintf("the content source is on node %s and node %s serves no transfer channel", src, n)
+		}
+		if n == src && time.Since(ln.Status.Heartbeat.Time) > b.StaleAfter {
+			return fmt.Sprintf("the content source is on node %s, whose node plugin has not reported since %s", src, ln.Status.Heartbeat.Format(time.RFC3339))
+		}
+	}
+	return ""
+}
+
+// place creates lv on node if the node has room, as a transfer from
+// sourceNode when that is another node. Decisions for one node are
 // serialized and reserve the size they grant before the object is written,
 // so the API writes run in parallel, not one by one under the node's lock.
-func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node string) (bool, string, error) {
+func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node, sourceNode string) (bool, string, error) {
 	release, why, err := b.reserve(ctx, lv, node)
 	if why != "" || err != nil {
 		return false, why, err
@@ -272,6 +296,9 @@ func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node 
 	obj := lv.DeepCopy()
 	obj.Spec.Node = node
 	obj.Labels = map[string]string{v1.NodeLabel: node}
+	if sourceNode != "" && node != sourceNode {
+		obj.Spec.ContentSource.Node = sourceNode
+	}
 	if err := b.c.Create(ctx, obj); err != nil {
 		// An object of an earlier attempt counts once the cache shows
 		// it (that attempt reserved its own size).

@@ -236,17 +236,32 @@ func TestPlaceVolume(t *testing.T) {
 		t.Errorf("placing 60Mi: %v, want ErrNoSpace naming both nodes", err)
 	}
 
-	// A clone goes to its source's node, or nowhere.
+	// A clone goes to its source's node unless the requirements name
+	// another first; elsewhere only as a transfer both nodes serve.
 	clone := newVolume("clone", 5*mi)
+	clone.Spec.ContentSource = &v1.ContentSource{Volume: "vol-src"}
 	if err := b.placeVolume(ctx, clone, "a", &csi.TopologyRequirement{Requisite: topo("a", "b")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.c.Get(ctx, client.ObjectKey{Name: clone.Name}, got); err != nil || got.Spec.Node != "a" {
-		t.Errorf("clone placed on %q (%v), want its source's node a", got.Spec.Node, err)
+	if err := b.c.Get(ctx, client.ObjectKey{Name: clone.Name}, got); err != nil || got.Spec.Node != "a" || got.Spec.ContentSource.Node != "" {
+		t.Errorf("clone placed on %q from %+v (%v), want its source's node a, no transfer", got.Spec.Node, got.Spec.ContentSource, err)
 	}
-	err = b.placeVolume(ctx, newVolume("clone2", 5*mi), "a", &csi.TopologyRequirement{Requisite: topo("b")})
-	if !errors.Is(err, contract.ErrNoSpace) || !strings.Contains(err.Error(), "exclude") {
-		t.Errorf("clone of a volume on an excluded node: %v, want ErrNoSpace (the provisioner reschedules)", err)
+	clone2 := newVolume("clone2", 5*mi)
+	clone2.Spec.ContentSource = &v1.ContentSource{Volume: "vol-src"}
+	err = b.placeVolume(ctx, clone2, "a", &csi.TopologyRequirement{Requisite: topo("b"), Preferred: topo("b")})
+	if !errors.Is(err, contract.ErrNoSpace) || !strings.Contains(err.Error(), "serves no transfer channel") {
+		t.Errorf("clone onto a node without a channel: %v, want ErrNoSpace (the provisioner reschedules)", err)
+	}
+	withChannel := func(n *v1.LocalNode) *v1.LocalNode {
+		n.Status.Transfer = &v1.TransferEndpoint{Address: n.Name + ":9811", Certificate: "pem"}
+		return n
+	}
+	bt := fakeBackend(t, 0, withChannel(node("a", 50*mi, 50*mi, 0)), withChannel(node("b", 100*mi, 100*mi, 0)))
+	if err := bt.placeVolume(ctx, clone2, "a", &csi.TopologyRequirement{Requisite: topo("a", "b"), Preferred: topo("b", "a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.c.Get(ctx, client.ObjectKey{Name: clone2.Name}, got); err != nil || got.Spec.Node != "b" || got.Spec.ContentSource.Node != "a" {
+		t.Errorf("clone for a pod on b placed on %q from %+v (%v), want b with a transfer from a", got.Spec.Node, got.Spec.ContentSource, err)
 	}
 
 	if err := fakeBackend(t, 0).placeVolume(ctx, newVolume("v", mi), "", nil); !errors.Is(err, contract.ErrNoSpace) {

@@ -287,6 +287,8 @@ func Code(err error) codes.Code {
 		return codes.FailedPrecondition
 	case errors.Is(err, ErrBusy):
 		return codes.Aborted
+	case errors.Is(err, ErrRefused):
+		return codes.PermissionDenied
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -25,4 +25,7 @@ var (
 	// ErrBusy: a conflicting operation on the same volume or snapshot is in
 	// progress (ABORTED: the CO retries).
 	ErrBusy = errors.New("operation pending")
+	// ErrRefused: the caller is not allowed this, e.g. a node-to-node
+	// transfer asked by a peer the API does not name (PERMISSION_DENIED).
+	ErrRefused = errors.New("refused")
 )

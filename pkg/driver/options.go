@@ -83,6 +83,14 @@ type Options struct {
 	// controller treats the node as gone (no capacity, no placement).
 	HeartbeatInterval time.Duration
 	NodeStaleAfter    time.Duration
+	// TransferAddress is where node mode serves the node-to-node data
+	// channel (host:port; empty: none, and no volume is made from another
+	// node's data here); TransferAdvertise the host:port its peers dial,
+	// published in LocalNode status; TransferCertLifetime how long each
+	// key's certificate is valid (renewed at half of it).
+	TransferAddress      string
+	TransferAdvertise    string
+	TransferCertLifetime time.Duration
 	// KubeletRoot, when set, confines staging and target paths below it
 	// (checkKubeletRoot). ApplyModeDefaults sets it in node mode.
 	KubeletRoot string
@@ -168,6 +176,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	cl.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "requests the controller or node agent may send to the API server at once, above --kube-api-qps")
 	cl.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", 30*time.Second, "node mode: how often the node agent writes its LocalNode status (capacity, free space, heartbeat)")
 	cl.DurationVar(&o.NodeStaleAfter, "node-stale-after", 3*time.Minute, "controller mode: how old a LocalNode heartbeat may be before the node counts as gone (no capacity reported, no volume placed there); keep it several --heartbeat-interval")
+	cl.StringVar(&o.TransferAddress, "transfer-address", "", "node mode: host:port to serve the node-to-node data channel on (mutual TLS with keys pinned in LocalNode status; e.g. :9811). Default: off, and restores and clones from another node's data are refused here")
+	cl.StringVar(&o.TransferAdvertise, "transfer-advertise-address", "", "node mode: host:port the other node plugins dial to reach --transfer-address (e.g. $(POD_IP):9811); default: --transfer-address when it names a host")
+	cl.DurationVar(&o.TransferCertLifetime, "transfer-cert-lifetime", 24*time.Hour, "node mode: validity of the node-to-node channel's certificate; a new key is made at start and at half this")
 	cl.StringVar(&o.MetricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key (a kubernetes.io/tls Secret, e.g. cert-manager's) for the HTTPS /metrics server, reloaded when they change (default: a self-signed certificate made at start)")
 	node := fss.FlagSet(FlagsNode)
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
@@ -239,8 +250,47 @@ func (o *Options) Validate() error {
 	if err := o.validateMetrics(); err != nil {
 		return err
 	}
+	if err := o.validateTransfer(); err != nil {
+		return err
+	}
 	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
 		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")
+	}
+	return nil
+}
+
+// TransferPeerAddress is the address the other node plugins dial:
+// --transfer-advertise-address, else --transfer-address.
+func (o *Options) TransferPeerAddress() string {
+	if o.TransferAdvertise != "" {
+		return o.TransferAdvertise
+	}
+	return o.TransferAddress
+}
+
+// validateTransfer checks the node-to-node channel's flags.
+func (o *Options) validateTransfer() error {
+	if o.TransferAddress == "" {
+		if o.TransferAdvertise != "" {
+			return fmt.Errorf("--transfer-advertise-address=%q: set --transfer-address too", o.TransferAdvertise)
+		}
+		return nil
+	}
+	if o.Mode != ModeNode {
+		return fmt.Errorf("--transfer-address=%q: only node mode serves the node-to-node channel", o.TransferAddress)
+	}
+	host, _, err := net.SplitHostPort(o.TransferAddress)
+	if err != nil {
+		return fmt.Errorf("--transfer-address=%q: must be host:port, e.g. :9811", o.TransferAddress)
+	}
+	if o.TransferAdvertise == "" && host == "" {
+		return fmt.Errorf("--transfer-address=%q names no host: set --transfer-advertise-address (e.g. $(POD_IP):9811)", o.TransferAddress)
+	}
+	if h, p, err := net.SplitHostPort(o.TransferPeerAddress()); err != nil || h == "" || p == "" {
+		return fmt.Errorf("--transfer-advertise-address=%q: must be host:port with a host the other nodes reach", o.TransferAdvertise)
+	}
+	if o.TransferCertLifetime < 10*time.Minute {
+		return fmt.Errorf("--transfer-cert-lifetime=%s: at least 10m", o.TransferCertLifetime)
 	}
 	return nil
 }

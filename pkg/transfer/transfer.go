@@ -142,15 +142,10 @@ func checkPeer(raw [][]byte, want *x509.Certificate, now time.Time) error {
 	return nil
 }
 
-// ErrRefused wraps every refusal of the server (answered 403): the client's
-// certificate is not the one of the node the volume is being created on, or
-// no volume is being created from this node's data under that id.
-var ErrRefused = errors.New("transfer refused")
-
 // Authorizer decides a pull of the data for volumeID by the client that
 // presented certificate peer (DER): the create to send the source of
 // (Server sends its SourceSnapshotID or SourceVolumeID), or an error
-// wrapping ErrRefused or contract.ErrNotFound.
+// wrapping contract.ErrRefused (the client is not the one the API names: answered 403) or contract.ErrNotFound.
 type Authorizer interface {
 	Authorize(ctx context.Context, volumeID string, peer []byte) (contract.CreateSpec, error)
 }
@@ -214,7 +209,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		code := http.StatusForbidden
 		if errors.Is(err, contract.ErrNotFound) {
 			code = http.StatusNotFound
-		} else if !errors.Is(err, ErrRefused) {
+		} else if !errors.Is(err, contract.ErrRefused) {
 			code = http.StatusServiceUnavailable
 		}
 		http.Error(w, err.Error(), code)
@@ -266,7 +261,7 @@ type Client struct {
 
 // Pull opens the stream of the source of volumeID from the node at address
 // whose published certificate is certPEM. Errors: contract.ErrNotFound (the
-// peer holds no such source), ErrRefused, contract.ErrBusy (the source is
+// peer holds no such source), contract.ErrRefused, contract.ErrBusy (the source is
 // being changed: retry), contract.ErrInvalid (the source does not fit the
 // volume), or a network error (retry).
 func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID string) (io.ReadCloser, error) {
@@ -317,7 +312,7 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID stri
 	case http.StatusNotFound:
 		return nil, fmt.Errorf("%w: %s", contract.ErrNotFound, why)
 	case http.StatusForbidden:
-		return nil, fmt.Errorf("%w: %s", ErrRefused, why)
+		return nil, fmt.Errorf("%w: %s", contract.ErrRefused, why)
 	case http.StatusConflict:
 		return nil, fmt.Errorf("%w: %s", contract.ErrBusy, why)
 	case http.StatusUnprocessableEntity:

@@ -30,7 +30,7 @@ func (a pinAuthorizer) Authorize(_ context.Context, volumeID string, peer []byte
 		return contract.CreateSpec{}, err
 	}
 	if err := checkPeer([][]byte{peer}, want, time.Now()); err != nil {
-		return contract.CreateSpec{}, fmt.Errorf("%w: %v", ErrRefused, err)
+		return contract.CreateSpec{}, fmt.Errorf("%w: %v", contract.ErrRefused, err)
 	}
 	return contract.CreateSpec{ID: volumeID, SourceSnapshotID: "snap-0123456789abcdef0123456789abcdef"}, nil
 }
@@ -103,7 +103,7 @@ func TestPullRefused(t *testing.T) {
 	}{
 		{"a client with another key under the same node name", func() (io.ReadCloser, error) {
 			return (&Client{Identity: stranger}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target)
-		}, ErrRefused, "not the one its node published"},
+		}, contract.ErrRefused, "not the one its node published"},
 		{"a server that is not the published one", func() (io.ReadCloser, error) {
 			return (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, stranger.CertificatePEM(), target)
 		}, nil, "not the one its node published"},
@@ -135,7 +135,7 @@ func TestPullRefused(t *testing.T) {
 	if err := c.peer.Rotate(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&Client{Identity: old}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target); !errors.Is(err, ErrRefused) {
+	if _, err := (&Client{Identity: old}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target); !errors.Is(err, contract.ErrRefused) {
 		t.Errorf("a rotated-out key: %v, want refused", err)
 	}
 	if c.sent != 0 {

@@ -463,10 +463,22 @@ func (e *Env) StartNodeWith(t testing.TB, dir string, o driver.Options) *Plugin 
 	agent := &cluster.NodeAgent{NodeID: o.NodeID, Store: n.Store, Snapshots: n.Store.Snapshots(), Version: driver.Version(), Heartbeat: 2 * time.Second}
 	cfg := rest.CopyConfig(nodeID.Config)
 	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+	xfer, err := app.NewTransfer(o, cfg, n.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return runPlugin(t, dir, o, func(ctx context.Context) error {
 		// Like app.Run: when either half fails, both stop.
 		errc := make(chan error, 1)
 		actx, cancel := context.WithCancel(ctx)
+		if xfer != nil {
+			agent.Transfer = xfer.Agent
+			go func() {
+				if err := xfer.Serve(actx); err != nil {
+					t.Errorf("transfer channel of %s: %v", o.NodeID, err)
+				}
+			}()
+		}
 		go func() { errc <- agent.Start(actx, cfg); cancel() }()
 		err := d.Serve(actx)
 		cancel()

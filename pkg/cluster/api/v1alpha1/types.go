@@ -79,6 +79,39 @@ type ContentSource struct {
 	// Volume is the volume_id (a LocalVolume name) to clone.
 	// +optional
 	Volume string `json:"volume,omitempty"`
+	// Node is the node holding the source when it is not the volume's own
+	// node: the volume's node plugin pulls the data from that node's over
+	// the node-to-node channel (docs/design.md), and that node's plugin
+	// serves it only for this object. Set by the controller only (the
+	// localdir-node-scope policy refuses it from node plugins).
+	// +optional
+	Node string `json:"node,omitempty"`
+}
+
+// VolumeTransfer is the progress of a volume's data coming from another
+// node (spec.contentSource.node).
+type VolumeTransfer struct {
+	// SourceNode is the node the data comes from.
+	SourceNode string `json:"sourceNode"`
+	// BytesDone is the data received so far in the current attempt.
+	// +optional
+	BytesDone resource.Quantity `json:"bytesDone,omitzero"`
+	// BytesTotal is about how much data the source holds (its allocated
+	// bytes), as the source node reported at the start of the attempt.
+	// +optional
+	BytesTotal resource.Quantity `json:"bytesTotal,omitzero"`
+	// Attempts counts the attempts made, this one included.
+	// +optional
+	Attempts int32 `json:"attempts,omitempty"`
+	// LastError is why the previous attempt failed ("" for none).
+	// +optional
+	LastError string `json:"lastError,omitempty"`
+	// StartTime is when the first attempt started; CompletionTime when the
+	// data was verified and the volume made.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }
 
 // LocalVolumeSpec is the volume the controller asks a node to hold.
@@ -174,6 +207,9 @@ type LocalVolumeStatus struct {
 	// ObservedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Transfer is the progress of the data coming from another node.
+	// +optional
+	Transfer *VolumeTransfer `json:"transfer,omitempty"`
 }
 
 // LocalVolume is one CSI volume held on one node's local disk. Its name is
@@ -401,12 +437,25 @@ type LocalNodeStatus struct {
 	// deleted on its own).
 	// +optional
 	Orphans []OrphanedData `json:"orphans,omitempty"`
+	// Transfer is where the node plugin serves the node-to-node data
+	// channel and the certificate it authenticates with (pinned by its
+	// peers; docs/security.md). Absent: the node plugin serves no channel.
+	// +optional
+	Transfer *TransferEndpoint `json:"transfer,omitempty"`
 	// RecoveryProblems lists data that the node plugin's start-up recovery
 	// found and could not put in order (an interrupted operation's
 	// leftover it could not remove or move aside). The data stays where
 	// it is and everything else is served; a person decides.
 	// +optional
 	RecoveryProblems []RecoveryProblem `json:"recoveryProblems,omitempty"`
+}
+
+// TransferEndpoint is a node plugin's end of the node-to-node channel.
+type TransferEndpoint struct {
+	// Address is host:port (the node plugin pod's IP and --transfer-port).
+	Address string `json:"address"`
+	// Certificate is the PEM certificate of the node plugin's current key.
+	Certificate string `json:"certificate"`
 }
 
 // RecoveryProblem is one leftover that start-up recovery could not handle.
