@@ -111,10 +111,6 @@ func specOf(lv *v1.LocalVolume) (contract.CreateSpec, error) {
 	return spec, nil
 }
 
-// BandwidthParam is the StorageClass parameter capping one transfer's
-// bandwidth, a quantity of bytes per second ("100Mi").
-const BandwidthParam = "transferBandwidth"
-
 // transferRetry is the wait before attempt n+1 of a failed transfer: 2 s
 // doubling up to 2 min.
 func transferRetry(attempts int32) time.Duration {
@@ -138,7 +134,14 @@ func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (l
 		t = &v1.VolumeTransfer{SourceNode: cs.Node, StartTime: ptrNow()}
 		lv.Status.Transfer = t
 	}
+	if t.LastAttemptTime != nil && t.LastError != "" {
+		// A status write of this node woke the reconcile: wait out the backoff.
+		if wait := time.Until(t.LastAttemptTime.Add(transferRetry(t.Attempts))); wait > 0 {
+			return nil, wait
+		}
+	}
 	t.Attempts++
+	t.LastAttemptTime = ptrNow()
 	t.BytesDone, t.BytesTotal = resource.Quantity{}, resource.Quantity{}
 	lv.Status.Phase = v1.PhasePending
 	fail := func(err error) (*contract.Volume, time.Duration) {
@@ -162,13 +165,9 @@ func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (l
 	if err != nil {
 		return fail(err)
 	}
-	var limit rate.Limit = rate.Inf
-	if bw, ok := lv.Spec.Parameters[BandwidthParam]; ok {
-		q, err := resource.ParseQuantity(bw)
-		if err != nil || q.Value() <= 0 {
-			return fail(fmt.Errorf("%w: parameter %s=%q: want a quantity of bytes per second, such as 100Mi", contract.ErrInvalid, BandwidthParam, bw))
-		}
-		limit = rate.Limit(q.Value())
+	params, err := contract.ParseParams(lv.Spec.Parameters)
+	if err != nil {
+		return fail(err)
 	}
 	ln := &v1.LocalNode{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: cs.Node}, ln); err != nil {
@@ -194,8 +193,8 @@ func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (l
 	defer body.Close()
 	prog := r.startProgress(ctx, lv)
 	var in io.Reader = body
-	if limit != rate.Inf {
-		in = &limitedReader{r: body, lim: rate.NewLimiter(limit, 1<<20), ctx: ctx}
+	if params.TransferBandwidth > 0 {
+		in = &limitedReader{r: body, lim: rate.NewLimiter(rate.Limit(params.TransferBandwidth), 256<<10), ctx: ctx}
 	}
 	local, err = r.Store.Receive(spec, in, prog.update)
 	done, total := prog.stop()
@@ -272,11 +271,13 @@ func (r *LocalVolumeReconciler) startProgress(ctx context.Context, lv *v1.LocalV
 			last = done
 			obj := lv.DeepCopy()
 			base := obj.DeepCopy()
+			// The stored object may hold no transfer yet: send all of it.
+			base.Status.Transfer = nil
 			obj.Status.Transfer.BytesDone, obj.Status.Transfer.BytesTotal = quantity(done), quantity(total)
 			setReady(&obj.Status.Conditions, obj.Generation, false, "Transferring",
 				fmt.Sprintf("copying from node %s: %s of about %s", obj.Status.Transfer.SourceNode, humanBytes(done), humanBytes(total)))
 			if err := r.Client.Status().Patch(ctx, obj, client.MergeFrom(base)); err != nil {
-				klog.V(2).InfoS("Cannot report transfer progress", "volumeID", lv.Name, "err", err)
+				klog.InfoS("Cannot report transfer progress", "volumeID", lv.Name, "err", err)
 			}
 		}
 	}()

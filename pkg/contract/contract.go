@@ -63,7 +63,11 @@ const (
 
 // KnownParameters lists every StorageClass parameter the driver accepts
 // (besides the csi.storage.k8s.io/ ones), for docs and tests.
-var KnownParameters = []string{ParamDirMode}
+var KnownParameters = []string{ParamDirMode, ParamTransferBandwidth}
+
+// ParamTransferBandwidth caps the bytes per second of one restore or clone
+// copied from another node (a quantity, "100Mi"; "0" or absent: no cap).
+const ParamTransferBandwidth = "transferBandwidth"
 
 // UserParams returns the parameters without the reserved prefix; a nil map
 // when there are none, so records compare equal.
@@ -85,6 +89,9 @@ func UserParams(p map[string]string) map[string]string {
 type Params struct {
 	// DirMode is the chmod(2) permission bits of a mount volume's root.
 	DirMode uint32
+	// TransferBandwidth is ParamTransferBandwidth in bytes per second (0:
+	// no cap).
+	TransferBandwidth uint64
 }
 
 // ParseParams validates StorageClass parameters (a request's or a record's).
@@ -105,6 +112,12 @@ func ParseParams(p map[string]string) (Params, error) {
 				return vp, err
 			}
 			vp.DirMode = m
+		case ParamTransferBandwidth:
+			n, err := parseRate(k, v)
+			if err != nil {
+				return vp, err
+			}
+			vp.TransferBandwidth = n
 		default:
 			return vp, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, and the %s* ones the provisioner adds); remove it from the StorageClass", k, strings.Join(KnownParameters, ", "), ReservedPrefix)
 		}
@@ -173,7 +186,7 @@ func parseRate(k, v string) (uint64, error) {
 	q, err := resource.ParseQuantity(strings.TrimSpace(v))
 	n, ok := q.AsInt64()
 	if err != nil || !ok || n < 0 {
-		return 0, status.Errorf(codes.InvalidArgument, "mutable parameter %s=%q: want a whole number (a quantity such as \"10Mi\" or \"500\"), 0 for no limit", k, v)
+		return 0, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want a whole number (a quantity such as \"10Mi\" or \"500\"), 0 for no limit", k, v)
 	}
 	return uint64(n), nil
 }

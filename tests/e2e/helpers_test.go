@@ -36,6 +36,7 @@ const (
 var (
 	gvrSnapshot    = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
 	gvrLocalVolume = schema.GroupVersionResource{Group: "localdir.csi.dev", Version: "v1alpha1", Resource: "localvolumes"}
+	gvrLocalNode   = schema.GroupVersionResource{Group: "localdir.csi.dev", Version: "v1alpha1", Resource: "localnodes"}
 )
 
 func createClasses() error {

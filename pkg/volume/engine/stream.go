@@ -309,15 +309,47 @@ func (s *sender) data(fd int, size int64) error {
 			if n == 0 {
 				return fmt.Errorf("the file shrank during the transfer")
 			}
-			if err := s.send(&record{Op: opData, Off: start, Data: s.buf[:n]}); err != nil {
+			if err := s.sendNonZero(start, s.buf[:n]); err != nil {
 				return err
 			}
-			s.st.Bytes += int64(n)
 			start += int64(n)
 		}
 		off = end
 	}
 	return nil
+}
+
+// zeroBlock is the unit sendNonZero skips when it holds only zeros.
+const zeroBlock = 64 << 10
+
+var zeros = make([]byte, zeroBlock)
+
+// sendNonZero sends the data b read at off, leaving out the zeroBlock-sized
+// blocks that hold only zeros: the receiver's file reads zeros there (a
+// hole), and an image's preallocated but never written extents — which
+// SEEK_DATA reports as data on btrfs and XFS — cost nothing on the wire.
+func (s *sender) sendNonZero(off int64, b []byte) error {
+	run := -1 // start of the current run of non-zero blocks
+	flush := func(end int) error {
+		if run < 0 {
+			return nil
+		}
+		err := s.send(&record{Op: opData, Off: off + int64(run), Data: b[run:end]})
+		s.st.Bytes += int64(end - run)
+		run = -1
+		return err
+	}
+	for i := 0; i < len(b); i += zeroBlock {
+		end := min(i+zeroBlock, len(b))
+		if bytes.Equal(b[i:end], zeros[:end-i]) {
+			if err := flush(i); err != nil {
+				return err
+			}
+		} else if run < 0 {
+			run = i
+		}
+	}
+	return flush(len(b))
 }
 
 // Receive applies the stream r at dst: for StreamFile a new file of at most

@@ -181,3 +181,33 @@ func TestReceiveRefuses(t *testing.T) {
 		t.Error("a forged stream created a file outside its destination")
 	}
 }
+
+// TestStreamSkipsZeros: data blocks that hold only zeros (an image's
+// preallocated extents read as data on btrfs and XFS) do not cross, and
+// the received file reads the same.
+func TestStreamSkipsZeros(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "zeros.img")
+	data := make([]byte, 16<<20)
+	copy(data[5<<20+100:], treecmp.RandomBytes(3, 1<<20))
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var wire bytes.Buffer
+	sent, err := SendFile(src, &wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wire.Len() > 2<<20 || sent.Bytes > 1<<20+2*zeroBlock {
+		t.Errorf("%d bytes on the wire, %d data bytes sent, for 1 MiB of non-zero data", wire.Len(), sent.Bytes)
+	}
+	dst := filepath.Join(dir, "dst.img")
+	if _, err := Receive(&wire, dst, StreamFile, 1<<30, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("received file differs (%d bytes, %v)", len(got), err)
+	}
+}

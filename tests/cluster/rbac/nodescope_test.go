@@ -109,6 +109,15 @@ func TestNodePluginWritesOnlyItsOwnNode(t *testing.T) {
 	marked := newLV("vol-0000000000000000000000000000005a", "node-a")
 	marked.Spec.DeleteData = true
 	mustDeny(t, nodeA.Create(ctx, marked), "node-a: create a LocalVolume marked for deletion", "without spec.deleteData")
+	// A node plugin cannot make another node serve it data: only the
+	// controller names a source node (pkg/transfer authorizes by it).
+	pulling := newLV("vol-0000000000000000000000000000006a", "node-a")
+	pulling.Spec.ContentSource = &v1.ContentSource{Volume: "vol-0000000000000000000000000000001b", Node: "node-b"}
+	mustDeny(t, nodeA.Create(ctx, pulling), "node-a: create a LocalVolume pulling node-b's data", "only the controller asks another node for data")
+	if err := admin.Create(ctx, &v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}); err != nil {
+		t.Fatal(err)
+	}
+	mustDeny(t, nodeA.Status().Patch(ctx, &v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}, mergePatch(`{"status":{"transfer":{"address":"10.0.0.9:9811","certificate":"forged"}}}`)), "node-a: publish a transfer certificate for node-b", "it belongs to node node-b")
 
 	// Nothing a refused call aimed at changed.
 	got := &v1.LocalVolume{}
@@ -118,7 +127,7 @@ func TestNodePluginWritesOnlyItsOwnNode(t *testing.T) {
 	if got.Spec.DeleteData || got.Spec.Size.Cmp(resource.MustParse("1Mi")) != 0 || got.Labels[v1.NodeLabel] != "node-a" || got.Status.Phase != v1.PhaseReady {
 		t.Errorf("node-a's LocalVolume changed: spec %+v, labels %v, phase %q", got.Spec, got.Labels, got.Status.Phase)
 	}
-	for _, name := range []string{"vol-0000000000000000000000000000002a", "vol-0000000000000000000000000000004a", "vol-0000000000000000000000000000005a"} {
+	for _, name := range []string{"vol-0000000000000000000000000000002a", "vol-0000000000000000000000000000004a", "vol-0000000000000000000000000000005a", "vol-0000000000000000000000000000006a"} {
 		if err := admin.Get(ctx, client.ObjectKey{Name: name}, &v1.LocalVolume{}); !apierrors.IsNotFound(err) {
 			t.Errorf("LocalVolume %s: %v, want it never created", name, err)
 		}

@@ -106,6 +106,10 @@ type VolumeTransfer struct {
 	// LastError is why the previous attempt failed ("" for none).
 	// +optional
 	LastError string `json:"lastError,omitempty"`
+	// LastAttemptTime is when the current (or last) attempt started; the
+	// next comes no sooner than its backoff after it.
+	// +optional
+	LastAttemptTime *metav1.Time `json:"lastAttemptTime,omitempty"`
 	// StartTime is when the first attempt started; CompletionTime when the
 	// data was verified and the volume made.
 	// +optional

@@ -513,6 +513,10 @@ func (in *VolumeTransfer) DeepCopyInto(out *VolumeTransfer) {
 	*out = *in
 	out.BytesDone = in.BytesDone.DeepCopy()
 	out.BytesTotal = in.BytesTotal.DeepCopy()
+	if in.LastAttemptTime != nil {
+		in, out := &in.LastAttemptTime, &out.LastAttemptTime
+		*out = (*in).DeepCopy()
+	}
 	if in.StartTime != nil {
 		in, out := &in.StartTime, &out.StartTime
 		*out = (*in).DeepCopy()

@@ -1,0 +1,170 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/transfer"
+	"github.com/localdir-csi/localdir/tests/e2e/harness"
+)
+
+// Restores and clones onto another node than their source's, through the
+// node-to-node channel (pkg/transfer): btrfs → XFS and XFS → btrfs, for a
+// directory, an ext4 image and a raw block volume. Each copy is checked
+// byte for byte in a pod on its node, and its LocalVolume reports the
+// transfer done.
+func TestMultiNodeRestoreCloneAcrossNodes(t *testing.T) {
+	needNodes(t, 2)
+	ns := namespace(t, "across")
+	for i, tc := range []struct {
+		name, class string
+		block, snap bool
+		from, to    *harness.Node
+	}{
+		{"dir-restore", scWFFC, false, true, cl.Nodes[0], cl.Nodes[1]},
+		{"dir-clone", scWFFC, false, false, cl.Nodes[1], cl.Nodes[0]},
+		{"ext4-restore", scExt4, false, true, cl.Nodes[1], cl.Nodes[0]},
+		{"block-restore", scWFFC, true, true, cl.Nodes[0], cl.Nodes[1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var opts []pvcOpt
+			path, write, read := "/data", "head -c 3145728 /dev/urandom > /data/blob && sync && md5sum /data/blob", "md5sum /data/blob"
+			if tc.block {
+				opts = append(opts, block)
+				path = "/dev/xvda"
+				write = "head -c 3145728 /dev/urandom > /tmp/blob && dd if=/tmp/blob of=/dev/xvda bs=1M seek=5 conv=fsync 2>/dev/null && md5sum /tmp/blob"
+				read = "dd if=/dev/xvda bs=1M skip=5 count=3 2>/dev/null | md5sum"
+			}
+			src, dst := fmt.Sprintf("src%d", i), fmt.Sprintf("dst%d", i)
+			createPVC(t, ns, src, tc.class, "64Mi", opts...)
+			createPod(t, ns, src, pvcVolume(src, path), onNode(tc.from.Name))
+			waitPodRunning(t, ns, src, 2*time.Minute)
+			sum := strings.Fields(podExec(t, ns, src, write))[0]
+			source := withSource("PersistentVolumeClaim", src)
+			if tc.snap {
+				snapshotOf(t, ns, "snap"+src, src)
+				source = withSource("VolumeSnapshot", "snap"+src)
+			}
+			createPVC(t, ns, dst, tc.class, "96Mi", append(opts, source)...)
+			createPod(t, ns, dst, pvcVolume(dst, path), onNode(tc.to.Name))
+			waitPodRunning(t, ns, dst, 3*time.Minute)
+			if got := strings.Fields(podExec(t, ns, dst, read))[0]; got != sum {
+				t.Fatalf("the copy on %s holds md5 %s, the source on %s %s", tc.to.Name, got, tc.from.Name, sum)
+			}
+			if on := pvNode(t, ns, dst); on != tc.to {
+				t.Fatalf("the copy's PV is pinned to %s, want %s", on.Name, tc.to.Name)
+			}
+			_, id := volumeID(t, ns, dst)
+			mustBeOnlyOn(t, id, tc.to)
+			lv := localVolume(t, id)
+			from, _, _ := unstructured.NestedString(lv.Object, "spec", "contentSource", "node")
+			done, _, _ := unstructured.NestedString(lv.Object, "status", "transfer", "completionTime")
+			moved, _, _ := unstructured.NestedString(lv.Object, "status", "transfer", "bytesDone")
+			if from != tc.from.Name || done == "" {
+				t.Fatalf("LocalVolume %s: contentSource.node %q, transfer completed %q; want %s and a time", id, from, done, tc.from.Name)
+			}
+			// Only data crosses: about 3 MiB of a 64 MiB volume (plus a
+			// filesystem's metadata for the image).
+			if tc.block && mustQuantity(moved) > 8<<20 {
+				t.Errorf("%s crossed for 3 MiB of data in a 64 MiB raw block volume", moved)
+			}
+			t.Logf("%s: %s → %s, %s moved, md5 %s", tc.name, tc.from.Name, tc.to.Name, moved, sum)
+		})
+	}
+}
+
+// transferEndpoint is what node n's plugin published for its peers.
+func transferEndpoint(t *testing.T, n *harness.Node) (address, cert string) {
+	t.Helper()
+	u, err := dyn.Resource(gvrLocalNode).Get(context.Background(), n.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	address, _, _ = unstructured.NestedString(u.Object, "status", "transfer", "address")
+	cert, _, _ = unstructured.NestedString(u.Object, "status", "transfer", "certificate")
+	if address == "" || cert == "" {
+		t.Fatalf("LocalNode %s publishes no transfer endpoint: %v", n.Name, u.Object["status"])
+	}
+	return address, cert
+}
+
+// An attacker on the pod network — here the host, which sits on every pod
+// bridge — tries to pull a volume from a node plugin: without a client
+// certificate, with a self-signed one under the other node's name, for a
+// volume nobody is moving and for one that exists. Every attempt is
+// refused before a byte of data is sent.
+func TestMultiNodeTransferRefusesStrangers(t *testing.T) {
+	needNodes(t, 2)
+	ns := namespace(t, "stranger")
+	victim := cl.Nodes[0]
+	createPVC(t, ns, "secret", scWFFC, "32Mi")
+	createPod(t, ns, "secret", pvcVolume("secret", "/data"), onNode(victim.Name))
+	waitPodRunning(t, ns, "secret", 2*time.Minute)
+	podExec(t, ns, "secret", "echo confidential > /data/secret && sync")
+	_, id := volumeID(t, ns, "secret")
+	address, cert := transferEndpoint(t, victim)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// No client certificate: the TLS handshake fails.
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", address, &tls.Config{InsecureSkipVerify: true})
+	if err == nil {
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = conn.Write([]byte("GET /v1/volumes/" + id + " HTTP/1.1\r\nHost: x\r\n\r\n"))
+		if err == nil {
+			buf := make([]byte, 64)
+			var n int
+			n, err = conn.Read(buf)
+			if err == nil {
+				t.Fatalf("a client without a certificate was answered %q", buf[:n])
+			}
+		}
+		conn.Close()
+	}
+	t.Logf("no certificate: %v", err)
+
+	// A self-signed key claiming to be the other node, for the volume and
+	// for an id nobody uses.
+	forged, err := transfer.NewIdentity(cl.Nodes[1].Name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &transfer.Client{Identity: forged}
+	for _, vid := range []string{id, "vol-00000000000000000000000000000000"} {
+		body, err := c.Pull(ctx, victim.Name, address, cert, vid)
+		if err == nil {
+			body.Close()
+			t.Fatalf("a forged key pulled volume %s", vid)
+		}
+		if !errors.Is(err, contract.ErrRefused) && !errors.Is(err, contract.ErrNotFound) {
+			t.Fatalf("a forged key pulling %s: %v, want refused or not found", vid, err)
+		}
+		t.Logf("forged key, volume %s: %v", vid, err)
+	}
+	// A server that is not the published one is refused by the client:
+	// the other node's address with the victim's certificate pinned.
+	otherAddr, _ := transferEndpoint(t, cl.Nodes[1])
+	if body, err := c.Pull(ctx, victim.Name, otherAddr, cert, id); err == nil || !strings.Contains(err.Error(), "not the one its node published") {
+		if body != nil {
+			body.Close()
+		}
+		t.Fatalf("a server with another key: %v, want the client to refuse it", err)
+	}
+	// The volume is untouched and no copy of it exists anywhere else.
+	if got := strings.TrimSpace(podExec(t, ns, "secret", "cat /data/secret")); got != "confidential" {
+		t.Fatalf("the volume holds %q", got)
+	}
+	mustBeOnlyOn(t, id, victim)
+}
