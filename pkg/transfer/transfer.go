@@ -221,7 +221,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	// Send's errors before the first byte are the caller's to see; after
 	// it, the connection is cut so the client never mistakes a partial
 	// stream for a whole one (the stream's digest would catch it too).
-	cw := &countingWriter{w: w}
+	cw := &countingWriter{w: w, rc: http.NewResponseController(w)}
 	if err := s.Send(spec, cw); err != nil {
 		klog.ErrorS(err, "Sending data to another node failed", "volumeID", volumeID, "remote", r.RemoteAddr)
 		if cw.n == 0 {
@@ -241,15 +241,48 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// IdleTimeout is how long either end waits for the other to take or send
+// a byte before it gives the transfer up: a cut network is noticed within
+// it, not after TCP's retransmissions run out (a quarter of an hour).
+const IdleTimeout = 30 * time.Second
+
+// countingWriter counts what the response carried, each write bounded by
+// IdleTimeout.
 type countingWriter struct {
-	w io.Writer
-	n int64
+	w  io.Writer
+	rc *http.ResponseController
+	n  int64
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	_ = c.rc.SetWriteDeadline(time.Now().Add(IdleTimeout))
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// idleReader cancels its request once no byte arrived for IdleTimeout.
+type idleReader struct {
+	body   io.ReadCloser
+	timer  *time.Timer
+	cancel context.CancelFunc
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	n, err := r.body.Read(p)
+	if n > 0 {
+		r.timer.Reset(IdleTimeout)
+	}
+	if err != nil && !errors.Is(err, io.EOF) && !r.timer.Stop() {
+		err = fmt.Errorf("no data for %s: %w", IdleTimeout, err)
+	}
+	return n, err
+}
+
+func (r *idleReader) Close() error {
+	r.timer.Stop()
+	r.cancel()
+	return r.body.Close()
 }
 
 // Client pulls data from peers with this node's Identity.
@@ -294,17 +327,24 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID stri
 		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
 	u := url.URL{Scheme: "https", Host: address, Path: dataPath + volumeID}
+	ctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
+	timer := time.AfterFunc(IdleTimeout, cancel)
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
+		timer.Stop()
+		cancel()
 		return nil, fmt.Errorf("reach node %s at %s: %w", node, address, err)
 	}
 	if resp.StatusCode == http.StatusOK {
-		return resp.Body, nil
+		return &idleReader{body: resp.Body, timer: timer, cancel: cancel}, nil
 	}
+	timer.Stop()
+	defer cancel()
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	why := fmt.Sprintf("node %s: %s", node, strings.TrimSpace(string(msg)))
