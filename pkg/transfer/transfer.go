@@ -36,6 +36,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -244,7 +245,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 // IdleTimeout is how long either end waits for the other to take or send
 // a byte before it gives the transfer up: a cut network is noticed within
 // it, not after TCP's retransmissions run out (a quarter of an hour).
-const IdleTimeout = 30 * time.Second
+var IdleTimeout = 30 * time.Second
 
 // countingWriter counts what the response carried, each write bounded by
 // IdleTimeout.
@@ -265,6 +266,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 type idleReader struct {
 	body   io.ReadCloser
 	timer  *time.Timer
+	idle   *atomic.Bool // set when the timer cancelled the request
 	cancel context.CancelFunc
 }
 
@@ -273,8 +275,8 @@ func (r *idleReader) Read(p []byte) (int, error) {
 	if n > 0 {
 		r.timer.Reset(IdleTimeout)
 	}
-	if err != nil && !errors.Is(err, io.EOF) && !r.timer.Stop() {
-		err = fmt.Errorf("no data for %s: %w", IdleTimeout, err)
+	if err != nil && r.idle.Load() {
+		err = fmt.Errorf("no data from the source node for %s: %w", IdleTimeout, err)
 	}
 	return n, err
 }
@@ -333,15 +335,19 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID stri
 		cancel()
 		return nil, err
 	}
-	timer := time.AfterFunc(IdleTimeout, cancel)
+	idle := &atomic.Bool{}
+	timer := time.AfterFunc(IdleTimeout, func() { idle.Store(true); cancel() })
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		timer.Stop()
 		cancel()
+		if idle.Load() {
+			err = fmt.Errorf("no answer for %s: %w", IdleTimeout, err)
+		}
 		return nil, fmt.Errorf("reach node %s at %s: %w", node, address, err)
 	}
 	if resp.StatusCode == http.StatusOK {
-		return &idleReader{body: resp.Body, timer: timer, cancel: cancel}, nil
+		return &idleReader{body: resp.Body, timer: timer, idle: idle, cancel: cancel}, nil
 	}
 	timer.Stop()
 	defer cancel()

@@ -169,3 +169,37 @@ func TestPinnedValidity(t *testing.T) {
 		t.Error("garbage parsed as a certificate")
 	}
 }
+
+// TestPullIdleTimeout: a source that stops sending mid-stream (a cut
+// network) fails the read after IdleTimeout, not after TCP gives up.
+func TestPullIdleTimeout(t *testing.T) {
+	old := IdleTimeout
+	IdleTimeout = 300 * time.Millisecond
+	defer func() { IdleTimeout = old }()
+	server, _ := NewIdentity("a", time.Hour)
+	peer, _ := NewIdentity("b", time.Hour)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := &Server{Identity: server, Authorize: pinAuthorizer{peer.CertificatePEM}, Send: func(_ contract.CreateSpec, w io.Writer) error {
+		_, _ = w.Write(make([]byte, 64<<10)) // more than the response buffers
+		<-release
+		return nil
+	}}
+	go func() { _ = s.Serve(ctx, lis) }()
+	defer close(release)
+	body, err := (&Client{Identity: peer}).Pull(ctx, "a", lis.Addr().String(), server.CertificatePEM(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer body.Close()
+	start := time.Now()
+	_, err = io.ReadAll(body)
+	if err == nil || !strings.Contains(err.Error(), "no data from the source node") || time.Since(start) > 5*time.Second {
+		t.Fatalf("a stalled stream: %v after %s", err, time.Since(start))
+	}
+}

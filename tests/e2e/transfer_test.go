@@ -12,9 +12,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	lcluster "github.com/localdir-csi/localdir/pkg/cluster"
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/transfer"
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
@@ -167,4 +171,78 @@ func TestMultiNodeTransferRefusesStrangers(t *testing.T) {
 		t.Fatalf("the volume holds %q", got)
 	}
 	mustBeOnlyOn(t, id, victim)
+}
+
+// The network between the two nodes' pods is cut in the middle of a
+// transfer (nftables on the host, between the harness's pod subnets): the
+// LocalVolume says it is retrying and why, and once the path is back the
+// restore finishes with the right bytes.
+func TestMultiNodeTransferNetworkCut(t *testing.T) {
+	needNodes(t, 2)
+	ns := namespace(t, "netcut")
+	from, to := cl.Nodes[0], cl.Nodes[1]
+	class := "e2e-slow-transfer"
+	wffc, del := storagev1.VolumeBindingWaitForFirstConsumer, corev1.PersistentVolumeReclaimDelete
+	if _, err := kc.StorageV1().StorageClasses().Create(context.Background(), &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: harness.DriverName, VolumeBindingMode: &wffc, ReclaimPolicy: &del,
+		Parameters: map[string]string{contract.ParamTransferBandwidth: "2Mi"},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	createPVC(t, ns, "src", class, "64Mi")
+	createPod(t, ns, "src", pvcVolume("src", "/data"), onNode(from.Name))
+	waitPodRunning(t, ns, "src", 2*time.Minute)
+	sum := writeBlob(t, ns, "src", "/data/blob", "16Mi")
+	snapshotOf(t, ns, "snap", "src")
+	claim := createPVC(t, ns, "dst", class, "64Mi", withSource("VolumeSnapshot", "snap"))
+	createPod(t, ns, "dst", pvcVolume("dst", "/data"), onNode(to.Name))
+	id := lcluster.VolumeIDFor("pvc-" + string(claim.UID))
+	transferField := func(f string) string {
+		lv := localVolume(t, id)
+		if lv == nil {
+			return ""
+		}
+		v, _, _ := unstructured.NestedFieldNoCopy(lv.Object, "status", "transfer", f)
+		return fmt.Sprint(v)
+	}
+	waitFor(t, "bytes arriving on "+to.Name, 2*time.Minute, func() (bool, error) {
+		d := transferField("bytesDone")
+		return d != "" && d != "<nil>" && d != "0", nil
+	})
+	heal, err := cl.CutPodNetwork(context.Background(), from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	healed := false
+	defer func() {
+		if !healed {
+			_ = heal()
+		}
+	}()
+	var why string
+	waitFor(t, "the LocalVolume to report the transfer retrying", 2*time.Minute, func() (bool, error) {
+		lv := localVolume(t, id)
+		conds, _, _ := unstructured.NestedSlice(lv.Object, "status", "conditions")
+		for _, c := range conds {
+			m := c.(map[string]any)
+			if m["type"] == "Ready" && m["reason"] == "TransferRetrying" {
+				why = fmt.Sprint(m["message"])
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("while cut: %s", why)
+	if err := heal(); err != nil {
+		t.Fatal(err)
+	}
+	healed = true
+	waitPodRunning(t, ns, "dst", 4*time.Minute)
+	if got := md5In(t, ns, "dst", "/data/blob"); got != sum {
+		t.Fatalf("restored after the cut: md5 %s, the source %s", got, sum)
+	}
+	if a := transferField("attempts"); a == "1" {
+		t.Errorf("one attempt: the cut went unnoticed")
+	}
+	t.Logf("restored after %s attempts", transferField("attempts"))
 }

@@ -25,7 +25,7 @@ var blk = []*csi.VolumeCapability{{
 
 // startTransferNodes is startNodes with the node-to-node channel on
 // 127.0.0.1 (a port of the kernel's choosing) on every node.
-func startTransferNodes(t *testing.T, capacities ...int64) *fixture {
+func startTransferNodes(t testing.TB, capacities ...int64) *fixture {
 	env := clustertest.Start(t)
 	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
 	for i, capBytes := range capacities {

@@ -563,3 +563,28 @@ func (c *Cluster) addAPIServiceRule(ctx context.Context) error {
 	}
 	return nil
 }
+
+// CutPodNetwork drops every packet between the pods of nodes a and b, both
+// ways (a forward chain of apiServiceTable, which Down deletes with the
+// table), until heal removes the chain.
+func (c *Cluster) CutPodNetwork(ctx context.Context, a, b *Node) (heal func() error, err error) {
+	rules := fmt.Sprintf(`table ip %[1]s {
+	chain cut {
+		type filter hook forward priority filter; policy accept;
+		ip saddr 10.244.%[2]d.0/24 ip daddr 10.244.%[3]d.0/24 drop
+		ip saddr 10.244.%[3]d.0/24 ip daddr 10.244.%[2]d.0/24 drop
+	}
+}
+`, apiServiceTable, a.Index, b.Index)
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("nft -f: %v: %s", err, out)
+	}
+	return func() error {
+		if err := run(context.Background(), "nft", "flush", "chain", "ip", apiServiceTable, "cut"); err != nil {
+			return err
+		}
+		return run(context.Background(), "nft", "delete", "chain", "ip", apiServiceTable, "cut")
+	}, nil
+}
