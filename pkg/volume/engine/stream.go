@@ -394,6 +394,7 @@ type receiver struct {
 	made     map[string]bool // non-directories created, by path from the root: hard link targets
 	cur      *openFile
 	progress func(done, total int64)
+	rec      record
 }
 
 type recvDir struct {
@@ -407,8 +408,13 @@ type openFile struct {
 	r    record
 }
 
+// next decodes the next record into rc's one record, whose data buffer is
+// reused (gob fills a slice in place when it is large enough; every other
+// field is cleared first, as gob leaves the fields a record does not carry
+// as they were).
 func (rc *receiver) next() (*record, error) {
-	r := &record{}
+	r := &rc.rec
+	*r = record{Data: r.Data[:0]}
 	if err := rc.dec.Decode(r); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -443,10 +449,9 @@ func (rc *receiver) image(dst string) error {
 	if err != nil {
 		return err
 	}
+	// The size is set last: on ext4 a write into a hole below the file's
+	// size costs several times an append.
 	rc.cur = &openFile{fd: fd, size: r.Size}
-	if err := unix.Ftruncate(fd, r.Size); err != nil {
-		return err
-	}
 	for {
 		r, err := rc.next()
 		if err != nil {
@@ -458,7 +463,10 @@ func (rc *receiver) image(dst string) error {
 				return err
 			}
 		case opDone:
-			return rc.done(r)
+			if err := rc.done(r); err != nil {
+				return err
+			}
+			return unix.Ftruncate(fd, rc.cur.size)
 		default:
 			return fmt.Errorf("an image stream holds op %q", r.Op)
 		}
@@ -557,9 +565,11 @@ func (rc *receiver) apply(r *record) error {
 		if err != nil {
 			return fmt.Errorf("create %s: %w", rel, err)
 		}
-		rc.cur = &openFile{fd: fd, size: r.Size, r: *r}
+		attrs := *r
+		attrs.Data = nil // the receiver's buffer, reused by the next record
+		rc.cur = &openFile{fd: fd, size: r.Size, r: attrs}
 		rc.made[rel] = true
-		return unix.Ftruncate(fd, r.Size)
+		return nil
 	case opLink:
 		if !rc.made[filepath.Clean(r.Target)] {
 			return fmt.Errorf("hard link %s to %q, which the stream did not create", rel, r.Target)
@@ -595,6 +605,11 @@ func (rc *receiver) closeFile() error {
 	}
 	rc.cur = nil
 	defer unix.Close(f.fd)
+	// The size is set last: on ext4 a write into a hole below the file's
+	// size costs several times an append.
+	if err := unix.Ftruncate(f.fd, f.size); err != nil {
+		return err
+	}
 	return setAttrsFd(f.fd, &f.r)
 }
 
