@@ -195,8 +195,12 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec contract.Crea
 	case !errors.Is(err, contract.ErrNotFound):
 		return nil, err
 	}
+	var pvc map[string]string
+	if spec.PVCName != "" && spec.PVCNamespace != "" {
+		pvc = map[string]string{v1.PVCNamespaceAnnotation: spec.PVCNamespace, v1.PVCNameAnnotation: spec.PVCName}
+	}
 	lv = &v1.LocalVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: id},
+		ObjectMeta: metav1.ObjectMeta{Name: id, Annotations: pvc},
 		Spec: v1.LocalVolumeSpec{
 			Size:              quantity(spec.SizeBytes),
 			VolumeMode:        volumeMode(spec.AccessType),

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -228,9 +229,16 @@ func humanBytes(n int64) string {
 	return resource.NewQuantity(n, resource.BinarySI).String() + "B (" + strconv.FormatInt(n, 10) + " bytes)"
 }
 
+// event records an Event on lv and on the PVC it was made for, if known.
 func (r *LocalVolumeReconciler) event(lv *v1.LocalVolume, typ, reason, format string, args ...any) {
-	if r.Recorder != nil {
-		r.Recorder.Eventf(lv, typ, reason, format, args...)
+	if r.Recorder == nil {
+		return
+	}
+	r.Recorder.Eventf(lv, typ, reason, format, args...)
+	ns, name := lv.Annotations[v1.PVCNamespaceAnnotation], lv.Annotations[v1.PVCNameAnnotation]
+	if ns != "" && name != "" {
+		pvc := &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: name}
+		r.Recorder.Eventf(pvc, typ, reason, "volume %s: "+format, append([]any{lv.Name}, args...)...)
 	}
 }
 

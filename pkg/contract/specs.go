@@ -40,7 +40,17 @@ type CreateSpec struct {
 	// CO-chosen EphemeralID; Name must be EphemeralName(EphemeralID).
 	Ephemeral   bool
 	EphemeralID string
+	// PVCNamespace / PVCName name the claim the volume is made for, when
+	// the CO says (external-provisioner --extra-create-metadata): cluster
+	// mode reports a transfer's progress to it as Events.
+	PVCNamespace, PVCName string
 }
+
+// Parameters the external-provisioner adds with --extra-create-metadata.
+const (
+	ParamPVCName      = ReservedPrefix + "pvc/name"
+	ParamPVCNamespace = ReservedPrefix + "pvc/namespace"
+)
 
 // EphemeralName is the name the ephemeral volume of a CO-chosen id is recorded
 // under; its leading NUL byte, banned in CSI names, keeps it apart from them.

@@ -112,6 +112,8 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		MutableParameters: maps.Clone(req.GetMutableParameters()),
 		SourceSnapshotID:  srcSnap,
 		SourceVolumeID:    srcVol,
+		PVCNamespace:      req.GetParameters()[contract.ParamPVCNamespace],
+		PVCName:           req.GetParameters()[contract.ParamPVCName],
 	}, req.GetAccessibilityRequirements())
 	if err != nil {
 		return nil, contract.ToStatus(err)

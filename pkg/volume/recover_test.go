@@ -311,3 +311,29 @@ func TestStaleInFlightEntriesNeverReplaceRecordedData(t *testing.T) {
 		t.Fatalf("leftovers: %v", l)
 	}
 }
+
+// TestCopiesOfAnInterruptedSendAreRemoved: what a Send killed mid-stream left
+// in sending/ (its private copy of a volume) goes at the next start; the
+// volumes stay.
+func TestCopiesOfAnInterruptedSendAreRemoved(t *testing.T) {
+	root := t.TempDir()
+	m := openTest(t, root)
+	v := create(t, m, "kept")
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left := filepath.Join(root, "sending", "vol-00000000000000000000000000000001")
+	if err := os.MkdirAll(filepath.Join(left, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(left+".img", []byte("image"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m = openTest(t, root)
+	if ents, err := os.ReadDir(filepath.Join(root, "sending")); err != nil || len(ents) != 0 {
+		t.Errorf("sending/ after start: %v, %v; want empty", ents, err)
+	}
+	if _, err := m.Get(v.ID); err != nil {
+		t.Errorf("volume %s after start: %v", v.ID, err)
+	}
+}

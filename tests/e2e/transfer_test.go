@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,7 +85,13 @@ func TestMultiNodeRestoreCloneAcrossNodes(t *testing.T) {
 			if tc.block && mustQuantity(moved) > 8<<20 {
 				t.Errorf("%s crossed for 3 MiB of data in a 64 MiB raw block volume", moved)
 			}
-			t.Logf("%s: %s → %s, %s moved, md5 %s", tc.name, tc.from.Name, tc.to.Name, moved, sum)
+			// The PVC's Events say what happened.
+			var said []string
+			waitFor(t, "the PVC's TransferDone Event", time.Minute, func() (bool, error) {
+				said = events(t, ns, "PersistentVolumeClaim", dst)
+				return slices.ContainsFunc(said, func(e string) bool { return strings.Contains(e, "TransferDone") }), nil
+			})
+			t.Logf("%s: %s → %s, %s moved, md5 %s; events %q", tc.name, tc.from.Name, tc.to.Name, moved, sum, said)
 		})
 	}
 }

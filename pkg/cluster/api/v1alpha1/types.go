@@ -39,6 +39,13 @@ const (
 	ReadoptedLabel = "localdir.csi.dev/readopted"
 )
 
+// Annotations of a LocalVolume naming the PVC it was made for (from the
+// provisioner's --extra-create-metadata), where a transfer's Events go too.
+const (
+	PVCNamespaceAnnotation = "localdir.csi.dev/pvc-namespace"
+	PVCNameAnnotation      = "localdir.csi.dev/pvc-name"
+)
+
 // Phases of LocalVolume and LocalSnapshot.
 const (
 	PhasePending  = "Pending"  // recorded by the controller, not yet seen by the node
