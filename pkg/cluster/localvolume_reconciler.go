@@ -100,7 +100,7 @@ func (r *LocalVolumeReconciler) carryOut(ctx context.Context, lv *v1.LocalVolume
 			if r.Transfer == nil {
 				local, retry = nil, 0
 				lv.Status.Phase, lv.Status.ErrorCode = v1.PhaseFailed, v1.ErrorCode(codes.FailedPrecondition.String())
-				setReady(&lv.Status.Conditions, lv.Generation, false, "CreateFailed", "the source is on node "+cs.Node+" and this node plugin serves no transfer channel (--transfer-port=0)")
+				setReady(&lv.Status.Conditions, lv.Generation, false, "CreateFailed", "the source is on node "+cs.Node+" and this node plugin serves no transfer channel (no --transfer-address)")
 			} else {
 				local, retry = r.pull(ctx, lv)
 			}

@@ -180,14 +180,13 @@ func TestMultiNodeTransferRefusesStrangers(t *testing.T) {
 	mustBeOnlyOn(t, id, victim)
 }
 
-// The network between the two nodes' pods is cut in the middle of a
-// transfer (nftables on the host, between the harness's pod subnets): the
-// LocalVolume says it is retrying and why, and once the path is back the
-// restore finishes with the right bytes.
-func TestMultiNodeTransferNetworkCut(t *testing.T) {
-	needNodes(t, 2)
-	ns := namespace(t, "netcut")
-	from, to := cl.Nodes[0], cl.Nodes[1]
+// slowRestore starts restoring a snapshot of a volume on from holding
+// 48 MiB of random data onto to, at 2 MiB/s (the transferBandwidth
+// parameter: far more than the sockets' buffers hold stays to be sent
+// for 20 s), and waits until bytes arrive. It returns the restored
+// LocalVolume's name, the data's md5 and a reader of its transfer status.
+func slowRestore(t *testing.T, ns string, from, to *harness.Node) (id, sum string, field func(string) string) {
+	t.Helper()
 	class := "e2e-slow-transfer"
 	wffc, del := storagev1.VolumeBindingWaitForFirstConsumer, corev1.PersistentVolumeReclaimDelete
 	if _, err := kc.StorageV1().StorageClasses().Create(context.Background(), &storagev1.StorageClass{
@@ -196,15 +195,15 @@ func TestMultiNodeTransferNetworkCut(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	createPVC(t, ns, "src", class, "64Mi")
+	createPVC(t, ns, "src", class, "96Mi")
 	createPod(t, ns, "src", pvcVolume("src", "/data"), onNode(from.Name))
 	waitPodRunning(t, ns, "src", 2*time.Minute)
-	sum := writeBlob(t, ns, "src", "/data/blob", "16Mi")
+	sum = writeBlob(t, ns, "src", "/data/blob", "48Mi")
 	snapshotOf(t, ns, "snap", "src")
-	claim := createPVC(t, ns, "dst", class, "64Mi", withSource("VolumeSnapshot", "snap"))
+	claim := createPVC(t, ns, "dst", class, "96Mi", withSource("VolumeSnapshot", "snap"))
 	createPod(t, ns, "dst", pvcVolume("dst", "/data"), onNode(to.Name))
-	id := lcluster.VolumeIDFor("pvc-" + string(claim.UID))
-	transferField := func(f string) string {
+	id = lcluster.VolumeIDFor("pvc-" + string(claim.UID))
+	field = func(f string) string {
 		lv := localVolume(t, id)
 		if lv == nil {
 			return ""
@@ -213,9 +212,35 @@ func TestMultiNodeTransferNetworkCut(t *testing.T) {
 		return fmt.Sprint(v)
 	}
 	waitFor(t, "bytes arriving on "+to.Name, 2*time.Minute, func() (bool, error) {
-		d := transferField("bytesDone")
+		d := field("bytesDone")
 		return d != "" && d != "<nil>" && d != "0", nil
 	})
+	return id, sum, field
+}
+
+// restoredIntact waits for the slowRestore's pod and checks its bytes and
+// that the transfer needed more than one attempt.
+func restoredIntact(t *testing.T, ns, sum string, field func(string) string) {
+	t.Helper()
+	waitPodRunning(t, ns, "dst", 4*time.Minute)
+	if got := md5In(t, ns, "dst", "/data/blob"); got != sum {
+		t.Fatalf("restored: md5 %s, the source %s", got, sum)
+	}
+	if a := field("attempts"); a == "1" {
+		t.Errorf("one attempt: the fault went unnoticed")
+	}
+	t.Logf("restored after %s attempts", field("attempts"))
+}
+
+// The network between the two nodes' pods is cut in the middle of a
+// transfer (nftables on the host, between the harness's pod subnets): the
+// LocalVolume says it is retrying and why, and once the path is back the
+// restore finishes with the right bytes.
+func TestMultiNodeTransferNetworkCut(t *testing.T) {
+	needNodes(t, 2)
+	ns := namespace(t, "netcut")
+	from, to := cl.Nodes[0], cl.Nodes[1]
+	id, sum, field := slowRestore(t, ns, from, to)
 	heal, err := cl.CutPodNetwork(context.Background(), from, to)
 	if err != nil {
 		t.Fatal(err)
@@ -244,12 +269,35 @@ func TestMultiNodeTransferNetworkCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	healed = true
-	waitPodRunning(t, ns, "dst", 4*time.Minute)
-	if got := md5In(t, ns, "dst", "/data/blob"); got != sum {
-		t.Fatalf("restored after the cut: md5 %s, the source %s", got, sum)
+	restoredIntact(t, ns, sum, field)
+}
+
+// The node plugin of the source, then of the target, is killed (SIGKILL)
+// in the middle of a transfer: the kubelet restarts it, the transfer starts
+// over, and the restore holds the right bytes; nothing half-made is left on
+// the target's disk.
+func TestMultiNodeTransferPluginKilled(t *testing.T) {
+	needNodes(t, 2)
+	for _, side := range []string{"source", "target"} {
+		t.Run(side, func(t *testing.T) {
+			ns := namespace(t, "killed-"+side)
+			from, to := cl.Nodes[1], cl.Nodes[0]
+			_, sum, field := slowRestore(t, ns, from, to)
+			victim := from
+			if side == "target" {
+				victim = to
+			}
+			ctx := context.Background()
+			if err := victim.KillPlugin(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := victim.WaitPluginRestarted(ctx); err != nil {
+				t.Fatal(err)
+			}
+			restoredIntact(t, ns, sum, field)
+			if left := onNodeDisk(t, to, ".creating-"); len(left) != 0 {
+				t.Errorf("left on %s: %v", to.Name, left)
+			}
+		})
 	}
-	if a := transferField("attempts"); a == "1" {
-		t.Errorf("one attempt: the cut went unnoticed")
-	}
-	t.Logf("restored after %s attempts", transferField("attempts"))
 }

@@ -463,7 +463,8 @@ type LocalNodeStatus struct {
 
 // TransferEndpoint is a node plugin's end of the node-to-node channel.
 type TransferEndpoint struct {
-	// Address is host:port (the node plugin pod's IP and --transfer-port).
+	// Address is host:port (--transfer-advertise-address: the node plugin
+	// pod's IP and port).
 	Address string `json:"address"`
 	// Certificate is the PEM certificate of the node plugin's current key.
 	Certificate string `json:"certificate"`
