@@ -47,10 +47,11 @@ test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests 
 	$(MAKE) fuzz
 
 # Packages whose tests need root (real mounts, loop devices, btrfs, chown,
-# mknod, cgroups): they fail, never skip, without it, so make unit leaves them out and
+# mknod, cgroups) or a network (pkg/transfer: real TLS over 127.0.0.1):
+# they fail, never skip, without it, so make unit leaves them out and
 # make test (as root) runs them. Naming a package that no longer exists makes
 # make unit fail rather than quietly run more or less than it says.
-ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/publish/loop ./pkg/publish/cgroup
+ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/publish/loop ./pkg/publish/cgroup ./pkg/transfer
 
 # UNPRIVILEGED_PKGS are the tests outside pkg/ that make unit runs too:
 # csi-sanity over mount.Fake and the dir engine on a temporary directory.
