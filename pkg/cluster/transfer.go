@@ -1,10 +1,7 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -39,27 +36,29 @@ type Transfer interface {
 	Pull(ctx context.Context, node, address, certPEM, volumeID string) (io.ReadCloser, error)
 }
 
-// TransferAuthorizer decides, from the API, which peer may pull what from
-// this node: the data for volume V goes only to a client presenting the
-// certificate that V's node published in its LocalNode, and only when V is
-// a LocalVolume still being created on that node from a source on this one.
+// TransferAuthorizer decides, from the API, what a peer may pull from this
+// node: the data for volume V, only while V is a LocalVolume still being
+// created on another node from a source on this one, and only by the
+// holder of the certificate V's node published in its LocalNode (which
+// pkg/transfer's Server checks against the client's).
 type TransferAuthorizer struct {
 	// Reader reads uncached: the target is another node's object.
 	Reader client.Reader
 	NodeID string
 }
 
-// Authorize returns the create whose source to send.
-func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string, peer []byte) (contract.CreateSpec, error) {
+// Authorize returns the create whose source to send, the node it is made
+// on and the certificate that node published.
+func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string) (spec contract.CreateSpec, node, certPEM string, err error) {
 	lv := &v1.LocalVolume{}
 	if err := a.Reader.Get(ctx, client.ObjectKey{Name: volumeID}, lv); apierrors.IsNotFound(err) {
-		return contract.CreateSpec{}, fmt.Errorf("%w: no LocalVolume %s", contract.ErrNotFound, volumeID)
+		return spec, "", "", fmt.Errorf("%w: no LocalVolume %s", contract.ErrNotFound, volumeID)
 	} else if err != nil {
-		return contract.CreateSpec{}, err
+		return spec, "", "", err
 	}
 	cs := lv.Spec.ContentSource
-	refuse := func(why string) (contract.CreateSpec, error) {
-		return contract.CreateSpec{}, fmt.Errorf("%w: LocalVolume %s %s", contract.ErrRefused, volumeID, why)
+	refuse := func(why string) (contract.CreateSpec, string, string, error) {
+		return spec, "", "", fmt.Errorf("%w: LocalVolume %s %s", contract.ErrRefused, volumeID, why)
 	}
 	switch {
 	case cs == nil || cs.Node != a.NodeID:
@@ -73,19 +72,13 @@ func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string, pee
 	}
 	ln := &v1.LocalNode{}
 	if err := a.Reader.Get(ctx, client.ObjectKey{Name: lv.Spec.Node}, ln); err != nil {
-		return contract.CreateSpec{}, fmt.Errorf("read LocalNode %s: %w", lv.Spec.Node, err)
+		return spec, "", "", fmt.Errorf("read LocalNode %s: %w", lv.Spec.Node, err)
 	}
 	if ln.Status.Transfer == nil {
 		return refuse("belongs to node " + lv.Spec.Node + ", which publishes no transfer certificate")
 	}
-	b, _ := pem.Decode([]byte(ln.Status.Transfer.Certificate))
-	if b == nil || !bytes.Equal(b.Bytes, peer) {
-		return refuse("belongs to node " + lv.Spec.Node + ": the client's certificate is not the one that node published")
-	}
-	if c, err := x509.ParseCertificate(b.Bytes); err != nil || time.Now().After(c.NotAfter) || time.Now().Before(c.NotBefore) {
-		return refuse("belongs to node " + lv.Spec.Node + ", whose published certificate is expired or unreadable")
-	}
-	return specOf(lv)
+	spec, err = specOf(lv)
+	return spec, lv.Spec.Node, ln.Status.Transfer.Certificate, err
 }
 
 // specOf is the create of lv's volume, its parameters parsed as

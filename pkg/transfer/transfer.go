@@ -143,12 +143,13 @@ func checkPeer(raw [][]byte, want *x509.Certificate, now time.Time) error {
 	return nil
 }
 
-// Authorizer decides a pull of the data for volumeID by the client that
-// presented certificate peer (DER): the create to send the source of
-// (Server sends its SourceSnapshotID or SourceVolumeID), or an error
-// wrapping contract.ErrRefused (the client is not the one the API names: answered 403) or contract.ErrNotFound.
+// Authorizer says what the API allows for a pull of the data for volumeID:
+// the create to send the source of (Server sends its SourceSnapshotID or
+// SourceVolumeID), the node it is made on and the certificate that node
+// published, which the client must present (Server checks it); or an
+// error wrapping contract.ErrRefused (answered 403) or contract.ErrNotFound.
 type Authorizer interface {
-	Authorize(ctx context.Context, volumeID string, peer []byte) (contract.CreateSpec, error)
+	Authorize(ctx context.Context, volumeID string) (spec contract.CreateSpec, node, certPEM string, err error)
 }
 
 // SendFunc writes the stream of spec's source to w (pkg/volume Store.Send).
@@ -166,10 +167,11 @@ const dataPath = "/v1/volumes/"
 
 // Serve serves on lis until ctx is done.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	bl := &batchListener{Listener: lis, config: s.tlsConfig()}
 	hs := &http.Server{
 		Handler:           http.HandlerFunc(s.handle),
 		ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig:         s.tlsConfig(),
+		ConnContext:       bl.connContext,
 		// HTTP/1.1 only: one stream per connection, no HTTP/2 flow control.
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
@@ -177,7 +179,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		<-ctx.Done()
 		_ = hs.Close()
 	}()
-	err := hs.ServeTLS(lis, "", "")
+	err := hs.Serve(bl)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -193,6 +195,24 @@ func (s *Server) tlsConfig() *tls.Config {
 	}
 }
 
+// admit authorizes a pull of volumeID by the client that presented
+// certificate peer (DER): the one the volume's node published, within its
+// validity.
+func (s *Server) admit(ctx context.Context, volumeID string, peer []byte) (contract.CreateSpec, error) {
+	spec, node, certPEM, err := s.Authorize.Authorize(ctx, volumeID)
+	if err != nil {
+		return spec, err
+	}
+	want, err := Pinned(certPEM)
+	if err == nil {
+		err = checkPeer([][]byte{peer}, want, time.Now())
+	}
+	if err != nil {
+		return spec, fmt.Errorf("%w: volume %s is made on node %s: %v", contract.ErrRefused, volumeID, node, err)
+	}
+	return spec, nil
+}
+
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	volumeID, ok := strings.CutPrefix(r.URL.Path, dataPath)
 	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) {
@@ -204,7 +224,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "one client certificate required", http.StatusForbidden)
 		return
 	}
-	spec, err := s.Authorize.Authorize(r.Context(), volumeID, peer[0].Raw)
+	spec, err := s.admit(r.Context(), volumeID, peer[0].Raw)
 	if err != nil {
 		klog.InfoS("Transfer refused", "volumeID", volumeID, "remote", r.RemoteAddr, "reason", err)
 		code := http.StatusForbidden
@@ -223,6 +243,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	// it, the connection is cut so the client never mistakes a partial
 	// stream for a whole one (the stream's digest would catch it too).
 	cw := &countingWriter{w: w, rc: http.NewResponseController(w)}
+	cw.bc, _ = r.Context().Value(batchConnKey{}).(*batchConn)
 	if err := s.Send(spec, cw); err != nil {
 		klog.ErrorS(err, "Sending data to another node failed", "volumeID", volumeID, "remote", r.RemoteAddr)
 		if cw.n == 0 {
@@ -252,12 +273,21 @@ var IdleTimeout = 30 * time.Second
 type countingWriter struct {
 	w  io.Writer
 	rc *http.ResponseController
+	bc *batchConn // the connection's, when known: each write is one batch
 	n  int64
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	_ = c.rc.SetWriteDeadline(time.Now().Add(IdleTimeout))
+	if c.bc != nil {
+		c.bc.startBatch()
+	}
 	n, err := c.w.Write(p)
+	if c.bc != nil {
+		if berr := c.bc.endBatch(); err == nil && berr != nil {
+			n, err = 0, berr
+		}
+	}
 	c.n += int64(n)
 	return n, err
 }
@@ -290,8 +320,6 @@ func (r *idleReader) Close() error {
 // Client pulls data from peers with this node's Identity.
 type Client struct {
 	Identity *Identity
-	// Dialer, when set, dials the peers (tests).
-	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Pull opens the stream of the source of volumeID from the node at address
@@ -321,12 +349,14 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID stri
 		},
 	}
 	tr := &http.Transport{
-		TLSClientConfig:     tc,
-		DialContext:         c.Dialer,
-		TLSHandshakeTimeout: 10 * time.Second,
-		DisableKeepAlives:   true,
-		ForceAttemptHTTP2:   false,
-		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+		DialTLSContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return dialTLS(ctx, addr, tc)
+		},
+		DisableKeepAlives: true,
+		ForceAttemptHTTP2: false,
+		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
 	u := url.URL{Scheme: "https", Host: address, Path: dataPath + volumeID}
 	ctx, cancel := context.WithCancel(ctx)

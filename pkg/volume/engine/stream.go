@@ -3,7 +3,6 @@ package engine
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/gob"
 	"errors"
@@ -13,13 +12,19 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
 
 // The node-to-node stream: a gob stream of one streamHeader, then records,
-// then a final record carrying the SHA-256 of every record before it
+// then a final record carrying the XXH64 checksum of every record before it
 // (digest: the same fields hashed the same way on both sides), so the
 // receiver accepts data only when what it applied is what the sender read.
+// A data record is followed by its Len bytes of data, raw, outside gob: the
+// bytes are copied once on each side. The checksum guards against what TLS
+// does not see (a wrong offset, a short read, a bug on either side), not
+// against an attacker, which TLS's authenticated encryption does: a fast
+// 64-bit checksum, not a slow cryptographic digest.
 // A tree is sent as CopyTree copies it (types, modes, owners, nanosecond
 // times, xattrs with ACLs, symlinks, hard links, device nodes, FIFOs); the
 // data of regular files and of an image file as their data segments only
@@ -35,7 +40,7 @@ const (
 	StreamFile StreamKind = "file"
 )
 
-const streamVersion = 1
+const streamVersion = 2
 
 // chunk is the most data one record carries.
 const chunk = 1 << 20
@@ -52,7 +57,7 @@ const (
 	opDir     byte = 'd' // enter subdirectory Name (created)
 	opEnd     byte = 'e' // the current directory's attributes; leave it
 	opFile    byte = 'f' // regular file Name of Size bytes; its opData follow
-	opData    byte = 'x' // Data at Off of the current file
+	opData    byte = 'x' // Len bytes at Off of the current file; the bytes follow the record
 	opSymlink byte = 's' // symlink Name → Target
 	opLink    byte = 'l' // hard link Name to the earlier file Target (path from the root)
 	opSpecial byte = 'n' // device node, FIFO or socket Name
@@ -71,13 +76,16 @@ type record struct {
 	Uid, Gid     uint32
 	Rdev         uint64
 	Size, Off    int64
+	Len          int64
 	Atime, Mtime int64 // Unix nanoseconds
 	Xattrs       []xattr
-	Data         []byte
 	Sum          []byte
+	// data is an opData record's data, sent after it (gob leaves unexported
+	// fields out).
+	data []byte
 }
 
-// digest adds r to h: every field but Sum, length-prefixed.
+// digest adds r to h: every field but Sum, length-prefixed, then the data.
 func digest(h hash.Hash, r *record) {
 	var b [8]byte
 	num := func(v uint64) { binary.LittleEndian.PutUint64(b[:], v); h.Write(b[:]) }
@@ -85,14 +93,14 @@ func digest(h hash.Hash, r *record) {
 	h.Write([]byte{r.Op})
 	str([]byte(r.Name))
 	str([]byte(r.Target))
-	for _, v := range []uint64{uint64(r.Mode), uint64(r.Uid), uint64(r.Gid), r.Rdev, uint64(r.Size), uint64(r.Off), uint64(r.Atime), uint64(r.Mtime), uint64(len(r.Xattrs))} {
+	for _, v := range []uint64{uint64(r.Mode), uint64(r.Uid), uint64(r.Gid), r.Rdev, uint64(r.Size), uint64(r.Off), uint64(r.Len), uint64(r.Atime), uint64(r.Mtime), uint64(len(r.Xattrs))} {
 		num(v)
 	}
 	for _, x := range r.Xattrs {
 		str([]byte(x.Name))
 		str(x.Value)
 	}
-	str(r.Data)
+	h.Write(r.data)
 }
 
 // StreamStats says what a stream carried.
@@ -100,7 +108,7 @@ type StreamStats struct {
 	Entries int
 	// Bytes is the file data carried (holes excluded).
 	Bytes int64
-	// Sum is the SHA-256 digest both sides computed.
+	// Sum is the XXH64 checksum both sides computed.
 	Sum []byte
 }
 
@@ -116,13 +124,18 @@ type sender struct {
 
 func newSender(w io.Writer) *sender {
 	bw := bufio.NewWriterSize(w, 256<<10)
-	return &sender{bw: bw, enc: gob.NewEncoder(bw), h: sha256.New(), buf: make([]byte, chunk), links: map[uint64]string{}}
+	return &sender{bw: bw, enc: gob.NewEncoder(bw), h: xxhash.New(), buf: make([]byte, chunk), links: map[uint64]string{}}
 }
 
 func (s *sender) send(r *record) error {
+	r.Len = int64(len(r.data))
 	digest(s.h, r)
 	s.st.Entries++
-	return s.enc.Encode(r)
+	if err := s.enc.Encode(r); err != nil {
+		return err
+	}
+	_, err := s.bw.Write(r.data)
+	return err
 }
 
 func (s *sender) finish() (StreamStats, error) {
@@ -334,7 +347,7 @@ func (s *sender) sendNonZero(off int64, b []byte) error {
 		if run < 0 {
 			return nil
 		}
-		err := s.send(&record{Op: opData, Off: off + int64(run), Data: b[run:end]})
+		err := s.send(&record{Op: opData, Off: off + int64(run), data: b[run:end]})
 		s.st.Bytes += int64(end - run)
 		run = -1
 		return err
@@ -361,7 +374,8 @@ func (s *sender) sendNonZero(off int64, b []byte) error {
 // to a file it did not create, data outside its file, or a digest that
 // differs from what was applied.
 func Receive(r io.Reader, dst string, want StreamKind, limit int64, progress func(done, total int64)) (StreamStats, error) {
-	rc := &receiver{dec: gob.NewDecoder(bufio.NewReaderSize(r, 256<<10)), h: sha256.New(), limit: limit, made: map[string]bool{}, progress: progress}
+	br := bufio.NewReaderSize(r, 256<<10)
+	rc := &receiver{br: br, dec: gob.NewDecoder(br), h: xxhash.New(), limit: limit, made: map[string]bool{}, progress: progress}
 	var hd streamHeader
 	if err := rc.dec.Decode(&hd); err != nil {
 		return rc.st, fmt.Errorf("read the stream's header: %w", err)
@@ -370,6 +384,7 @@ func Receive(r io.Reader, dst string, want StreamKind, limit int64, progress fun
 		return rc.st, fmt.Errorf("the stream holds %q version %d, want %q version %d", hd.Kind, hd.Version, want, streamVersion)
 	}
 	rc.total = hd.Bytes
+	rc.w = newWriter()
 	defer rc.closeAll()
 	var err error
 	if want == StreamFile {
@@ -384,6 +399,7 @@ func Receive(r io.Reader, dst string, want StreamKind, limit int64, progress fun
 }
 
 type receiver struct {
+	br       *bufio.Reader // under dec: a data record's bytes are read from it
 	dec      *gob.Decoder
 	h        hash.Hash
 	st       StreamStats
@@ -395,6 +411,7 @@ type receiver struct {
 	cur      *openFile
 	progress func(done, total int64)
 	rec      record
+	w        *writer
 }
 
 type recvDir struct {
@@ -402,24 +419,36 @@ type recvDir struct {
 	rel string
 }
 
-type openFile struct {
-	fd   int
-	size int64
-	r    record
-}
-
-// next decodes the next record into rc's one record, whose data buffer is
-// reused (gob fills a slice in place when it is large enough; every other
-// field is cleared first, as gob leaves the fields a record does not carry
-// as they were).
+// next decodes the next record into rc's one record (every field cleared
+// first, as gob leaves the fields a record does not carry as they were) and
+// reads the data that follows a data record into one reused buffer: the
+// gob decoder reads exactly one message from br, so what follows it is the
+// data.
 func (rc *receiver) next() (*record, error) {
 	r := &rc.rec
-	*r = record{Data: r.Data[:0]}
-	if err := rc.dec.Decode(r); err != nil {
+	*r = record{}
+	broke := func(err error) (*record, error) {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return nil, fmt.Errorf("the stream broke off: %w", err)
+	}
+	if err := rc.dec.Decode(r); err != nil {
+		return broke(err)
+	}
+	if r.Len != 0 && (r.Op != opData || r.Len < 0 || r.Len > chunk) {
+		return nil, fmt.Errorf("a record of op %q carries %d bytes", r.Op, r.Len)
+	}
+	if r.Len > 0 {
+		b, err := rc.w.buffer()
+		if err != nil {
+			return nil, err
+		}
+		r.data = b[:r.Len]
+		if _, err := io.ReadFull(rc.br, r.data); err != nil {
+			rc.w.giveBack(b)
+			return broke(err)
+		}
 	}
 	if r.Op != opDone {
 		digest(rc.h, r)
@@ -463,6 +492,9 @@ func (rc *receiver) image(dst string) error {
 				return err
 			}
 		case opDone:
+			if err := rc.w.drain(); err != nil {
+				return err
+			}
 			if err := rc.done(r); err != nil {
 				return err
 			}
@@ -478,17 +510,13 @@ func (rc *receiver) data(r *record) error {
 	if f == nil {
 		return errors.New("data outside a file")
 	}
-	if r.Off < 0 || r.Off+int64(len(r.Data)) > f.size {
-		return fmt.Errorf("data at %d+%d is outside the file's %d bytes", r.Off, len(r.Data), f.size)
+	if r.Off < 0 || r.Off+int64(len(r.data)) > f.size {
+		return fmt.Errorf("data at %d+%d is outside the file's %d bytes", r.Off, len(r.data), f.size)
 	}
-	for b, off := r.Data, r.Off; len(b) > 0; {
-		n, err := unix.Pwrite(f.fd, b, off)
-		if err != nil {
-			return err
-		}
-		b, off = b[n:], off+int64(n)
+	if err := rc.w.write(f, r.data, r.Off); err != nil {
+		return err
 	}
-	rc.st.Bytes += int64(len(r.Data))
+	rc.st.Bytes += int64(len(r.data))
 	if rc.progress != nil {
 		rc.progress(rc.st.Bytes, rc.total)
 	}
@@ -566,7 +594,7 @@ func (rc *receiver) apply(r *record) error {
 			return fmt.Errorf("create %s: %w", rel, err)
 		}
 		attrs := *r
-		attrs.Data = nil // the receiver's buffer, reused by the next record
+		attrs.data = nil // the receiver's buffer, reused by the next record
 		rc.cur = &openFile{fd: fd, size: r.Size, r: attrs}
 		rc.made[rel] = true
 		return nil
@@ -604,7 +632,10 @@ func (rc *receiver) closeFile() error {
 		return nil
 	}
 	rc.cur = nil
-	defer unix.Close(f.fd)
+	defer f.close()
+	if err := rc.w.drain(); err != nil {
+		return err
+	}
 	// The size is set last: on ext4 a write into a hole below the file's
 	// size costs several times an append.
 	if err := unix.Ftruncate(f.fd, f.size); err != nil {
@@ -614,8 +645,9 @@ func (rc *receiver) closeFile() error {
 }
 
 func (rc *receiver) closeAll() {
+	rc.w.stop()
 	if rc.cur != nil {
-		unix.Close(rc.cur.fd)
+		rc.cur.close()
 		rc.cur = nil
 	}
 	for _, d := range rc.dirs {

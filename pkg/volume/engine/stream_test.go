@@ -141,6 +141,21 @@ func TestReceiveRefuses(t *testing.T) {
 			return err
 		})
 	}
+	// raw encodes records as they are: a Len that no data follows.
+	raw := func(recs ...*record) []byte {
+		return stream(func(w io.Writer) error {
+			s := newSender(w)
+			if err := s.enc.Encode(&streamHeader{Version: streamVersion, Kind: StreamTree}); err != nil {
+				return err
+			}
+			for _, r := range recs {
+				if err := s.enc.Encode(r); err != nil {
+					return err
+				}
+			}
+			return s.bw.Flush()
+		})
+	}
 	flipped := bytes.Clone(fileStream)
 	flipped[len(flipped)/2] ^= 0xff
 	cases := []struct {
@@ -156,7 +171,9 @@ func TestReceiveRefuses(t *testing.T) {
 		{"a flipped byte", flipped, StreamFile, 1 << 30, ""},
 		{"a name with a slash", forged(&record{Op: opFile, Name: "../escape"}), StreamTree, 1 << 30, "names an entry"},
 		{"a hard link out of the tree", forged(&record{Op: opLink, Name: "l", Target: "../../etc/passwd"}), StreamTree, 1 << 30, "did not create"},
-		{"data outside its file", forged(&record{Op: opFile, Name: "f", Size: 1}, &record{Op: opData, Off: 0, Data: []byte("too long")}), StreamTree, 1 << 30, "outside the file"},
+		{"data outside its file", forged(&record{Op: opFile, Name: "f", Size: 1}, &record{Op: opData, Off: 0, data: []byte("too long")}), StreamTree, 1 << 30, "outside the file"},
+		{"more data than a record carries", raw(&record{Op: opFile, Name: "f", Size: 4 << 20}, &record{Op: opData, Len: chunk + 1}), StreamTree, 1 << 30, "carries"},
+		{"data after a record that has none", raw(&record{Op: opFile, Name: "f", Size: 1, Len: 1}), StreamTree, 1 << 30, "carries"},
 		{"a block device mode on a regular op", forged(&record{Op: opSpecial, Name: "n", Mode: unix.S_IFREG}), StreamTree, 1 << 30, "special file"},
 		{"no end of the root", forged(&record{Op: opDir, Name: "d"}), StreamTree, 1 << 30, "inside a directory"},
 	}
@@ -209,5 +226,32 @@ func TestStreamSkipsZeros(t *testing.T) {
 	got, err := os.ReadFile(dst)
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("received file differs (%d bytes, %v)", len(got), err)
+	}
+}
+
+// BenchmarkStreamFile sends a 256 MiB image of random data through a pipe
+// into Receive (the stream's own cost, without TLS or the disk's flush).
+func BenchmarkStreamFile(b *testing.B) {
+	dir := b.TempDir()
+	src := filepath.Join(dir, "src.img")
+	const size = 256 << 20
+	if err := os.WriteFile(src, treecmp.RandomBytes(7, size), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(size)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		dst := filepath.Join(dir, "dst.img")
+		pr, pw := io.Pipe()
+		go func() {
+			_, err := SendFile(src, pw)
+			pw.CloseWithError(err)
+		}()
+		if _, err := Receive(pr, dst, StreamFile, size, nil); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		os.Remove(dst)
+		b.StartTimer()
 	}
 }

@@ -79,12 +79,14 @@ func BenchmarkTransfer(b *testing.B) {
 	const gib = int64(1 << 30)
 	cs, img := snapshotOf("dense", gib, gib)
 	var restoreT, cpT time.Duration
-	for i := 0; i < b.N; i++ {
+	// Round 0 is not counted: on a virtual machine the first use of a
+	// page of memory costs the guest several times a later one (the host
+	// backs it), and a 1 GiB copy into fresh page cache measures that.
+	for i := 0; i <= b.N; i++ {
 		// Each measured copy ends in a syncfs: start both with nothing
 		// else dirty.
 		unix.Sync()
 		d, _ := restore("dense-copy", gib, cs)
-		restoreT += d
 		dst := filepath.Join(root1, "cp.img")
 		unix.Sync()
 		start := time.Now()
@@ -94,7 +96,10 @@ func BenchmarkTransfer(b *testing.B) {
 		if out, err := exec.Command("sync", "-f", dst).CombinedOutput(); err != nil {
 			b.Fatalf("sync: %v: %s", err, out)
 		}
-		cpT += time.Since(start)
+		if i > 0 {
+			restoreT += d
+			cpT += time.Since(start)
+		}
 		_ = os.Remove(dst)
 		waitGone(b, c, lcluster.VolumeIDFor("dense-copy"))
 	}
