@@ -112,7 +112,8 @@ func transferRetry(attempts int32) time.Duration {
 }
 
 // sourceGoneAfter is how long a transfer keeps trying while its source
-// node has no fresh heartbeat before the volume fails.
+// node has no fresh heartbeat before the volume fails; a source node
+// without a heartbeat for that long fails a new transfer at once.
 const sourceGoneAfter = 10 * time.Minute
 
 // pull creates lv's volume from the data on node spec.contentSource.node.
@@ -174,7 +175,8 @@ func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (l
 	if ln.Status.Transfer == nil {
 		return again(fmt.Errorf("node %s serves no transfer channel (its node plugin is older, or not running)", cs.Node))
 	}
-	if age := time.Since(ln.Status.Heartbeat.Time); age > StaleAfter && time.Since(t.StartTime.Time) > sourceGoneAfter {
+	// Gone: down for sourceGoneAfter, or down while this transfer has tried for that long.
+	if age := time.Since(ln.Status.Heartbeat.Time); age > sourceGoneAfter || age > StaleAfter && time.Since(t.StartTime.Time) > sourceGoneAfter {
 		return fail(fmt.Errorf("%w: the source node %s's node plugin has not reported for %s: the node is gone or down; restore from a snapshot held elsewhere", contract.ErrNotFound, cs.Node, age.Round(time.Second)))
 	}
 	r.event(lv, "Normal", "TransferStarted", "copying the data of %s from node %s (attempt %d)", sourceName(cs), cs.Node, t.Attempts)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,10 +19,13 @@ import (
 
 // Waiting for a node plugin to carry out an object the controller wrote.
 
-// waitCtx bounds a wait by the caller's deadline or b.Wait.
+// waitCtx bounds a wait by b.Wait or by the caller's deadline, less a
+// margin (a tenth of the time left, at most 1 s) so that the answer — a
+// DEADLINE_EXCEEDED saying what the node plugin is doing — reaches the
+// caller before its own gRPC deadline cuts the call off with a bare one.
 func (b *ControllerBackend) waitCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, dl.Add(-min(time.Second, time.Until(dl)/10)))
 	}
 	return context.WithTimeout(ctx, b.Wait)
 }
@@ -129,6 +134,13 @@ func (b *ControllerBackend) waitVolume(ctx context.Context, id string, known boo
 			return false, nil
 		})
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			// Say what the node plugin is doing (a transfer retrying, and
+			// why): the provisioner puts this message in the PVC's Events.
+			if c := meta.FindStatusCondition(lv.Status.Conditions, v1.ConditionReady); c != nil && c.Status != metav1.ConditionTrue && c.Message != "" {
+				err = fmt.Errorf("%w (%s: %s)", err, c.Reason, c.Message)
+			}
+		}
 		if lv.Status.Phase == v1.PhaseFailed {
 			// Remove the failed attempt so a retry starts afresh; it holds
 			// no data.

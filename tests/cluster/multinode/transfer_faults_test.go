@@ -218,3 +218,74 @@ func TestTransferTargetOutOfRoom(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestTransferSourceNodeGone stops the source's node plugin for good in the
+// middle of a transfer. While its node may come back the transfer retries,
+// and CreateVolume's DEADLINE_EXCEEDED says why (the provisioner puts that
+// message in the PVC's Events); once the node has not reported for longer
+// than a transfer waits for it, the volume fails with NOT_FOUND naming the
+// node, a new restore is refused at once naming it, and nothing is left on
+// the target.
+func TestTransferSourceNodeGone(t *testing.T) {
+	c := startTransferNodes(t, 500*mi, 500*mi)
+	cs, _ := blockSource(t, c, "src", 12*mi)
+	ctx := context.Background()
+	heartbeat := func(ago time.Duration) {
+		t.Helper()
+		ln := &v1.LocalNode{}
+		if err := c.env.Client.Get(ctx, client.ObjectKey{Name: "node-0"}, ln); err != nil {
+			t.Fatal(err)
+		}
+		old := ln.DeepCopy()
+		ln.Status.Heartbeat.Time = time.Now().Add(-ago)
+		if err := c.env.Client.Status().Patch(ctx, ln, client.MergeFrom(old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restore := func(wait time.Duration) error {
+		ctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		_, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+			Name: "orphan", VolumeCapabilities: blk, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mi},
+			VolumeContentSource: cs, AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-1")}},
+			Parameters: map[string]string{contract.ParamTransferBandwidth: "2Mi"},
+		})
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- restore(5 * time.Second) }()
+	transferOf(t, c, "orphan", "bytes arriving", moving)
+	c.nodes["node-0"].Stop(t)
+	<-errc
+
+	err := restore(10 * time.Second)
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "TransferRetrying") || !strings.Contains(err.Error(), "from node node-0 failed") {
+		t.Fatalf("restore from a node that is down: %v, want DEADLINE_EXCEEDED saying the copy from node-0 is retried and why", err)
+	}
+	t.Logf("while node-0 is down: %v", err)
+
+	heartbeat(11 * time.Minute) // gone for good
+	err = restore(2 * time.Minute)
+	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "node-0") || !strings.Contains(err.Error(), "gone") {
+		t.Fatalf("the transfer from a node gone for good: %v, want NOT_FOUND saying node-0 is gone", err)
+	}
+	t.Logf("node-0 gone: %v", err)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		// ABORTED while the failed volume is being removed, as the
+		// provisioner would see it.
+		if err = restore(30 * time.Second); status.Code(err) != codes.Aborted || time.Now().After(deadline) {
+			break
+		}
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node node-0, whose node plugin has not reported") {
+		t.Fatalf("a new restore from a node gone for good: %v, want RESOURCE_EXHAUSTED saying node-0 does not report", err)
+	}
+	t.Logf("a new restore: %v", err)
+	lv := &v1.LocalVolume{}
+	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: lcluster.VolumeIDFor("orphan")}, lv); err == nil {
+		t.Errorf("LocalVolume of the failed restore left behind: %+v", lv.Status)
+	}
+	if left := creating(t, c.nodes["node-1"]); len(left) != 0 {
+		t.Errorf("left behind on node-1: %v", left)
+	}
+}
