@@ -74,8 +74,16 @@ func NewControllerBackend(ctx context.Context, cfg *rest.Config, maxVolumeBytes 
 	if err != nil {
 		return nil, err
 	}
-	return newControllerBackend(ctx, c, maxVolumeBytes)
+	b, err := newControllerBackend(ctx, c, maxVolumeBytes)
+	if err == nil {
+		go b.keepCopies(ctx, copiesEvery)
+	}
+	return b, err
 }
+
+// copiesEvery is how often the controller places the snapshot copies that
+// could not be placed when their snapshot was cut.
+const copiesEvery = 30 * time.Second
 
 // newControllerBackend is a backend on any client (a fake one in unit tests).
 func newControllerBackend(ctx context.Context, c client.WithWatch, maxVolumeBytes int64) (*ControllerBackend, error) {
@@ -210,37 +218,38 @@ func (b *ControllerBackend) CreateVolume(ctx context.Context, spec contract.Crea
 			CSIName:           spec.Name,
 		},
 	}
-	sourceNode, err := b.contentSource(ctx, lv, spec)
+	sources, err := b.contentSource(ctx, lv, spec)
 	if err != nil {
 		return nil, err
 	}
 	b.deleted.Remove(id)
-	if err := b.placeVolume(ctx, lv, sourceNode, topology); err != nil {
+	if err := b.placeVolume(ctx, lv, sources, topology); err != nil {
 		return nil, err
 	}
 	return b.waitVolume(ctx, id, true)
 }
 
-// contentSource sets lv's content source from spec and returns the node
-// that holds it ("" for an empty volume).
-func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolume, spec contract.CreateSpec) (string, error) {
+// contentSource sets lv's content source from spec and returns the nodes
+// that hold it, the snapshot's own node first, then those with a complete
+// copy (none for an empty volume).
+func (b *ControllerBackend) contentSource(ctx context.Context, lv *v1.LocalVolume, spec contract.CreateSpec) ([]string, error) {
 	switch {
 	case spec.SourceSnapshotID != "":
 		ls, err := b.liveSnapshot(ctx, spec.SourceSnapshotID)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		lv.Spec.ContentSource = &v1.ContentSource{Snapshot: ls.Name}
-		return ls.Spec.Node, nil
+		return b.holders(ls), nil
 	case spec.SourceVolumeID != "":
 		src, err := b.liveVolume(ctx, spec.SourceVolumeID)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		lv.Spec.ContentSource = &v1.ContentSource{Volume: src.Name}
-		return src.Spec.Node, nil
+		return []string{src.Spec.Node}, nil
 	}
-	return "", nil
+	return nil, nil
 }
 
 // remove asks the node plugin to delete a LocalVolume and its data.

@@ -63,7 +63,7 @@ func (b *ControllerBackend) SnapshotByName(ctx context.Context, name string) (*c
 	if err != nil || !ls.Status.ReadyToUse || ls.Deleting() {
 		return nil, err
 	}
-	return toSnapshot(ls), nil
+	return b.snapshotOf(ls), nil
 }
 
 // Snapshot implements driver.Backend.
@@ -75,7 +75,7 @@ func (b *ControllerBackend) Snapshot(ctx context.Context, id string) (*contract.
 	if !ls.Status.ReadyToUse || ls.Deleting() {
 		return nil, fmt.Errorf("%w: snapshot %q is not ready", contract.ErrNotFound, id)
 	}
-	return toSnapshot(ls), nil
+	return b.snapshotOf(ls), nil
 }
 
 // ListSnapshots implements driver.Backend.
@@ -84,20 +84,21 @@ func (b *ControllerBackend) ListSnapshots(ctx context.Context, after string, lim
 	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	var out []*contract.Snapshot
 	for _, ls := range items {
-		if ls.Name <= after || !ls.Status.ReadyToUse || ls.Deleting() || (src != "" && ls.Spec.SourceVolume != src) {
+		if ls.Name <= after || ls.Spec.CopyOf != "" || !ls.Status.ReadyToUse || ls.Deleting() || (src != "" && ls.Spec.SourceVolume != src) {
 			continue
 		}
 		if limit > 0 && len(out) == limit {
 			return out, out[len(out)-1].ID, nil
 		}
-		out = append(out, toSnapshot(ls))
+		out = append(out, b.snapshotOf(ls))
 	}
 	return out, "", nil
 }
 
 // CreateSnapshot implements driver.Backend: a LocalSnapshot on the source's
-// node, then a wait for readyToUse.
-func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string, topology *csi.TopologyRequirement) (*contract.Snapshot, error) {
+// node, then a wait for readyToUse; with copies > 1, once it is ready, the
+// copies on other nodes are placed (ensureCopies), not waited for.
+func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string, topology *csi.TopologyRequirement, copies int) (*contract.Snapshot, error) {
 	id := SnapshotIDFor(name)
 	ls, err := b.cachedSnapshot(id)
 	switch {
@@ -109,17 +110,27 @@ func (b *ControllerBackend) CreateSnapshot(ctx context.Context, name, src string
 			return nil, fmt.Errorf("%w: snapshot %s of the same name is still being deleted; retry later", contract.ErrBusy, id)
 		}
 	case errors.Is(err, contract.ErrNotFound):
-		if err := b.recordSnapshot(ctx, id, name, src, topology); err != nil {
+		if err := b.recordSnapshot(ctx, id, name, src, topology, copies); err != nil {
 			return nil, err
 		}
 	default:
 		return nil, err
 	}
-	return b.waitSnapshot(ctx, id, true)
+	snap, err := b.waitSnapshot(ctx, id, true)
+	if err != nil {
+		return nil, err
+	}
+	if ls, ok := get[*v1.LocalSnapshot](b.cache.snapshots, id); ok {
+		if err := b.ensureCopies(ctx, ls); err != nil {
+			return nil, err
+		}
+		snap = b.snapshotOf(ls)
+	}
+	return snap, nil
 }
 
 // recordSnapshot creates the LocalSnapshot id of volume src, on its node.
-func (b *ControllerBackend) recordSnapshot(ctx context.Context, id, name, src string, topology *csi.TopologyRequirement) error {
+func (b *ControllerBackend) recordSnapshot(ctx context.Context, id, name, src string, topology *csi.TopologyRequirement, copies int) error {
 	lv, err := b.Volume(ctx, src)
 	if err != nil {
 		return err
@@ -129,7 +140,7 @@ func (b *ControllerBackend) recordSnapshot(ctx context.Context, id, name, src st
 	}
 	ls := &v1.LocalSnapshot{
 		ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: lv.Node}},
-		Spec:       v1.LocalSnapshotSpec{SourceVolume: src, Node: lv.Node, CSIName: name},
+		Spec:       v1.LocalSnapshotSpec{SourceVolume: src, Node: lv.Node, CSIName: name, Copies: int32(copies)},
 	}
 	b.deleted.Remove(id)
 	if err := b.c.Create(ctx, ls); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -152,6 +163,9 @@ func (b *ControllerBackend) DeleteSnapshot(ctx context.Context, id string) error
 		return nil
 	}
 	if err != nil {
+		return err
+	}
+	if err := b.removeCopies(ctx, id); err != nil {
 		return err
 	}
 	return b.removeSnapshot(ctx, ls)

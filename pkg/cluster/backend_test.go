@@ -87,7 +87,7 @@ func TestPendingDeleteIsGone(t *testing.T) {
 	if _, err := b.CreateVolume(ctx, again, nil); contract.Code(err) != codes.Aborted {
 		t.Errorf("CreateVolume of the name of a pending delete: %v, want ABORTED", err)
 	}
-	if _, err := b.CreateSnapshot(ctx, "s", lv.Name, nil); contract.Code(err) != codes.Aborted {
+	if _, err := b.CreateSnapshot(ctx, "s", lv.Name, nil, 1); contract.Code(err) != codes.Aborted {
 		t.Errorf("CreateSnapshot of the name of a pending delete: %v, want ABORTED", err)
 	}
 	if _, err := b.ExpandVolume(ctx, lv.Name, 2*mi); contract.Code(err) != codes.NotFound {

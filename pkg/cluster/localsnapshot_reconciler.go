@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +23,13 @@ type LocalSnapshotReconciler struct {
 	NodeID    string
 	Store     NodeStore
 	Snapshots NodeSnapshots
+	// Reader reads uncached: a copy's snapshot is another node's object.
+	Reader client.Reader
+	// Transfer pulls the snapshots this node keeps copies of; nil: such
+	// a copy fails (no channel).
+	Transfer Transfer
+	// Recorder, when set, gets the Events of copies.
+	Recorder record.EventRecorder
 }
 
 // SetupWithManager registers the reconciler for LocalSnapshots.
@@ -38,7 +46,13 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	} else if err != nil {
 		return reconcile.Result{}, err
 	}
-	if ls.Spec.Node != r.NodeID || !contract.ValidSnapshotID(ls.Name) {
+	if ls.Spec.Node != r.NodeID {
+		return reconcile.Result{}, nil
+	}
+	if ls.Spec.CopyOf != "" && contract.SnapshotOfCopy(ls.Name) == ls.Spec.CopyOf && ls.DeletionTimestamp == nil {
+		return r.reconcileCopy(ctx, ls)
+	}
+	if !contract.ValidSnapshotID(ls.Name) {
 		return reconcile.Result{}, nil
 	}
 	if ls.DeletionTimestamp != nil {
@@ -73,6 +87,7 @@ func (r *LocalSnapshotReconciler) Reconcile(ctx context.Context, req reconcile.R
 	} else {
 		t := metav1.NewTime(snap.CreatedAt)
 		ls.Status.Phase, ls.Status.ReadyToUse, ls.Status.SizeBytes, ls.Status.CreationTime = v1.PhaseReady, true, quantity(snap.SizeBytes), &t
+		ls.Status.VolumeMode, ls.Status.FsType = volumeMode(snap.AccessType), snap.FsType
 		setReady(&ls.Status.Conditions, ls.Generation, true, "Created", "the snapshot exists on node "+r.NodeID)
 	}
 	return reconcile.Result{}, r.Client.Status().Update(ctx, ls)

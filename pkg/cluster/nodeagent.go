@@ -79,7 +79,8 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 	if err := lvr.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {
+	if err := (&LocalSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots,
+		Reader: mgr.GetAPIReader(), Transfer: a.Transfer, Recorder: mgr.GetEventRecorderFor("localdir-node")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&LocalGroupSnapshotReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots}).SetupWithManager(mgr); err != nil {

@@ -229,26 +229,41 @@ func (b *ControllerBackend) sortByRoom(ctx context.Context, nodes []string) erro
 }
 
 // placeVolume creates lv on the first candidate node that has room for it.
-// A restore or clone (sourceNode set) goes to its source's node when the
+// A restore or clone (sources: the nodes holding its source, the snapshot's
+// own first, then its copies') goes to a node holding the source when the
 // requirements allow it and name no other first (a local copy is instant);
-// on any other node it is made by a transfer from the source's node, which
-// both node plugins must serve (transferable).
-func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume, sourceNode string, topology *csi.TopologyRequirement) error {
+// on any other node it is made by a transfer from the first holder that
+// can send it there (transferable).
+func (b *ControllerBackend) placeVolume(ctx context.Context, lv *v1.LocalVolume, sources []string, topology *csi.TopologyRequirement) error {
 	nodes, err := b.candidates(ctx, topology)
 	if err != nil {
 		return err
 	}
-	if sourceNode != "" && len(topology.GetPreferred()) == 0 && (len(topology.GetRequisite()) == 0 || slices.Contains(nodes, sourceNode)) {
-		nodes = append([]string{sourceNode}, slices.DeleteFunc(nodes, func(n string) bool { return n == sourceNode })...)
+	for _, src := range slices.Backward(sources) {
+		if len(topology.GetPreferred()) == 0 && (len(topology.GetRequisite()) == 0 || slices.Contains(nodes, src)) {
+			nodes = append([]string{src}, slices.DeleteFunc(nodes, func(n string) bool { return n == src })...)
+		}
 	}
 	if len(nodes) == 0 {
 		return fmt.Errorf("%w: no node runs the localdir node plugin (no LocalNode objects)", contract.ErrNoSpace)
 	}
 	var refused []string
 	for _, node := range nodes {
-		if sourceNode != "" && node != sourceNode {
-			if why := b.transferable(sourceNode, node); why != "" {
-				refused = append(refused, fmt.Sprintf("%s: %s", node, why))
+		sourceNode := ""
+		if slices.Contains(sources, node) {
+			sourceNode = node // a local copy
+		} else if len(sources) > 0 {
+			var whys []string
+			for _, src := range sources {
+				why := b.transferable(src, node)
+				if why == "" {
+					sourceNode = src
+					break
+				}
+				whys = append(whys, why)
+			}
+			if sourceNode == "" {
+				refused = append(refused, fmt.Sprintf("%s: %s", node, strings.Join(whys, ", ")))
 				continue
 			}
 		}

@@ -219,7 +219,7 @@ func TestPlaceVolume(t *testing.T) {
 
 	// Most room first, but b caps volumes at 20Mi: a 30Mi volume goes to a.
 	lv := newVolume("big", 30*mi)
-	if err := b.placeVolume(ctx, lv, "", nil); err != nil {
+	if err := b.placeVolume(ctx, lv, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	got := &v1.LocalVolume{}
@@ -231,7 +231,7 @@ func TestPlaceVolume(t *testing.T) {
 	}
 
 	// Too big for every node: RESOURCE_EXHAUSTED naming each node's reason.
-	err := b.placeVolume(ctx, newVolume("huge", 60*mi), "", nil)
+	err := b.placeVolume(ctx, newVolume("huge", 60*mi), nil, nil)
 	if !errors.Is(err, contract.ErrNoSpace) || !strings.Contains(err.Error(), "b: volumes are limited to") || !strings.Contains(err.Error(), "a: 10485760 bytes available") {
 		t.Errorf("placing 60Mi: %v, want ErrNoSpace naming both nodes", err)
 	}
@@ -240,7 +240,7 @@ func TestPlaceVolume(t *testing.T) {
 	// another first; elsewhere only as a transfer both nodes serve.
 	clone := newVolume("clone", 5*mi)
 	clone.Spec.ContentSource = &v1.ContentSource{Volume: "vol-src"}
-	if err := b.placeVolume(ctx, clone, "a", &csi.TopologyRequirement{Requisite: topo("a", "b")}); err != nil {
+	if err := b.placeVolume(ctx, clone, []string{"a"}, &csi.TopologyRequirement{Requisite: topo("a", "b")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.c.Get(ctx, client.ObjectKey{Name: clone.Name}, got); err != nil || got.Spec.Node != "a" || got.Spec.ContentSource.Node != "" {
@@ -248,7 +248,7 @@ func TestPlaceVolume(t *testing.T) {
 	}
 	clone2 := newVolume("clone2", 5*mi)
 	clone2.Spec.ContentSource = &v1.ContentSource{Volume: "vol-src"}
-	err = b.placeVolume(ctx, clone2, "a", &csi.TopologyRequirement{Requisite: topo("b"), Preferred: topo("b")})
+	err = b.placeVolume(ctx, clone2, []string{"a"}, &csi.TopologyRequirement{Requisite: topo("b"), Preferred: topo("b")})
 	if !errors.Is(err, contract.ErrNoSpace) || !strings.Contains(err.Error(), "serves no transfer channel") {
 		t.Errorf("clone onto a node without a channel: %v, want ErrNoSpace (the provisioner reschedules)", err)
 	}
@@ -257,14 +257,14 @@ func TestPlaceVolume(t *testing.T) {
 		return n
 	}
 	bt := fakeBackend(t, 0, withChannel(node("a", 50*mi, 50*mi, 0)), withChannel(node("b", 100*mi, 100*mi, 0)))
-	if err := bt.placeVolume(ctx, clone2, "a", &csi.TopologyRequirement{Requisite: topo("a", "b"), Preferred: topo("b", "a")}); err != nil {
+	if err := bt.placeVolume(ctx, clone2, []string{"a"}, &csi.TopologyRequirement{Requisite: topo("a", "b"), Preferred: topo("b", "a")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := bt.c.Get(ctx, client.ObjectKey{Name: clone2.Name}, got); err != nil || got.Spec.Node != "b" || got.Spec.ContentSource.Node != "a" {
 		t.Errorf("clone for a pod on b placed on %q from %+v (%v), want b with a transfer from a", got.Spec.Node, got.Spec.ContentSource, err)
 	}
 
-	if err := fakeBackend(t, 0).placeVolume(ctx, newVolume("v", mi), "", nil); !errors.Is(err, contract.ErrNoSpace) {
+	if err := fakeBackend(t, 0).placeVolume(ctx, newVolume("v", mi), nil, nil); !errors.Is(err, contract.ErrNoSpace) {
 		t.Errorf("no LocalNode at all: %v, want ErrNoSpace", err)
 	}
 }
@@ -279,7 +279,7 @@ func TestPlaceNeverOversubscribes(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- b.placeVolume(context.Background(), newVolume(fmt.Sprintf("v%d", i), 10*mi), "", nil)
+			errs <- b.placeVolume(context.Background(), newVolume(fmt.Sprintf("v%d", i), 10*mi), nil, nil)
 		}()
 	}
 	wg.Wait()
@@ -316,17 +316,17 @@ func TestPlaceWriteFailsReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.placeVolume(ctx, newVolume("fails", 60*mi), "", nil); !errors.Is(err, fail) {
+	if err := b.placeVolume(ctx, newVolume("fails", 60*mi), nil, nil); !errors.Is(err, fail) {
 		t.Fatalf("placing with a failing write: %v, want the write's error", err)
 	}
 	if r, err := b.room(ctx, "a"); err != nil || r.available != 100*mi {
 		t.Errorf("room after the failed write: %d bytes (%v), want all 100Mi", r.available, err)
 	}
 	lv := newVolume("twice", 30*mi)
-	if err := b.placeVolume(ctx, lv.DeepCopy(), "", nil); err != nil {
+	if err := b.placeVolume(ctx, lv.DeepCopy(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.placeVolume(ctx, lv.DeepCopy(), "", nil); err != nil {
+	if err := b.placeVolume(ctx, lv.DeepCopy(), nil, nil); err != nil {
 		t.Fatalf("placing again what an earlier attempt wrote: %v", err)
 	}
 	if r, err := b.room(ctx, "a"); err != nil || r.available != 70*mi {
@@ -376,7 +376,7 @@ func TestPlacedThenDeletedGivesRoomBack(t *testing.T) {
 	ctx := context.Background()
 	b := fakeBackend(t, 0, node("a", 100*mi, 100*mi, 0))
 	lv := newVolume("v", 30*mi)
-	if err := b.placeVolume(ctx, lv, "", nil); err != nil {
+	if err := b.placeVolume(ctx, lv, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	placedLV := &v1.LocalVolume{}

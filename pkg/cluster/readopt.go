@@ -35,7 +35,9 @@ func (d nodeData) readoptGone(ctx context.Context, kind, id string) error {
 		path = d.vm.DataPath(v)
 	case kind == "Snapshot" && contract.ValidSnapshotID(id):
 		s, err := d.snaps.Get(id)
-		if err != nil {
+		if err != nil || s.Copy {
+			// A copy belongs to its copy object, which still claims it
+			// when the snapshot's own object goes first (orphans).
 			return nil
 		}
 		path = d.snaps.Path(s)
@@ -113,6 +115,9 @@ func (d nodeData) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 	}
 	for _, o := range lss.Items {
 		claimed[o.Name] = true
+		if o.Spec.CopyOf != "" && o.Spec.Node == d.node {
+			claimed[o.Spec.CopyOf] = true
+		}
 	}
 	var out []v1.OrphanedData
 	vols, _, err := d.vm.List("", 0)

@@ -50,6 +50,9 @@ type TransferAuthorizer struct {
 // Authorize returns the create whose source to send, the node it is made
 // on and the certificate that node published.
 func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string) (spec contract.CreateSpec, node, certPEM string, err error) {
+	if snap := contract.SnapshotOfCopy(volumeID); snap != "" {
+		return a.authorizeCopy(ctx, volumeID, snap)
+	}
 	lv := &v1.LocalVolume{}
 	if err := a.Reader.Get(ctx, client.ObjectKey{Name: volumeID}, lv); apierrors.IsNotFound(err) {
 		return spec, "", "", fmt.Errorf("%w: no LocalVolume %s", contract.ErrNotFound, volumeID)
@@ -125,20 +128,10 @@ const sourceGoneAfter = 10 * time.Minute
 // has been without a fresh heartbeat for sourceGoneAfter.
 func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (local *contract.Volume, retry time.Duration) {
 	cs := lv.Spec.ContentSource
-	t := lv.Status.Transfer
-	if t == nil || t.SourceNode != cs.Node {
-		t = &v1.VolumeTransfer{SourceNode: cs.Node, StartTime: ptrNow()}
-		lv.Status.Transfer = t
+	t, wait := beginAttempt(&lv.Status.Transfer, cs.Node)
+	if wait > 0 {
+		return nil, wait
 	}
-	if t.LastAttemptTime != nil && t.LastError != "" {
-		// A status write of this node woke the reconcile: wait out the backoff.
-		if wait := time.Until(t.LastAttemptTime.Add(transferRetry(t.Attempts))); wait > 0 {
-			return nil, wait
-		}
-	}
-	t.Attempts++
-	t.LastAttemptTime = ptrNow()
-	t.BytesDone, t.BytesTotal = resource.Quantity{}, resource.Quantity{}
 	lv.Status.Phase = v1.PhasePending
 	fail := func(err error) (*contract.Volume, time.Duration) {
 		lv.Status.Phase, lv.Status.ErrorCode = v1.PhaseFailed, codeName(err)
@@ -251,6 +244,23 @@ type progress struct {
 const progressEvery = 2 * time.Second
 
 func (r *LocalVolumeReconciler) startProgress(ctx context.Context, lv *v1.LocalVolume) *progress {
+	return startProgress(ctx, func(done, total int64) {
+		obj := lv.DeepCopy()
+		base := obj.DeepCopy()
+		// The stored object may hold no transfer yet: send all of it.
+		base.Status.Transfer = nil
+		obj.Status.Transfer.BytesDone, obj.Status.Transfer.BytesTotal = quantity(done), quantity(total)
+		setReady(&obj.Status.Conditions, obj.Generation, false, "Transferring",
+			fmt.Sprintf("copying from node %s: %s of about %s", obj.Status.Transfer.SourceNode, humanBytes(done), humanBytes(total)))
+		if err := r.Client.Status().Patch(ctx, obj, client.MergeFrom(base)); err != nil {
+			klog.InfoS("Cannot report transfer progress", "volumeID", lv.Name, "err", err)
+		}
+	})
+}
+
+// startProgress calls publish every progressEvery while the bytes done
+// move on, until stop.
+func startProgress(ctx context.Context, publish func(done, total int64)) *progress {
 	p := &progress{stopc: make(chan struct{})}
 	p.wg.Add(1)
 	go func() {
@@ -273,16 +283,7 @@ func (r *LocalVolumeReconciler) startProgress(ctx context.Context, lv *v1.LocalV
 				continue
 			}
 			last = done
-			obj := lv.DeepCopy()
-			base := obj.DeepCopy()
-			// The stored object may hold no transfer yet: send all of it.
-			base.Status.Transfer = nil
-			obj.Status.Transfer.BytesDone, obj.Status.Transfer.BytesTotal = quantity(done), quantity(total)
-			setReady(&obj.Status.Conditions, obj.Generation, false, "Transferring",
-				fmt.Sprintf("copying from node %s: %s of about %s", obj.Status.Transfer.SourceNode, humanBytes(done), humanBytes(total)))
-			if err := r.Client.Status().Patch(ctx, obj, client.MergeFrom(base)); err != nil {
-				klog.InfoS("Cannot report transfer progress", "volumeID", lv.Name, "err", err)
-			}
+			publish(done, total)
 		}
 	}()
 	return p

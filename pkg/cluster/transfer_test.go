@@ -89,3 +89,56 @@ func TestTransferAuthorizer(t *testing.T) {
 		}
 	}
 }
+
+// TestTransferAuthorizerCopies: node a allows a pull of a snapshot copy only
+// for the copy object of a snapshot that a cut, while the copy is being
+// made on the node the object names, with that node's certificate.
+func TestTransferAuthorizerCopies(t *testing.T) {
+	bPEM := selfSigned(t, time.Now().Add(time.Hour))
+	const (
+		onA = "snap-0123456789abcdef0123456789abcdef"
+		onC = "snap-0123456789abcdef0123456789abcde0"
+	)
+	snap := func(id, node string) *v1.LocalSnapshot {
+		return &v1.LocalSnapshot{
+			ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: node}},
+			Spec:       v1.LocalSnapshotSpec{SourceVolume: "vol-00000000000000000000000000000001", Node: node, Copies: 2},
+			Status:     v1.LocalSnapshotStatus{ReadyToUse: true, Phase: v1.PhaseReady, SizeBytes: quantity(mi), VolumeMode: "Block"},
+		}
+	}
+	copyOf := func(id, node, phase string) *v1.LocalSnapshot {
+		return &v1.LocalSnapshot{
+			ObjectMeta: metav1.ObjectMeta{Name: contract.SnapshotCopyName(id, node), Labels: map[string]string{v1.NodeLabel: node}},
+			Spec:       v1.LocalSnapshotSpec{SourceVolume: "vol-00000000000000000000000000000001", Node: node, CopyOf: id},
+			Status:     v1.LocalSnapshotStatus{Phase: phase},
+		}
+	}
+	misnamed := copyOf(onA, "b", v1.PhasePending)
+	misnamed.Name = contract.SnapshotCopyName(onA, "x")
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(
+		&v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: v1.LocalNodeStatus{Transfer: &v1.TransferEndpoint{Address: "b:9811", Certificate: bPEM}}},
+		snap(onA, "a"), snap(onC, "c"),
+		copyOf(onA, "b", v1.PhasePending), copyOf(onC, "b", v1.PhasePending), copyOf(onA, "d", v1.PhaseReady), copyOf(onA, "a", v1.PhasePending), misnamed,
+	).Build()
+	a := &TransferAuthorizer{Reader: c, NodeID: "a"}
+	ctx := context.Background()
+	spec, node, cert, err := a.Authorize(ctx, contract.SnapshotCopyName(onA, "b"))
+	if err != nil || spec.SourceSnapshotID != onA || spec.SizeBytes != mi || spec.AccessType != contract.AccessBlock || node != "b" || cert != bPEM {
+		t.Fatalf("b pulling its copy of a's snapshot: %+v on %q with its certificate %v, %v", spec, node, cert == bPEM, err)
+	}
+	for _, tc := range []struct {
+		name, id string
+		want     error
+		msg      string
+	}{
+		{"a copy of another node's snapshot", contract.SnapshotCopyName(onC, "b"), contract.ErrRefused, "not cut on node a"},
+		{"a copy already made", contract.SnapshotCopyName(onA, "d"), contract.ErrRefused, "Ready already"},
+		{"a copy on a itself", contract.SnapshotCopyName(onA, "a"), contract.ErrRefused, "does not belong to another node"},
+		{"a copy object named for another node", misnamed.Name, contract.ErrRefused, "is not a copy of snapshot"},
+		{"no such copy", contract.SnapshotCopyName(onA, "e"), contract.ErrNotFound, "no LocalSnapshot"},
+	} {
+		if _, _, _, err := a.Authorize(ctx, tc.id); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %v containing %q", tc.name, err, tc.want, tc.msg)
+		}
+	}
+}

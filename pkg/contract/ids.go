@@ -54,3 +54,21 @@ func GroupSnapshotIDFor(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "group-" + hex.EncodeToString(sum[:16])
 }
+
+var snapshotCopyPattern = regexp.MustCompile(`^(snap-[0-9a-f]{32})-copy-[0-9a-f]{8}$`)
+
+// SnapshotCopyName is the name of the LocalSnapshot that is snapshot id's
+// copy on node: id + "-copy-" + a SHA-256 prefix of the node id.
+func SnapshotCopyName(id, node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return id + "-copy-" + hex.EncodeToString(sum[:4])
+}
+
+// SnapshotOfCopy returns the snapshot_id a copy name is of, or "" when
+// name is not one SnapshotCopyName makes.
+func SnapshotOfCopy(name string) string {
+	if m := snapshotCopyPattern.FindStringSubmatch(name); m != nil {
+		return m[1]
+	}
+	return ""
+}

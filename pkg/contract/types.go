@@ -89,6 +89,12 @@ type Snapshot struct {
 	GroupSnapshotID string
 	// Node is the node id holding the snapshot (controller side only).
 	Node string
+	// Nodes are the nodes holding a complete, verified copy, Node first
+	// (controller side only; nil: Node alone).
+	Nodes []string
+	// Copy marks a node's record of a snapshot cut on another node and
+	// received from it (node side only).
+	Copy bool
 }
 
 // Image reports whether the volume's data is an image file (raw block, or

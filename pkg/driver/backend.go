@@ -43,8 +43,9 @@ type Backend interface {
 	// ListSnapshots pages through snapshots in id order, optionally of one
 	// source volume.
 	ListSnapshots(ctx context.Context, after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
-	// CreateSnapshot snapshots a volume on its node.
-	CreateSnapshot(ctx context.Context, name, sourceVolumeID string, topology *csi.TopologyRequirement) (*contract.Snapshot, error)
+	// CreateSnapshot snapshots a volume on its node, and keeps it on
+	// copies-1 other nodes too (copies <= 1: its node only).
+	CreateSnapshot(ctx context.Context, name, sourceVolumeID string, topology *csi.TopologyRequirement, copies int) (*contract.Snapshot, error)
 	// DeleteSnapshot deletes a snapshot; unknown ids succeed.
 	DeleteSnapshot(ctx context.Context, id string) error
 }
@@ -157,7 +158,10 @@ func (b *LocalBackend) ListSnapshots(_ context.Context, after string, limit int,
 }
 
 // CreateSnapshot implements Backend.
-func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topology *csi.TopologyRequirement) (*contract.Snapshot, error) {
+func (b *LocalBackend) CreateSnapshot(_ context.Context, name, src string, topology *csi.TopologyRequirement, copies int) (*contract.Snapshot, error) {
+	if copies > 1 {
+		return nil, fmt.Errorf("%w: the snapshot parameter copies needs cluster mode: all mode has one node", contract.ErrInvalid)
+	}
 	if !contract.Reachable(topology, b.NodeID) {
 		return nil, fmt.Errorf("%w: accessibility_requirements exclude node %q, where the source volume lives", contract.ErrNoSpace, b.NodeID)
 	}

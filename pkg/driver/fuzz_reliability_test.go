@@ -267,7 +267,7 @@ func (b *memBackend) ListSnapshots(context.Context, string, int, string) ([]*con
 	return nil, "", nil
 }
 
-func (b *memBackend) CreateSnapshot(ctx context.Context, name, src string, _ *csi.TopologyRequirement) (*contract.Snapshot, error) {
+func (b *memBackend) CreateSnapshot(ctx context.Context, name, src string, _ *csi.TopologyRequirement, _ int) (*contract.Snapshot, error) {
 	v, err := b.Volume(ctx, src)
 	if err != nil {
 		return nil, err

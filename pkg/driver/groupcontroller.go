@@ -157,7 +157,7 @@ func (s *groupController) csiGroup(g *contract.GroupSnapshot) *csi.VolumeGroupSn
 	c := &controller{d: s.d}
 	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: true}
 	for _, snap := range g.Snapshots {
-		out.Snapshots = append(out.Snapshots, c.csiSnapshot(snap))
+		out.Snapshots = append(out.Snapshots, c.csiSnapshot(snap, false))
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -11,18 +12,57 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
 
-// csiSnapshot converts a record. accessible_topology is left out: csi-sanity
-// v5.6.0 compares it by reflection with an already marshalled proto (its size
-// cache differs), so any value fails, and no CO consumes it yet.
-func (c *controller) csiSnapshot(s *contract.Snapshot) *csi.Snapshot {
-	return &csi.Snapshot{
-		SnapshotId:      s.ID,
-		SourceVolumeId:  s.SourceVolumeID,
-		SizeBytes:       s.SizeBytes,
-		CreationTime:    timestamppb.New(s.CreatedAt),
-		ReadyToUse:      true,
-		GroupSnapshotId: s.GroupSnapshotID,
+// csiSnapshot converts a record; with topology, accessible_topology names
+// the nodes that hold a complete copy (cluster mode: all mode has one node
+// and names none). CreateSnapshot leaves it out, as only the snapshot's own
+// node holds it then: csi-sanity v5.6.0 compares each of its entries with
+// reflect.DeepEqual against a message it marshalled (whose size cache
+// differs), so any value fails there.
+func (c *controller) csiSnapshot(s *contract.Snapshot, topology bool) *csi.Snapshot {
+	var topo []*csi.Topology
+	if topology {
+		nodes := s.Nodes
+		if len(nodes) == 0 && s.Node != "" {
+			nodes = []string{s.Node}
+		}
+		for _, n := range nodes {
+			topo = append(topo, topologyOf(n)...)
+		}
 	}
+	return &csi.Snapshot{
+		AccessibleTopology: topo,
+		SnapshotId:         s.ID,
+		SourceVolumeId:     s.SourceVolumeID,
+		SizeBytes:          s.SizeBytes,
+		CreationTime:       timestamppb.New(s.CreatedAt),
+		ReadyToUse:         true,
+		GroupSnapshotId:    s.GroupSnapshotID,
+	}
+}
+
+// SnapshotCopiesParam is the VolumeSnapshotClass parameter naming how many
+// nodes keep each snapshot: 1 (its volume's node, the default) to
+// maxSnapshotCopies.
+const SnapshotCopiesParam = "copies"
+
+const maxSnapshotCopies = 3
+
+// SnapshotCopies parses a VolumeSnapshotClass's parameters (a
+// CreateSnapshot's): copies, and no other besides the reserved
+// csi.storage.k8s.io/* ones. Errors: INVALID_ARGUMENT naming the key.
+func SnapshotCopies(params map[string]string) (int, error) {
+	copies := 1
+	for k, v := range userParams(params) {
+		if k != SnapshotCopiesParam {
+			return 0, invalid("unknown snapshot parameter %q (the driver takes %s and the %s* ones); remove it from the VolumeSnapshotClass", k, SnapshotCopiesParam, reservedPrefix)
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxSnapshotCopies {
+			return 0, invalid("snapshot parameter %s=%q: want a whole number from 1 to %d (the nodes that keep each snapshot)", k, v, maxSnapshotCopies)
+		}
+		copies = n
+	}
+	return copies, nil
 }
 
 // snapshotNameKey keeps snapshot names apart from volume names in the
@@ -40,8 +80,9 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if req.GetSourceVolumeId() == "" {
 		return nil, invalid("source_volume_id is required")
 	}
-	for k := range userParams(req.GetParameters()) {
-		return nil, invalid("unknown snapshot parameter %q (the driver takes none besides the %s* ones); remove it from the VolumeSnapshotClass", k, reservedPrefix)
+	copies, err := SnapshotCopies(req.GetParameters())
+	if err != nil {
+		return nil, err
 	}
 	release, err := s.d.names.Acquire("snapshot name", snapshotNameKey(req.GetName()))
 	if err != nil {
@@ -57,7 +98,7 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q already exists as %s of volume %s, not of %s",
 				req.GetName(), existing.ID, existing.SourceVolumeID, req.GetSourceVolumeId())
 		}
-		return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(existing)}, nil
+		return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(existing, false)}, nil
 	}
 	if !contract.ValidVolumeID(req.GetSourceVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "source volume %q not found", req.GetSourceVolumeId())
@@ -67,11 +108,11 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, contract.ToStatus(err)
 	}
 	defer releaseSrc()
-	snap, err := s.d.backend.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId(), req.GetAccessibilityRequirements())
+	snap, err := s.d.backend.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId(), req.GetAccessibilityRequirements(), copies)
 	if err != nil {
 		return nil, contract.ToStatus(err)
 	}
-	return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(snap)}, nil
+	return &csi.CreateSnapshotResponse{Snapshot: s.csiSnapshot(snap, false)}, nil
 }
 
 // DeleteSnapshot deletes a snapshot; unknown ids succeed.
@@ -108,7 +149,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 			return resp, nil // not found: no entries
 		}
 		if src := req.GetSourceVolumeId(); src == "" || src == snap.SourceVolumeID {
-			resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s.csiSnapshot(snap)})
+			resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s.csiSnapshot(snap, true)})
 		}
 		return resp, nil
 	}
@@ -118,7 +159,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	}
 	resp.NextToken = encodeToken(next)
 	for _, snap := range snaps {
-		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s.csiSnapshot(snap)})
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s.csiSnapshot(snap, true)})
 	}
 	return resp, nil
 }
@@ -132,5 +173,5 @@ func (s *controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 	if err != nil {
 		return nil, contract.ToStatus(err)
 	}
-	return &csi.GetSnapshotResponse{Snapshot: s.csiSnapshot(snap)}, nil
+	return &csi.GetSnapshotResponse{Snapshot: s.csiSnapshot(snap, true)}, nil
 }

@@ -42,8 +42,11 @@ type snapshotJSON struct {
 	Engine         contract.Engine     `json:"engine,omitempty"`
 	CreatedAt      time.Time           `json:"createdAt"`
 	// GroupSnapshotID: added after format 2; older records lack it.
-	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
-	Node            string `json:"-"`
+	GroupSnapshotID string   `json:"groupSnapshotID,omitempty"`
+	Node            string   `json:"-"`
+	Nodes           []string `json:"-"`
+	// Copy: received from the node the snapshot was cut on.
+	Copy bool `json:"copy,omitempty"`
 }
 
 // Tx is one transaction over the records.

@@ -143,11 +143,13 @@ func checkPeer(raw [][]byte, want *x509.Certificate, now time.Time) error {
 	return nil
 }
 
-// Authorizer says what the API allows for a pull of the data for volumeID:
-// the create to send the source of (Server sends its SourceSnapshotID or
-// SourceVolumeID), the node it is made on and the certificate that node
-// published, which the client must present (Server checks it); or an
-// error wrapping contract.ErrRefused (answered 403) or contract.ErrNotFound.
+// Authorizer says what the API allows for a pull of the data for volumeID
+// (a volume_id, or the name of a LocalSnapshot that is a snapshot's copy on
+// another node: contract.SnapshotCopyName): the create to send the source
+// of (Server sends its SourceSnapshotID or SourceVolumeID), the node it is
+// made on and the certificate that node published, which the client must
+// present (Server checks it); or an error wrapping contract.ErrRefused
+// (answered 403) or contract.ErrNotFound.
 type Authorizer interface {
 	Authorize(ctx context.Context, volumeID string) (spec contract.CreateSpec, node, certPEM string, err error)
 }
@@ -215,7 +217,7 @@ func (s *Server) admit(ctx context.Context, volumeID string, peer []byte) (contr
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	volumeID, ok := strings.CutPrefix(r.URL.Path, dataPath)
-	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) {
+	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) && contract.SnapshotOfCopy(volumeID) == "" {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
 
@@ -127,6 +128,60 @@ func (m *Store) Receive(spec contract.CreateSpec, r io.Reader, progress func(don
 		}
 		return syncFS(tmp)
 	})
+}
+
+// Receive makes this node's copy of snapshot s, cut on another node, from
+// the stream r that node's Send writes, under s.ID: restores on this node
+// then read it as they read a snapshot cut here. It lands as a snapshot
+// does (write → commit → land), the record only once the whole stream has
+// been applied and its digest matched; a directory snapshot is received
+// into a new volume of the engine (a btrfs subvolume that restores
+// snapshot). An id this node holds already returns its record. Errors:
+// contract.ErrNoSpace when the data does not fit, contract.ErrBusy, or the
+// stream's.
+func (sn *Snapshots) Receive(s contract.Snapshot, r io.Reader, progress func(done, total int64)) (*contract.Snapshot, error) {
+	m := sn.m
+	if !contract.ValidSnapshotID(s.ID) || s.SizeBytes <= 0 {
+		return nil, fmt.Errorf("%w: snapshot copy %q of %d bytes", contract.ErrInvalid, s.ID, s.SizeBytes)
+	}
+	release, err := m.lockChange("a snapshot copy", s.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if have, err := sn.Get(s.ID); err == nil {
+		return have, nil
+	}
+	s.Copy, s.Engine, s.Node, s.Nodes, s.GroupSnapshotID = true, m.eng.Name(), "", nil, ""
+	if err := m.land(landing{
+		what: "snapshot copy",
+		dsts: []string{m.snapPath(&s)},
+		write: func(tmps []string) error {
+			tmp := tmps[0]
+			if err := engine.Remove(tmp); err != nil {
+				return err
+			}
+			if s.Image() {
+				if _, err := engine.Receive(r, tmp, engine.StreamFile, s.SizeBytes, progress); err != nil {
+					return mapNoSpace(err)
+				}
+			} else {
+				if err := m.eng.Create(tmp, s.SizeBytes, 0o755); err != nil {
+					return mapNoSpace(err)
+				}
+				if _, err := engine.Receive(r, tmp, engine.StreamTree, s.SizeBytes, progress); err != nil {
+					return mapNoSpace(err)
+				}
+			}
+			return syncFS(tmp)
+		},
+		commit:   func(tx *state.Tx) error { return tx.PutSnapshot(&s) },
+		uncommit: func(tx *state.Tx) error { return tx.DeleteSnapshot(s.ID) },
+	}); err != nil {
+		return nil, err
+	}
+	klog.V(2).InfoS("Snapshot copy received", "snapshotID", s.ID, "sourceVolumeID", s.SourceVolumeID, "size", s.SizeBytes)
+	return &s, nil
 }
 
 // removeSendCopies removes what a Send cut short by a crash left in sending/

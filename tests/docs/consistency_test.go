@@ -248,8 +248,8 @@ func checkClassParameters(o *unstructured.Unstructured) string {
 			return err.Error()
 		}
 	case "VolumeSnapshotClass":
-		for k := range contract.UserParams(params) {
-			return fmt.Sprintf("parameter %q: a VolumeSnapshotClass of localdir takes none", k)
+		if _, err := driver.SnapshotCopies(params); err != nil {
+			return err.Error()
 		}
 	case "VolumeGroupSnapshotClass":
 		for k, v := range contract.UserParams(params) {

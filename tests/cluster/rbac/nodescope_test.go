@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
 )
 
@@ -114,6 +115,15 @@ func TestNodePluginWritesOnlyItsOwnNode(t *testing.T) {
 	pulling := newLV("vol-0000000000000000000000000000006a", "node-a")
 	pulling.Spec.ContentSource = &v1.ContentSource{Volume: "vol-0000000000000000000000000000001b", Node: "node-b"}
 	mustDeny(t, nodeA.Create(ctx, pulling), "node-a: create a LocalVolume pulling node-b's data", "only the controller asks another node for data")
+	const snapB = "snap-0000000000000000000000000000001b"
+	copying := &v1.LocalSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: contract.SnapshotCopyName(snapB, "node-a"), Labels: map[string]string{v1.NodeLabel: "node-a"}},
+		Spec:       v1.LocalSnapshotSpec{SourceVolume: "vol-0000000000000000000000000000001b", Node: "node-a", CopyOf: snapB},
+	}
+	mustDeny(t, nodeA.Create(ctx, copying), "node-a: create a copy of node-b's snapshot", "only the controller asks another node for a snapshot copy")
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(copying), &v1.LocalSnapshot{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused copy exists: %v", err)
+	}
 	if err := admin.Create(ctx, &v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}); err != nil {
 		t.Fatal(err)
 	}

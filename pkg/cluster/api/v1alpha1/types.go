@@ -37,6 +37,9 @@ const (
 	// still held after their object went away without a delete request
 	// (CRDs deleted, an object deleted by hand). Value: "true".
 	ReadoptedLabel = "localdir.csi.dev/readopted"
+	// CopyOfLabel on a LocalSnapshot that is a copy names the snapshot
+	// (spec.copyOf) it is a copy of, so the controller finds every copy.
+	CopyOfLabel = "localdir.csi.dev/copy-of"
 )
 
 // Annotations of a LocalVolume naming the PVC it was made for (from the
@@ -276,6 +279,21 @@ type LocalSnapshotSpec struct {
 	// LocalVolumeSpec.DeleteData.
 	// +optional
 	DeleteData bool `json:"deleteData,omitempty"`
+	// Copies is how many nodes should hold the snapshot: this one and
+	// Copies-1 others, each with a LocalSnapshot copy of it (the
+	// VolumeSnapshotClass parameter copies). 0 or 1: this node only.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="copies is immutable"
+	Copies int32 `json:"copies,omitempty"`
+	// CopyOf makes this object a copy: spec.node pulls snapshot CopyOf
+	// (a LocalSnapshot cut on another node) from that node over the
+	// node-to-node channel and holds it under the same snapshot_id. Its
+	// name is CopyOf + "-copy-" + a hash of spec.node.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="copyOf is immutable"
+	CopyOf string `json:"copyOf,omitempty"`
 }
 
 // LocalSnapshotStatus is what the node plugin reports.
@@ -301,6 +319,16 @@ type LocalSnapshotStatus struct {
 	// ErrorCode is the gRPC code name of a failed snapshot.
 	// +optional
 	ErrorCode ErrorCode `json:"errorCode,omitempty"`
+	// VolumeMode and FsType are the source volume's, which a copy on
+	// another node records with its data.
+	// +optional
+	VolumeMode string `json:"volumeMode,omitempty"`
+	// +optional
+	FsType string `json:"fsType,omitempty"`
+	// Transfer is a copy's progress (spec.copyOf set): the data pulled
+	// from the node of the snapshot it copies.
+	// +optional
+	Transfer *VolumeTransfer `json:"transfer,omitempty"`
 }
 
 // LocalSnapshot is one CSI snapshot held on one node. Its name is the
@@ -311,6 +339,7 @@ type LocalSnapshotStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceVolume`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Copy Of",type=string,JSONPath=`.spec.copyOf`
 // +kubebuilder:printcolumn:name="Ready",type=boolean,JSONPath=`.status.readyToUse`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.sizeBytes`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

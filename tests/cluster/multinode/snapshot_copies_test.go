@@ -1,0 +1,230 @@
+package multinode
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/tests/treecmp"
+)
+
+// TestSnapshotCopiesSurviveNodeLoss: snapshots of a class with copies "2"
+// (a raw block volume and a directory volume) are kept on a second node,
+// the one with the most room; their accessible_topology names both nodes
+// once the copy is verified. The snapshot's node is then lost (its node
+// plugin stopped, its data root wiped, its heartbeat old): each snapshot
+// restores on the copy's node (a local restore) and on a third node
+// (pulled from the copy), byte for byte. Deleting a snapshot removes the
+// copy's data even while the lost node's own data cannot be reached.
+func TestSnapshotCopiesSurviveNodeLoss(t *testing.T) {
+	c := startTransferNodes(t, 300*mi, 400*mi, 200*mi)
+	ctx := context.Background()
+	pin := func(n string) *csi.TopologyRequirement {
+		return &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf(n)}, Preferred: []*csi.Topology{topologyOf(n)}}
+	}
+	root := func(n string) string { return c.nodes[n].Opts.DataRoot }
+
+	type source struct {
+		name, snapID string
+		caps         []*csi.VolumeCapability
+		check        func(t *testing.T, root, volID string)
+	}
+	var sources []*source
+
+	// A raw block volume with data at an offset, and a directory volume.
+	blockData := treecmp.RandomBytes(11, 5*mi+77)
+	dirData := treecmp.RandomBytes(12, 2*mi+5)
+	for _, s := range []*source{
+		{name: "block", caps: blk, check: func(t *testing.T, root, volID string) {
+			b, err := os.ReadFile(filepath.Join(root, "block", volID+".img"))
+			if err != nil || len(b) != 64*mi || !bytes.Equal(b[3*mi:3*mi+len(blockData)], blockData) {
+				t.Errorf("restored image on %s differs (%d bytes, %v)", root, len(b), err)
+			}
+		}},
+		{name: "dir", caps: mnt, check: func(t *testing.T, root, volID string) {
+			b, err := os.ReadFile(filepath.Join(root, "volumes", volID, "sub", "file"))
+			if err != nil || !bytes.Equal(b, dirData) {
+				t.Errorf("restored directory on %s differs (%d bytes, %v)", root, len(b), err)
+			}
+		}},
+	} {
+		resp, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+			Name: "src-" + s.name, VolumeCapabilities: s.caps, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mi}, AccessibilityRequirements: pin("node-0"),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := resp.GetVolume().GetVolumeId()
+		if s.name == "block" {
+			f, err := os.OpenFile(filepath.Join(root("node-0"), "block", id+".img"), os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(blockData, 3*mi); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+		} else {
+			d := filepath.Join(root("node-0"), "volumes", id, "sub")
+			if err := os.Mkdir(d, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, "file"), dirData, 0o640); err != nil {
+				t.Fatal(err)
+			}
+		}
+		snap, err := c.ctrl.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{
+			Name: "snap-" + s.name, SourceVolumeId: id, Parameters: map[string]string{"copies": "2"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.snapID = snap.GetSnapshot().GetSnapshotId()
+		sources = append(sources, s)
+	}
+
+	// Each copy lands on node-1 (the most room), complete and verified.
+	for _, s := range sources {
+		cp := &v1.LocalSnapshot{}
+		name := contract.SnapshotCopyName(s.snapID, "node-1")
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, cp)
+			if err == nil && (cp.Status.ReadyToUse || cp.Status.Phase == v1.PhaseFailed) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: copy %s on node-1 not ready: %v, %+v", s.name, name, err, cp.Status)
+			}
+		}
+		if !cp.Status.ReadyToUse || cp.Spec.CopyOf != s.snapID || cp.Status.Transfer == nil || cp.Status.Transfer.CompletionTime == nil || cp.Status.Transfer.SourceNode != "node-0" {
+			t.Fatalf("%s: copy %+v %+v, want a ready copy of %s from node-0", s.name, cp.Spec, cp.Status, s.snapID)
+		}
+		resp, err := c.ctrl.Controller.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: s.snapID})
+		if err != nil || len(resp.GetEntries()) != 1 {
+			t.Fatalf("ListSnapshots %s: %v, %v", s.snapID, resp, err)
+		}
+		if got := topologyNodes(resp.GetEntries()[0].GetSnapshot()); !slices.Equal(got, []string{"node-0", "node-1"}) {
+			t.Errorf("%s: accessible_topology %v, want node-0 and node-1", s.name, got)
+		}
+		for _, n := range []string{"node-2"} {
+			if err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.SnapshotCopyName(s.snapID, n)}, &v1.LocalSnapshot{}); err == nil {
+				t.Errorf("%s: a copy on %s too, want one copy", s.name, n)
+			}
+		}
+	}
+	var snapFiles []string
+	for _, s := range sources {
+		p := filepath.Join(root("node-1"), "snapshots", s.snapID)
+		if s.name == "block" {
+			p += ".img"
+			a, _ := os.ReadFile(filepath.Join(root("node-0"), "snapshots", s.snapID+".img"))
+			b, err := os.ReadFile(p)
+			if err != nil || !bytes.Equal(a, b) {
+				t.Errorf("the copy's image on node-1 differs from the snapshot's on node-0 (%v)", err)
+			}
+		} else if b, err := os.ReadFile(filepath.Join(p, "sub", "file")); err != nil || !bytes.Equal(b, dirData) {
+			t.Errorf("the copy's directory on node-1 differs (%v)", err)
+		}
+		snapFiles = append(snapFiles, p)
+	}
+
+	// node-0 is lost: its plugin stopped, its data root wiped, its
+	// heartbeat old.
+	c.nodes["node-0"].Stop(t)
+	ents, err := os.ReadDir(root("node-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(root("node-0"), e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln := &v1.LocalNode{}
+	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: "node-0"}, ln); err != nil {
+		t.Fatal(err)
+	}
+	old := ln.DeepCopy()
+	ln.Status.Heartbeat.Time = time.Now().Add(-11 * time.Minute)
+	if err := c.env.Client.Status().Patch(ctx, ln, client.MergeFrom(old)); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, s := range sources {
+		for _, target := range []struct{ node, from string }{{"node-1", ""}, {"node-2", "node-1"}} {
+			cs := &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: s.snapID}}}
+			var v *csi.Volume
+			for deadline := time.Now().Add(2 * time.Minute); ; {
+				resp, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+					Name: "restore-" + s.name + "-" + target.node, VolumeCapabilities: s.caps, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mi},
+					VolumeContentSource: cs, AccessibilityRequirements: pin(target.node),
+				})
+				if code := status.Code(err); (code == codes.DeadlineExceeded || code == codes.Aborted) && time.Now().Before(deadline) {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s: restore onto %s with node-0 lost: %v", s.name, target.node, err)
+				}
+				v = resp.GetVolume()
+				break
+			}
+			if nodeOfVol(v) != target.node {
+				t.Fatalf("%s: restored onto %s, want %s", s.name, nodeOfVol(v), target.node)
+			}
+			lv := &v1.LocalVolume{}
+			if err := c.env.Client.Get(ctx, client.ObjectKey{Name: v.GetVolumeId()}, lv); err != nil {
+				t.Fatal(err)
+			}
+			if lv.Spec.ContentSource == nil || lv.Spec.ContentSource.Node != target.from {
+				t.Errorf("%s onto %s: content source %+v, want the data from %q", s.name, target.node, lv.Spec.ContentSource, target.from)
+			}
+			s.check(t, root(target.node), v.GetVolumeId())
+		}
+	}
+
+	// Deleting a snapshot removes its copy: the copy's object and data
+	// go; the lost node's own object waits for that node.
+	for i, s := range sources {
+		if _, err := c.ctrl.Controller.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s.snapID}); err != nil {
+			t.Fatal(err)
+		}
+		name := contract.SnapshotCopyName(s.snapID, "node-1")
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, &v1.LocalSnapshot{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the copy's object is still there after DeleteSnapshot (%v)", s.name, err)
+			}
+		}
+		if _, err := os.Stat(snapFiles[i]); !os.IsNotExist(err) {
+			t.Errorf("%s: the copy's data %s is still on node-1 (%v)", s.name, snapFiles[i], err)
+		}
+		ls := &v1.LocalSnapshot{}
+		if err := c.env.Client.Get(ctx, client.ObjectKey{Name: s.snapID}, ls); err != nil || !ls.Spec.DeleteData {
+			t.Errorf("%s: the snapshot's own object: %v, deleteData %v; want it waiting for node-0", s.name, err, ls.Spec.DeleteData)
+		}
+	}
+}
+
+// topologyNodes lists the nodes of a snapshot's accessible_topology.
+func topologyNodes(s *csi.Snapshot) []string {
+	var out []string
+	for _, t := range s.GetAccessibleTopology() {
+		out = append(out, t.GetSegments()[contract.TopologyKey])
+	}
+	return out
+}
