@@ -32,11 +32,17 @@ var (
 // returns the snapshot id (its content's snapshotHandle).
 func snapshotOf(t *testing.T, ns, name, pvc string) string {
 	t.Helper()
+	return snapshotIn(t, ns, name, pvc, "localdir")
+}
+
+// snapshotIn is snapshotOf with the VolumeSnapshotClass class.
+func snapshotIn(t *testing.T, ns, name, pvc, class string) string {
+	t.Helper()
 	ctx := context.Background()
 	snap := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
 		"metadata": map[string]any{"name": name},
-		"spec": map[string]any{"volumeSnapshotClassName": "localdir",
+		"spec": map[string]any{"volumeSnapshotClassName": class,
 			"source": map[string]any{"persistentVolumeClaimName": pvc}},
 	}}
 	if _, err := dyn.Resource(gvrSnapshot).Namespace(ns).Create(ctx, snap, metav1.CreateOptions{}); err != nil {
