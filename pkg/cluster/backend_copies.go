@@ -18,12 +18,13 @@ import (
 // Snapshot copies on the controller side: placing them, reporting where a
 // snapshot is, deleting them with it (snapshot_copy.go has the node side).
 
-// copiesOf is every copy object of snapshot id in the cache.
+// copiesOf is every copy object of snapshot id in the cache, copied out of
+// it (removeSnapshot patches them).
 func (b *ControllerBackend) copiesOf(id string) []*v1.LocalSnapshot {
 	var out []*v1.LocalSnapshot
 	for _, ls := range all[*v1.LocalSnapshot](b.cache.snapshots) {
 		if ls.Spec.CopyOf == id {
-			out = append(out, ls)
+			out = append(out, ls.DeepCopy())
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Spec.Node < out[j].Spec.Node })
