@@ -43,21 +43,19 @@ export E2E_NODES=${E2E_NODES:-2}
 # the ext4 pass: a directory volume's filesystem is the data root's
 # (docs/limitations.md), so the other passes skip it.
 DIR_SKIP='default fs.*provisioning should provision correct filesystem size when restoring snapshot to larger size pvc'
-# Specs whose restoring or cloning pod the scheduler may put on any node:
-# a restore or clone is made on its source's node, which the scheduler
-# does not know (docs/e2e.md). On several nodes they run in a pass whose
-# StorageClass keeps every volume on one node (allowedTopologies, as a
-# user pins a class; the scheduler then puts every pod of those volumes
-# there, also the pods a spec starts without the suite's node selection),
-# with every test pod on that node too (the suite's ClientNodeName).
-# The group snapshot specs go there too: their StatefulSet's pods, and so
-# its volumes, spread over the nodes, and a group is cut on one node
-# (members on different nodes are FAILED_PRECONDITION by design).
-SOURCE_SPECS='provisioning should provision storage with (snapshot|pvc) data source|check restore correctly works|restoring snapshot to larger size pvc|VolumeGroupSnapshottable'
+# The group snapshot specs: their StatefulSet's pods, and so its volumes,
+# spread over the nodes, and a group is cut on one node (members on
+# different nodes are FAILED_PRECONDITION by design). On several nodes they
+# run in a pass whose StorageClass keeps every volume on one node
+# (allowedTopologies, as a user pins a class), with every test pod on that
+# node too (the suite's ClientNodeName). Restores and clones run unpinned:
+# one whose pod the scheduler puts on another node is copied there
+# (docs/design.md, node-to-node transfer).
+SOURCE_SPECS='VolumeGroupSnapshottable'
 PIN_NODE=localhost
 # pinned <test driver file> <out file> <class>: the driver definition with
-# its StorageClass replaced by <class> (made by pin_class) and every test
-# pod on PIN_NODE.
+# its StorageClass replaced by <class> (made by make_class on PIN_NODE) and
+# every test pod on PIN_NODE.
 pinned() {
 	python3 - "$1" "$2" "$3" "$PIN_NODE" <<'PY'
 import re, sys
@@ -70,10 +68,16 @@ text += f"\n# Added by tests/e2e/k8s-suite.sh: volumes of class {cls} (on node {
 open(out, "w").write(text)
 PY
 }
-# pin_class <name> [<fstype>]: a class as deploy/kubernetes's localdir
-# (WaitForFirstConsumer, expansion, Delete), optionally of image volumes of
-# <fstype>, whose volumes are made on PIN_NODE only.
-pin_class() {
+# make_class <name> <fstype|""> [<node>]: a class as deploy/kubernetes's
+# localdir (WaitForFirstConsumer, expansion, Delete), of image volumes of
+# <fstype> if one is given, whose volumes are made on <node> only if one
+# is given.
+make_class() {
+	local topo=""
+	[ -n "${3:-}" ] && topo="allowedTopologies:
+  - matchLabelExpressions:
+      - key: topology.localdir.csi.dev/node
+        values: [$3]"
 	kubectl --kubeconfig="$KUBECONFIG" apply -f - >/dev/null <<CLASS
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -84,10 +88,7 @@ parameters: {${2:+csi.storage.k8s.io/fstype: $2}}
 volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: true
 reclaimPolicy: Delete
-allowedTopologies:
-  - matchLabelExpressions:
-      - key: topology.localdir.csi.dev/node
-        values: [$PIN_NODE]
+$topo
 CLASS
 }
 
@@ -183,14 +184,14 @@ EOF
 
 t1=$(date +%s)
 if [ -n "${E2E_K8S_PIN:-}" ]; then
-	pin_class localdir-e2e-pinned
+	make_class localdir-e2e-pinned "" "$PIN_NODE"
 	pinned "$ROOT/deploy/kubernetes/test-driver.yaml" "$REPORT/test-driver-pinned.yaml" localdir-e2e-pinned
 	suite "$REPORT" "$REPORT/test-driver-pinned.yaml" "$FOCUS"
 elif [ -z "${E2E_K8S_FOCUS:-}" ] && [ "$E2E_NODES" -gt 1 ]; then
-	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$SOURCE_SPECS"
-	pin_class localdir-e2e-pinned
+	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$SOURCE_SPECS|$DIR_SKIP"
+	make_class localdir-e2e-pinned "" "$PIN_NODE"
 	pinned "$ROOT/deploy/kubernetes/test-driver.yaml" "$REPORT/test-driver-pinned.yaml" localdir-e2e-pinned
-	suite "$REPORT/pinned" "$REPORT/test-driver-pinned.yaml" "External.Storage.*localdir.csi.dev.*($SOURCE_SPECS)" "$DIR_SKIP"
+	suite "$REPORT/pinned" "$REPORT/test-driver-pinned.yaml" "External.Storage.*localdir.csi.dev.*($SOURCE_SPECS)"
 elif [ -z "${E2E_K8S_FOCUS:-}" ]; then
 	suite "$REPORT" "$ROOT/deploy/kubernetes/test-driver.yaml" "$FOCUS" "$DIR_SKIP"
 else
@@ -200,11 +201,10 @@ fi
 # when restoring snapshot to larger size pvc") only with the driver's
 # default StorageClass, whose volumes are directories: their filesystem is
 # the data root's. Run those specs again with an ext4 image-volume class as
-# the default (test-driver-ext4.yaml).
+# the default (test-driver-ext4.yaml), on every node.
 if [ -z "${E2E_K8S_FOCUS:-}" ]; then
-	pin_class localdir-e2e-ext4 ext4
-	pinned "$ROOT/deploy/kubernetes/test-driver-ext4.yaml" "$REPORT/test-driver-ext4-pinned.yaml" localdir-e2e-ext4
-	suite "$REPORT/ext4" "$REPORT/test-driver-ext4-pinned.yaml" 'External.Storage.*localdir.csi.dev.*default fs.*provisioning'
+	make_class localdir-e2e-ext4 ext4
+	suite "$REPORT/ext4" "$ROOT/deploy/kubernetes/test-driver-ext4.yaml" 'External.Storage.*localdir.csi.dev.*default fs.*provisioning'
 fi
 # The volume-modify specs of raw block volumes, with the I/O limit class.
 if [ -z "${E2E_K8S_FOCUS:-}" ] || [[ "$E2E_K8S_FOCUS" == *volume-modify* ]]; then

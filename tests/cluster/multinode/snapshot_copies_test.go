@@ -228,3 +228,75 @@ func topologyNodes(s *csi.Snapshot) []string {
 	}
 	return out
 }
+
+// TestSnapshotCopyWaitsForRoom: with copies "2" and no other node with
+// room for the snapshot, the snapshot is ready on its own node alone (its
+// accessible_topology in ListSnapshots says so) and no copy is placed; once the other node
+// has room (a volume there deleted), the controller's next pass places the
+// copy there and the topology names both nodes.
+func TestSnapshotCopyWaitsForRoom(t *testing.T) {
+	c := startTransferNodes(t, 200*mi, 100*mi)
+	ctx := context.Background()
+	pin := func(n string) *csi.TopologyRequirement {
+		return &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf(n)}, Preferred: []*csi.Topology{topologyOf(n)}}
+	}
+	filler, err := c.create(ctx, "filler", 80*mi, pin("node-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := c.create(ctx, "src", 64*mi, pin("node-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := treecmp.RandomBytes(21, mi+3)
+	if err := os.WriteFile(filepath.Join(c.nodes["node-0"].Opts.DataRoot, "volumes", src.GetVolumeId(), "file"), data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := c.ctrl.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{
+		Name: "snap", SourceVolumeId: src.GetVolumeId(), Parameters: map[string]string{"copies": "2"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.GetSnapshot().GetSnapshotId()
+	if !snap.GetSnapshot().GetReadyToUse() {
+		t.Errorf("snapshot not ready at CreateSnapshot with no room for its copy")
+	}
+	name := contract.SnapshotCopyName(id, "node-1")
+	time.Sleep(3 * time.Second)
+	if resp, err := c.ctrl.Controller.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: id}); err != nil || len(resp.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots: %v, %v", resp, err)
+	} else if got := topologyNodes(resp.GetEntries()[0].GetSnapshot()); !slices.Equal(got, []string{"node-0"}) {
+		t.Errorf("accessible_topology %v, want node-0 alone", got)
+	}
+	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, &v1.LocalSnapshot{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a copy on node-1 without room for it: %v", err)
+	}
+
+	if _, err := c.ctrl.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: filler.GetVolumeId()}); err != nil {
+		t.Fatal(err)
+	}
+	cp := &v1.LocalSnapshot{}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, cp)
+		if err == nil && (cp.Status.ReadyToUse || cp.Status.Phase == v1.PhaseFailed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ready copy on node-1 after room was made: %v, %+v", err, cp.Status)
+		}
+	}
+	if !cp.Status.ReadyToUse {
+		t.Fatalf("copy failed: %+v", cp.Status)
+	}
+	if b, err := os.ReadFile(filepath.Join(c.nodes["node-1"].Opts.DataRoot, "snapshots", id, "file")); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("the copy on node-1 differs (%d bytes, %v)", len(b), err)
+	}
+	resp, err := c.ctrl.Controller.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: id})
+	if err != nil || len(resp.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots: %v, %v", resp, err)
+	}
+	if got := topologyNodes(resp.GetEntries()[0].GetSnapshot()); !slices.Equal(got, []string{"node-0", "node-1"}) {
+		t.Errorf("accessible_topology %v, want node-0 and node-1", got)
+	}
+}
