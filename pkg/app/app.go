@@ -173,6 +173,9 @@ func Run(ctx context.Context, opts driver.Options) error {
 			return err
 		}
 		b.StaleAfter = opts.NodeStaleAfter
+		if _, err := b.StartMover(gctx, cfg, opts.DriverName); err != nil {
+			return err
+		}
 		d, err := driver.NewController(opts, b)
 		if err != nil {
 			return err

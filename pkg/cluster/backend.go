@@ -175,7 +175,7 @@ func (b *ControllerBackend) ListVolumes(ctx context.Context, after string, limit
 	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	var out []*contract.Volume
 	for _, lv := range items {
-		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.Deleting() {
+		if lv.Name <= after || lv.Status.Phase != v1.PhaseReady || lv.Deleting() || lv.Spec.MoveOf != "" {
 			continue
 		}
 		if limit > 0 && len(out) == limit {
@@ -288,6 +288,13 @@ func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Obj
 // DeleteVolume implements driver.Backend by recording the delete intent
 // (deleteWithIntent).
 func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
+	// Its moves first: a move's node removes what arrived only while the
+	// volume's own object says the volume is elsewhere (deleteMoved).
+	for _, mv := range b.movesOf(id) {
+		if err := b.remove(ctx, mv); err != nil {
+			return fmt.Errorf("delete the move of volume %s to node %s: %w", id, mv.Spec.Node, err)
+		}
+	}
 	if deletedAndGone[*v1.LocalVolume](b, b.cache.volumes, id) {
 		return nil // deleted here, and gone since
 	}

@@ -23,7 +23,9 @@ import (
 // grows and modifies their data, reports status, and removes it after
 // spec.deleteData.
 type LocalVolumeReconciler struct {
-	Client    client.Client
+	Client client.Client
+	// Reader reads uncached, for objects of other nodes (a move's volume).
+	Reader    client.Reader
 	NodeID    string
 	Store     NodeStore
 	Snapshots NodeSnapshots
@@ -48,6 +50,9 @@ func (r *LocalVolumeReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		return reconcile.Result{}, r.data().readoptGone(ctx, "Volume", req.Name)
 	} else if err != nil {
 		return reconcile.Result{}, err
+	}
+	if lv.Spec.Node == r.NodeID && lv.Spec.MoveOf != "" && contract.VolumeOfMove(lv.Name) == lv.Spec.MoveOf {
+		return r.reconcileMove(ctx, lv)
 	}
 	if lv.Spec.Node != r.NodeID || !contract.ValidVolumeID(lv.Name) {
 		return reconcile.Result{}, nil

@@ -74,7 +74,7 @@ func (a *NodeAgent) Start(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	c := mgr.GetClient()
-	lvr := &LocalVolumeReconciler{Client: c, NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots, Transfer: a.Transfer,
+	lvr := &LocalVolumeReconciler{Client: c, Reader: mgr.GetAPIReader(), NodeID: a.NodeID, Store: a.Store, Snapshots: a.Snapshots, Transfer: a.Transfer,
 		Recorder: mgr.GetEventRecorderFor("localdir-node")}
 	if err := lvr.SetupWithManager(mgr); err != nil {
 		return err

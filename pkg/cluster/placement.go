@@ -311,6 +311,11 @@ func (b *ControllerBackend) place(ctx context.Context, lv *v1.LocalVolume, node,
 	obj := lv.DeepCopy()
 	obj.Spec.Node = node
 	obj.Labels = map[string]string{v1.NodeLabel: node}
+	for k, v := range lv.Labels {
+		if k != v1.NodeLabel {
+			obj.Labels[k] = v
+		}
+	}
 	if sourceNode != "" && node != sourceNode {
 		obj.Spec.ContentSource.Node = sourceNode
 	}

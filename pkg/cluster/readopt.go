@@ -112,6 +112,9 @@ func (d nodeData) orphans(ctx context.Context) ([]v1.OrphanedData, error) {
 	claimed := map[string]bool{}
 	for _, o := range lvs.Items {
 		claimed[o.Name] = true
+		if o.Spec.MoveOf != "" && o.Spec.Node == d.node {
+			claimed[o.Spec.MoveOf] = true
+		}
 	}
 	for _, o := range lss.Items {
 		claimed[o.Name] = true

@@ -53,6 +53,9 @@ func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string) (sp
 	if snap := contract.SnapshotOfCopy(volumeID); snap != "" {
 		return a.authorizeCopy(ctx, volumeID, snap)
 	}
+	if id := contract.VolumeOfMove(volumeID); id != "" {
+		return a.authorizeMove(ctx, volumeID, id)
+	}
 	lv := &v1.LocalVolume{}
 	if err := a.Reader.Get(ctx, client.ObjectKey{Name: volumeID}, lv); apierrors.IsNotFound(err) {
 		return spec, "", "", fmt.Errorf("%w: no LocalVolume %s", contract.ErrNotFound, volumeID)
@@ -87,6 +90,8 @@ func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string) (sp
 // specOf is the create of lv's volume, its parameters parsed as
 // CreateVolume parsed them: a value written by hand that they refuse fails
 // the create with INVALID_ARGUMENT instead of falling back to a default.
+// A move's is the create of the volume it moves, from no source of this
+// node.
 func specOf(lv *v1.LocalVolume) (contract.CreateSpec, error) {
 	params, err := contract.ParseParams(lv.Spec.Parameters)
 	if err != nil {
@@ -102,7 +107,9 @@ func specOf(lv *v1.LocalVolume) (contract.CreateSpec, error) {
 		MutableParameters: lv.Spec.MutableParameters,
 		DirMode:           params.DirMode,
 	}
-	if cs := lv.Spec.ContentSource; cs != nil {
+	if lv.Spec.MoveOf != "" {
+		spec.ID = lv.Spec.MoveOf
+	} else if cs := lv.Spec.ContentSource; cs != nil {
 		spec.SourceSnapshotID, spec.SourceVolumeID = cs.Snapshot, cs.Volume
 	}
 	return spec, nil

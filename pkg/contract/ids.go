@@ -72,3 +72,21 @@ func SnapshotOfCopy(name string) string {
 	}
 	return ""
 }
+
+var volumeMovePattern = regexp.MustCompile(`^(vol-[0-9a-f]{32})-move-[0-9a-f]{8}$`)
+
+// VolumeMoveName is the name of the LocalVolume that moves volume id onto
+// node: id + "-move-" + a SHA-256 prefix of the node id.
+func VolumeMoveName(id, node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return id + "-move-" + hex.EncodeToString(sum[:4])
+}
+
+// VolumeOfMove returns the volume_id a move name is of, or "" when name is
+// not one VolumeMoveName makes.
+func VolumeOfMove(name string) string {
+	if m := volumeMovePattern.FindStringSubmatch(name); m != nil {
+		return m[1]
+	}
+	return ""
+}

@@ -74,3 +74,20 @@ func TestNewIDs(t *testing.T) {
 		seen[v], seen[s] = true, true
 	}
 }
+
+func TestVolumeMoveName(t *testing.T) {
+	id := NewVolumeID()
+	a, b := VolumeMoveName(id, "node-a"), VolumeMoveName(id, "node-b")
+	if a == b || VolumeOfMove(a) != id || VolumeOfMove(b) != id {
+		t.Fatalf("VolumeMoveName(%s): %q, %q; VolumeOfMove: %q, %q", id, a, b, VolumeOfMove(a), VolumeOfMove(b))
+	}
+	if ValidVolumeID(a) || SnapshotOfCopy(a) != "" {
+		t.Errorf("a move name %q passes as a volume id or a copy name", a)
+	}
+	for _, s := range []string{id, id + "-move-", id + "-move-0123456", id + "-move-0123456789", id + "-copy-01234567",
+		"snap-" + id[4:] + "-move-01234567", id + "-move-01234567/..", "../" + id + "-move-01234567"} {
+		if VolumeOfMove(s) != "" {
+			t.Errorf("VolumeOfMove(%q) = %q, want \"\"", s, VolumeOfMove(s))
+		}
+	}
+}

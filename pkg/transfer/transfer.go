@@ -217,7 +217,7 @@ func (s *Server) admit(ctx context.Context, volumeID string, peer []byte) (contr
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	volumeID, ok := strings.CutPrefix(r.URL.Path, dataPath)
-	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) && contract.SnapshotOfCopy(volumeID) == "" {
+	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) && contract.SnapshotOfCopy(volumeID) == "" && contract.VolumeOfMove(volumeID) == "" {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}

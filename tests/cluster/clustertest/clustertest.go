@@ -119,6 +119,18 @@ func CRDDir(t testing.TB) string { return filepath.Join(Root(t), "deploy", "kube
 // upgrade tests).
 func StartWithCRDs(t testing.TB, crdDir string) *Env {
 	t.Helper()
+	return start(t, crdDir, "")
+}
+
+// StartWithFeatureGates is Start with the API server's --feature-gates
+// (e.g. "MutablePVNodeAffinity=true").
+func StartWithFeatureGates(t testing.TB, gates string) *Env {
+	t.Helper()
+	return start(t, CRDDir(t), gates)
+}
+
+func start(t testing.TB, crdDir, gates string) *Env {
+	t.Helper()
 	testdriver.RequireRoot(t)
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    ToolsDir(t),
@@ -127,6 +139,9 @@ func StartWithCRDs(t testing.TB, crdDir string) *Env {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 	}
 	env.ControlPlane.GetAPIServer().Configure().Append("service-cluster-ip-range", "10.0.0.0/24")
+	if gates != "" {
+		env.ControlPlane.GetAPIServer().Configure().Append("feature-gates", gates)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start control plane: %v", err)
@@ -429,6 +444,9 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 		t.Fatal(err)
 	}
 	b.Wait = 30 * time.Second
+	if _, err := b.StartMover(t.Context(), cfg, o.DriverName); err != nil {
+		t.Fatal(err)
+	}
 	d, err := driver.NewController(o, b)
 	if err != nil {
 		t.Fatal(err)

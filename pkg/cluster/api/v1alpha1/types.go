@@ -40,7 +40,16 @@ const (
 	// CopyOfLabel on a LocalSnapshot that is a copy names the snapshot
 	// (spec.copyOf) it is a copy of, so the controller finds every copy.
 	CopyOfLabel = "localdir.csi.dev/copy-of"
+	// MoveOfLabel on a LocalVolume that moves a volume to another node
+	// names the volume (spec.moveOf), so the controller finds its moves.
+	MoveOfLabel = "localdir.csi.dev/move-of"
 )
+
+// MoveToAnnotation on a PersistentVolumeClaim of localdir names the node to
+// move its volume to, in place: the PVC and its PV stay, the data is copied
+// there and the PV's node affinity follows (docs/troubleshooting.md, "I
+// must drain a node"). It needs the MutablePVNodeAffinity feature gate.
+const MoveToAnnotation = "localdir.csi.dev/move-to"
 
 // Annotations of a LocalVolume naming the PVC it was made for (from the
 // provisioner's --extra-create-metadata), where a transfer's Events go too.
@@ -174,6 +183,14 @@ type LocalVolumeSpec struct {
 	// CSIName is the CreateVolumeRequest name (the PV name under
 	// Kubernetes) the volume was created for.
 	CSIName string `json:"csiName"`
+	// MoveOf makes this object a move: spec.node pulls volume MoveOf (a
+	// LocalVolume on the node spec.contentSource.node names) over the
+	// node-to-node channel and holds it under the same volume_id, for the
+	// controller to make it the volume's node once it is Ready. Its name is
+	// MoveOf + "-move-" + a hash of spec.node.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="moveOf is immutable"
+	MoveOf string `json:"moveOf,omitempty"`
 	// DeleteData is set by the controller's DeleteVolume: the node plugin
 	// then removes the data and deletes this object. Only then is data
 	// removed: an object deleted any other way (by hand, with its CRD, by a

@@ -1,0 +1,332 @@
+package multinode
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lcluster "github.com/localdir-csi/localdir/pkg/cluster"
+	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
+	"github.com/localdir-csi/localdir/tests/treecmp"
+)
+
+const moveGate = "MutablePVNodeAffinity=true"
+
+// startMoveNodes is startTransferNodes on an API server with gates.
+func startMoveNodes(t *testing.T, gates string, capacities ...int64) (*fixture, kubernetes.Interface) {
+	env := clustertest.StartWithFeatureGates(t, gates)
+	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
+	for i, capBytes := range capacities {
+		name := fmt.Sprintf("node-%d", i)
+		c.nodes[name] = env.StartNode(t, name, func(o *driver.Options) {
+			o.CapacityBytes = capBytes
+			o.TransferAddress = "127.0.0.1:0"
+		})
+		env.WaitLocalNode(t, name)
+	}
+	c.ctrl = env.StartController(t, nil)
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, kube
+}
+
+// boundClaim creates a volume of CSI name on node-0 and, as the
+// provisioner and the PV controller would, its PV (pinned to node-0) and a
+// PVC bound to it in namespace default.
+func boundClaim(t *testing.T, c *fixture, kube kubernetes.Interface, name string, caps []*csi.VolumeCapability) *csi.Volume {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: name, VolumeCapabilities: caps, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mi},
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-0")}},
+		// Slow enough for a test to see the move in progress.
+		Parameters: map[string]string{contract.ParamTransferBandwidth: "2Mi"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := corev1.PersistentVolumeFilesystem
+	if caps[0].GetBlock() != nil {
+		mode = corev1.PersistentVolumeBlock
+	}
+	size := resource.MustParse("64Mi")
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:    corev1.ResourceList{corev1.ResourceStorage: size},
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:  &mode,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: driver.DefaultDriverName, VolumeHandle: resp.GetVolume().GetVolumeId(),
+			}},
+			ClaimRef:     &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "default", Name: name},
+			NodeAffinity: nodeAffinityOf(contract.TopologyKey, "node-0"),
+		},
+	}
+	if _, err := kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	empty := ""
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeMode: &mode, StorageClassName: &empty,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}}, VolumeName: name,
+		},
+	}
+	out, err := kube.CoreV1().PersistentVolumeClaims("default").Create(ctx, pvc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Status.Phase = corev1.ClaimBound
+	if _, err := kube.CoreV1().PersistentVolumeClaims("default").UpdateStatus(ctx, out, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetVolume()
+}
+
+func nodeAffinityOf(key, node string) *corev1.VolumeNodeAffinity {
+	return &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: key, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+	}}}}
+}
+
+// pvAffinity is "key=node" of the PV's one node affinity term.
+func pvAffinity(t *testing.T, kube kubernetes.Interface, name string) string {
+	t.Helper()
+	pv, err := kube.CoreV1().PersistentVolumes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0]
+	return e.Key + "=" + strings.Join(e.Values, ",")
+}
+
+func annotateMove(t *testing.T, kube kubernetes.Interface, name, node string) {
+	t.Helper()
+	value := "null"
+	if node != "" {
+		value = `"` + node + `"`
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, v1.MoveToAnnotation, value)
+	if _, err := kube.CoreV1().PersistentVolumeClaims("default").Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitEvent waits for an Event of reason on the object of kind and name in
+// default whose message contains want, and returns its message.
+func waitEvent(t *testing.T, kube kubernetes.Interface, kind, name, reason, want string) string {
+	t.Helper()
+	var seen []string
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		evs, err := kube.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = seen[:0]
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name {
+				seen = append(seen, e.Reason+": "+e.Message)
+				if e.Reason == reason && strings.Contains(e.Message, want) {
+					return e.Message
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s Event on %s %s with %q; its Events: %q", reason, kind, name, want, seen)
+	return ""
+}
+
+func podUsing(name, claim, node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName:   node,
+			Containers: []corev1.Container{{Name: "c", Image: "busybox"}},
+			Volumes: []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+			}}},
+		},
+	}
+}
+
+func deletePod(t *testing.T, kube kubernetes.Interface, name string) {
+	t.Helper()
+	zero := int64(0)
+	if err := kube.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVolumeMoveInPlace: with the MutablePVNodeAffinity gate on, a PVC
+// annotated localdir.csi.dev/move-to=node-1 (a directory volume and a raw
+// block volume) is refused while a scheduled pod uses it, then, once that
+// pod is gone, moved: a pod created meanwhile (not scheduled) gets a
+// WaitingForVolumeMove Event, the PV points at no node during the copy and
+// at node-1 after; the volume's LocalVolume is on node-1, Ready, its data
+// there byte for byte and gone from node-0; the move object is gone; the
+// PVC says VolumeMoved. The PVC and PV are the same objects.
+func TestVolumeMoveInPlace(t *testing.T) {
+	c, kube := startMoveNodes(t, moveGate, 300*mi, 300*mi)
+	ctx := context.Background()
+	root := func(n string) string { return c.nodes[n].Opts.DataRoot }
+	for _, kind := range []struct {
+		name string
+		caps []*csi.VolumeCapability
+		path func(root, id string) string
+	}{
+		{"dir", mnt, func(root, id string) string { return filepath.Join(root, "volumes", id, "data") }},
+		{"block", blk, func(root, id string) string { return filepath.Join(root, "block", id+".img") }},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			name := "move-" + kind.name
+			vol := boundClaim(t, c, kube, name, kind.caps)
+			id := vol.GetVolumeId()
+			data := treecmp.RandomBytes(uint64(len(name)), 3*mi+11)
+			if kind.name == "block" {
+				f, err := os.OpenFile(kind.path(root("node-0"), id), os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteAt(data, 0); err != nil {
+					t.Fatal(err)
+				}
+				f.Close()
+				data = append(data, make([]byte, 64*mi-len(data))...)
+			} else if err := os.WriteFile(kind.path(root("node-0"), id), data, 0o640); err != nil {
+				t.Fatal(err)
+			}
+			pvc, err := kube.CoreV1().PersistentVolumeClaims("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pvUID := mustPV(t, kube, name).UID
+
+			// In use by a pod scheduled to node-0: refused, nothing changes.
+			if _, err := kube.CoreV1().Pods("default").Create(ctx, podUsing(name+"-running", name, "node-0"), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			annotateMove(t, kube, name, "node-1")
+			waitEvent(t, kube, "PersistentVolumeClaim", name, "VolumeMoveRefused", "pod "+name+"-running")
+			if got := pvAffinity(t, kube, name); got != contract.TopologyKey+"=node-0" {
+				t.Errorf("PV affinity %s while the move is refused, want node-0", got)
+			}
+			if err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.VolumeMoveName(id, "node-1")}, &v1.LocalVolume{}); !apierrors.IsNotFound(err) {
+				t.Errorf("a move object while the move is refused: %v", err)
+			}
+
+			// The pod goes, another comes (not scheduled): the move runs.
+			if _, err := kube.CoreV1().Pods("default").Create(ctx, podUsing(name+"-waiting", name, ""), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			deletePod(t, kube, name+"-running")
+			waitEvent(t, kube, "PersistentVolumeClaim", name, "VolumeMoveStarted", "to node node-1")
+			if got := pvAffinity(t, kube, name); got != lcluster.MovingToKey+"=node-1" {
+				t.Errorf("PV affinity %s during the move, want %s=node-1 (no node)", got, lcluster.MovingToKey)
+			}
+			waitEvent(t, kube, "Pod", name+"-waiting", "WaitingForVolumeMove", "node-1")
+			waitEvent(t, kube, "PersistentVolumeClaim", name, "VolumeMoved", "moved to node node-1")
+
+			lv := &v1.LocalVolume{}
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+				err := c.env.Client.Get(ctx, client.ObjectKey{Name: id}, lv)
+				if err == nil && lv.Spec.Node == "node-1" && lv.Status.Phase == v1.PhaseReady {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("LocalVolume %s not Ready on node-1: %v, %+v %+v", id, err, lv.Spec, lv.Status)
+				}
+			}
+			if got := pvAffinity(t, kube, name); got != contract.TopologyKey+"=node-1" {
+				t.Errorf("PV affinity %s after the move, want node-1", got)
+			}
+			if got, err := os.ReadFile(kind.path(root("node-1"), id)); err != nil || !bytes.Equal(got, data) {
+				t.Errorf("the data on node-1 differs (%d bytes, %v)", len(got), err)
+			}
+			if _, err := os.Stat(kind.path(root("node-0"), id)); !os.IsNotExist(err) {
+				t.Errorf("the data is still on node-0 after the move (%v)", err)
+			}
+			if err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.VolumeMoveName(id, "node-1")}, &v1.LocalVolume{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the move object is still there: %v", err)
+			}
+			after, err := kube.CoreV1().PersistentVolumeClaims("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil || after.UID != pvc.UID || mustPV(t, kube, name).UID != pvUID || after.Spec.VolumeName != name {
+				t.Errorf("the PVC or PV was replaced: %v", err)
+			}
+			// The volume is an ordinary volume of node-1 now.
+			got, err := c.ctrl.Controller.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: id})
+			if err != nil || nodeOfVol(got.GetVolume()) != "node-1" {
+				t.Errorf("ControllerGetVolume after the move: %v, %v", got, err)
+			}
+			if _, err := c.ctrl.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+				if _, err := os.Stat(kind.path(root("node-1"), id)); os.IsNotExist(err) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("DeleteVolume after the move left the data on node-1")
+				}
+			}
+		})
+	}
+}
+
+func mustPV(t *testing.T, kube kubernetes.Interface, name string) *corev1.PersistentVolume {
+	t.Helper()
+	pv, err := kube.CoreV1().PersistentVolumes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pv
+}
+
+// TestVolumeMoveRefusedWithoutGate: on an API server without the
+// MutablePVNodeAffinity gate, the annotation gets a VolumeMoveRefused Event
+// that names the gate and the snapshot-and-restore steps; the PV, the
+// volume and its data stay as they were.
+func TestVolumeMoveRefusedWithoutGate(t *testing.T) {
+	c, kube := startMoveNodes(t, "", 300*mi, 300*mi)
+	vol := boundClaim(t, c, kube, "nogate", mnt)
+	annotateMove(t, kube, "nogate", "node-1")
+	msg := waitEvent(t, kube, "PersistentVolumeClaim", "nogate", "VolumeMoveRefused", "MutablePVNodeAffinity")
+	if !strings.Contains(msg, "snapshot") || !strings.Contains(msg, "docs/troubleshooting.md") {
+		t.Errorf("refusal %q does not point at the snapshot-and-restore steps", msg)
+	}
+	time.Sleep(2 * time.Second)
+	if got := pvAffinity(t, kube, "nogate"); got != contract.TopologyKey+"=node-0" {
+		t.Errorf("PV affinity %s, want node-0", got)
+	}
+	lv := &v1.LocalVolume{}
+	if err := c.env.Client.Get(context.Background(), client.ObjectKey{Name: vol.GetVolumeId()}, lv); err != nil || lv.Spec.Node != "node-0" || lv.Status.Phase != v1.PhaseReady {
+		t.Errorf("LocalVolume %v %+v, want Ready on node-0", err, lv.Spec)
+	}
+	lvs := &v1.LocalVolumeList{}
+	if err := c.env.Client.List(context.Background(), lvs); err != nil || len(lvs.Items) != 1 {
+		t.Errorf("LocalVolumes: %d (%v), want the volume's alone", len(lvs.Items), err)
+	}
+	if _, err := os.Stat(filepath.Join(c.nodes["node-0"].Opts.DataRoot, "volumes", vol.GetVolumeId())); err != nil {
+		t.Errorf("the volume's data on node-0: %v", err)
+	}
+}
