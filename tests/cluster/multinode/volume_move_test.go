@@ -330,3 +330,164 @@ func TestVolumeMoveRefusedWithoutGate(t *testing.T) {
 		t.Errorf("the volume's data on node-0: %v", err)
 	}
 }
+
+// moveOf waits until the move of volume id to node-1 satisfies cond.
+func moveOf(t *testing.T, c *fixture, id, what string, cond func(*v1.LocalVolume) bool) *v1.LocalVolume {
+	t.Helper()
+	mv := &v1.LocalVolume{}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		err := c.env.Client.Get(context.Background(), client.ObjectKey{Name: contract.VolumeMoveName(id, "node-1")}, mv)
+		if err == nil && cond(mv) {
+			return mv
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("move of %s: %s did not happen (%v, status %+v)", id, what, err, mv.Status)
+		}
+	}
+}
+
+// blockClaim is boundClaim of a raw block volume with n random bytes at
+// offset 0; it returns the volume id and the whole image it should hold.
+func blockClaim(t *testing.T, c *fixture, kube kubernetes.Interface, name string, n int) (string, []byte) {
+	t.Helper()
+	id := boundClaim(t, c, kube, name, blk).GetVolumeId()
+	data := treecmp.RandomBytes(uint64(len(name)), n)
+	f, err := os.OpenFile(filepath.Join(c.nodes["node-0"].Opts.DataRoot, "block", id+".img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	return id, append(data, make([]byte, 64*mi-n)...)
+}
+
+func imageOf(p *clustertest.Plugin, id string) ([]byte, error) {
+	return os.ReadFile(filepath.Join(p.Opts.DataRoot, "block", id+".img"))
+}
+
+// TestVolumeMoveFaults: a move survives either node plugin restarting in
+// the middle of the copy; a move called off (the annotation removed) or
+// failed (the source node lost for good) puts the PV back on the old node
+// and leaves the data there untouched and nothing on the target; a target
+// without room is refused before anything changes.
+func TestVolumeMoveFaults(t *testing.T) {
+	c, kube := startMoveNodes(t, moveGate, 500*mi, 300*mi)
+	ctx := context.Background()
+	parent := t
+	for _, side := range []string{"node-0", "node-1"} {
+		t.Run("restart "+side, func(t *testing.T) {
+			name := "restart-" + side
+			id, want := blockClaim(t, c, kube, name, 8*mi)
+			annotateMove(t, kube, name, "node-1")
+			moveOf(t, c, id, "bytes arriving", moving)
+			p := c.nodes[side]
+			p.Stop(t)
+			time.Sleep(time.Second)
+			c.nodes[side] = c.env.StartNodeWith(parent, p.Dir, p.Opts)
+			waitEvent(t, kube, "PersistentVolumeClaim", name, "VolumeMoved", "moved to node node-1")
+			if got, err := imageOf(c.nodes["node-1"], id); err != nil || !bytes.Equal(got, want) {
+				t.Errorf("the image on node-1 differs (%d bytes, %v)", len(got), err)
+			}
+			if _, err := imageOf(c.nodes["node-0"], id); !os.IsNotExist(err) {
+				t.Errorf("the image is still on node-0 (%v)", err)
+			}
+			if left := creating(t, c.nodes["node-1"]); len(left) != 0 {
+				t.Errorf("left behind on node-1: %v", left)
+			}
+		})
+	}
+
+	t.Run("no room", func(t *testing.T) {
+		// node-1 holds the two volumes moved above: 172 MiB are left.
+		filler, err := c.create(ctx, "filler", 130*mi, &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-1")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, want := blockClaim(t, c, kube, "noroom", 2*mi)
+		annotateMove(t, kube, "noroom", "node-1")
+		waitEvent(t, kube, "PersistentVolumeClaim", "noroom", "VolumeMoveRefused", "node node-1 cannot take")
+		if got := pvAffinity(t, kube, "noroom"); got != contract.TopologyKey+"=node-0" {
+			t.Errorf("PV affinity %s, want node-0", got)
+		}
+		if err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.VolumeMoveName(id, "node-1")}, &v1.LocalVolume{}); !apierrors.IsNotFound(err) {
+			t.Errorf("a move object without room: %v", err)
+		}
+		if got, err := imageOf(c.nodes["node-0"], id); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("the image on node-0 changed (%v)", err)
+		}
+		annotateMove(t, kube, "noroom", "")
+		if _, err := c.ctrl.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: filler.GetVolumeId()}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// stopped checks that a move of id that did not happen left the PV
+	// and the data on node-0 and nothing on node-1.
+	stopped := func(t *testing.T, name, id string, want []byte) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); pvAffinity(t, kube, name) != contract.TopologyKey+"=node-0"; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("PV affinity %s, want node-0 again", pvAffinity(t, kube, name))
+			}
+		}
+		lv := &v1.LocalVolume{}
+		if err := c.env.Client.Get(ctx, client.ObjectKey{Name: id}, lv); err != nil || lv.Spec.Node != "node-0" || lv.Deleting() {
+			t.Errorf("LocalVolume %v %+v, want it on node-0 as before", err, lv.Spec)
+		}
+		if got, err := imageOf(c.nodes["node-0"], id); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("the image on node-0 differs (%d bytes, %v)", len(got), err)
+		}
+	}
+
+	t.Run("called off", func(t *testing.T) {
+		id, want := blockClaim(t, c, kube, "calledoff", 8*mi)
+		annotateMove(t, kube, "calledoff", "node-1")
+		moveOf(t, c, id, "bytes arriving", moving)
+		annotateMove(t, kube, "calledoff", "")
+		waitEvent(t, kube, "PersistentVolumeClaim", "calledoff", "VolumeMoveCalledOff", "called off")
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.VolumeMoveName(id, "node-1")}, &v1.LocalVolume{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the move object of a called-off move stays: %v", err)
+			}
+		}
+		stopped(t, "calledoff", id, want)
+		if _, err := imageOf(c.nodes["node-1"], id); !os.IsNotExist(err) {
+			t.Errorf("a called-off move left the image on node-1 (%v)", err)
+		}
+		if left := creating(t, c.nodes["node-1"]); len(left) != 0 {
+			t.Errorf("left behind on node-1: %v", left)
+		}
+	})
+
+	t.Run("source lost", func(t *testing.T) {
+		// 12 s at 2 MiB/s: the copy is still running when node-0 stops.
+		id, want := blockClaim(t, c, kube, "lost", 24*mi)
+		annotateMove(t, kube, "lost", "node-1")
+		moveOf(t, c, id, "bytes arriving", moving)
+		c.nodes["node-0"].Stop(t)
+		ln := &v1.LocalNode{}
+		if err := c.env.Client.Get(ctx, client.ObjectKey{Name: "node-0"}, ln); err != nil {
+			t.Fatal(err)
+		}
+		old := ln.DeepCopy()
+		ln.Status.Heartbeat.Time = time.Now().Add(-11 * time.Minute)
+		if err := c.env.Client.Status().Patch(ctx, ln, client.MergeFrom(old)); err != nil {
+			t.Fatal(err)
+		}
+		msg := waitEvent(t, kube, "PersistentVolumeClaim", "lost", "VolumeMoveFailed", "node-0")
+		t.Logf("source lost: %s", msg)
+		stopped(t, "lost", id, want)
+		if _, err := imageOf(c.nodes["node-1"], id); !os.IsNotExist(err) {
+			t.Errorf("a failed move left the image on node-1 (%v)", err)
+		}
+		if left := creating(t, c.nodes["node-1"]); len(left) != 0 {
+			t.Errorf("left behind on node-1: %v", left)
+		}
+	})
+}
