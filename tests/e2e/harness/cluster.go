@@ -344,6 +344,9 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
 		"--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
+		// A PV's node affinity may change: localdir's in-place volume
+		// move (alpha in v1.37, off by default).
+		"--feature-gates=MutablePVNodeAffinity=true",
 		"-v=1"); err != nil {
 		return err
 	}
