@@ -142,3 +142,65 @@ func TestTransferAuthorizerCopies(t *testing.T) {
 		}
 	}
 }
+
+// TestTransferAuthorizerMoves: node a allows a pull for a move object only
+// when it moves a volume a holds, from a, to the node the object names,
+// while the move runs; it sends the volume itself (the move's spec is the
+// volume's, under the volume's id).
+func TestTransferAuthorizerMoves(t *testing.T) {
+	bPEM := selfSigned(t, time.Now().Add(time.Hour))
+	const (
+		onA  = "vol-00000000000000000000000000000001"
+		onC  = "vol-00000000000000000000000000000002"
+		gone = "vol-00000000000000000000000000000003"
+	)
+	vol := func(id, node string) *v1.LocalVolume {
+		return &v1.LocalVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1.NodeLabel: node}},
+			Spec:       v1.LocalVolumeSpec{Node: node, Size: quantity(3 * mi), CSIName: "pv-" + id, VolumeMode: "Block"},
+			Status:     v1.LocalVolumeStatus{Phase: v1.PhaseReady},
+		}
+	}
+	move := func(id, node, source, phase string) *v1.LocalVolume {
+		mv := vol(id, node)
+		mv.Name = contract.VolumeMoveName(id, node)
+		mv.Labels[v1.MoveOfLabel] = id
+		mv.Spec.MoveOf, mv.Spec.ContentSource = id, &v1.ContentSource{Volume: id, Node: source}
+		mv.Status.Phase = phase
+		return mv
+	}
+	misnamed := move(onA, "b", "a", v1.PhasePending)
+	misnamed.Name = contract.VolumeMoveName(onA, "x")
+	fromSnap := move(onA, "e", "a", v1.PhasePending)
+	fromSnap.Spec.ContentSource.Snapshot = "snap-0123456789abcdef0123456789abcdef"
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(
+		&v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: v1.LocalNodeStatus{Transfer: &v1.TransferEndpoint{Address: "b:9811", Certificate: bPEM}}},
+		vol(onA, "a"), vol(onC, "c"),
+		move(onA, "b", "a", v1.PhasePending), move(onC, "b", "a", v1.PhasePending), move(onA, "d", "a", v1.PhaseReady),
+		move(onA, "f", "c", v1.PhasePending), move(gone, "b", "a", v1.PhasePending), misnamed, fromSnap,
+	).Build()
+	a := &TransferAuthorizer{Reader: c, NodeID: "a"}
+	ctx := context.Background()
+	spec, node, cert, err := a.Authorize(ctx, contract.VolumeMoveName(onA, "b"))
+	if err != nil || spec.ID != onA || spec.SourceVolumeID != onA || spec.SourceSnapshotID != "" || spec.SizeBytes != 3*mi ||
+		spec.AccessType != contract.AccessBlock || node != "b" || cert != bPEM {
+		t.Fatalf("b pulling the volume moving to it from a: %+v on %q with its certificate %v, %v", spec, node, cert == bPEM, err)
+	}
+	for _, tc := range []struct {
+		name, id string
+		want     error
+		msg      string
+	}{
+		{"a move of a volume held on another node", contract.VolumeMoveName(onC, "b"), contract.ErrRefused, "not held on node a"},
+		{"a move from another node", contract.VolumeMoveName(onA, "f"), contract.ErrRefused, "from node a"},
+		{"a move already made", contract.VolumeMoveName(onA, "d"), contract.ErrRefused, "Ready already"},
+		{"a move object named for another node", misnamed.Name, contract.ErrRefused, "is not a move of volume"},
+		{"a move from a snapshot", fromSnap.Name, contract.ErrRefused, "does not move volume"},
+		{"a move of a volume without a LocalVolume", contract.VolumeMoveName(gone, "b"), contract.ErrNotFound, "no LocalVolume " + gone},
+		{"no such move", contract.VolumeMoveName(onA, "g"), contract.ErrNotFound, "no LocalVolume"},
+	} {
+		if _, _, _, err := a.Authorize(ctx, tc.id); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %v containing %q", tc.name, err, tc.want, tc.msg)
+		}
+	}
+}
