@@ -26,8 +26,8 @@ type nodeTransfer struct {
 
 func (t *nodeTransfer) Address() string { return t.address }
 
-func (t *nodeTransfer) Pull(ctx context.Context, node, address, certPEM, volumeID string) (io.ReadCloser, error) {
-	return t.client.Pull(ctx, node, address, certPEM, volumeID)
+func (t *nodeTransfer) Pull(ctx context.Context, node, address, certPEM, volumeID, base string) (io.ReadCloser, error) {
+	return t.client.Pull(ctx, node, address, certPEM, volumeID, base)
 }
 
 var _ cluster.Transfer = (*nodeTransfer)(nil)

@@ -31,7 +31,7 @@ type NodeSnapshots interface {
 	List(after string, limit int, sourceVolumeID string) ([]*contract.Snapshot, string, error)
 	Create(spec contract.SnapshotSpec) (*contract.Snapshot, error)
 	Delete(id string) error
-	Receive(s contract.Snapshot, r io.Reader, progress func(done, total int64)) (*contract.Snapshot, error)
+	Receive(s contract.Snapshot, base string, r io.Reader, progress func(done, total int64)) (*contract.Snapshot, error)
 	Path(s *contract.Snapshot) string
 	CreateGroupWithIDs(name string, sourceIDs, snapshotIDs []string) (*contract.GroupSnapshot, error)
 }

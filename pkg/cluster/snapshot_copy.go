@@ -27,8 +27,11 @@ import (
 
 // authorizeCopy is Authorize for name, the LocalSnapshot that asks for a
 // copy of snapshot snap: allowed while that copy is being made, on another
-// node, of a snapshot this node cut and holds.
-func (a *TransferAuthorizer) authorizeCopy(ctx context.Context, name, snap string) (spec contract.CreateSpec, node, certPEM string, err error) {
+// node, of a snapshot this node cut and holds. base, when it is another
+// snapshot of the same volume that this node cut and the copy's node holds
+// a ready copy of, becomes the spec's BaseSnapshotID; any other is ignored
+// (the whole snapshot is sent).
+func (a *TransferAuthorizer) authorizeCopy(ctx context.Context, name, snap, base string) (spec contract.CreateSpec, node, certPEM string, err error) {
 	refuse := func(why string) (contract.CreateSpec, string, string, error) {
 		return spec, "", "", fmt.Errorf("%w: LocalSnapshot %s %s", contract.ErrRefused, name, why)
 	}
@@ -70,7 +73,38 @@ func (a *TransferAuthorizer) authorizeCopy(ctx context.Context, name, snap strin
 		AccessType:       accessType(ls.Status.VolumeMode),
 		FsType:           ls.Status.FsType,
 	}
+	if base != "" {
+		if why := a.baseRefused(ctx, ls, base, cp.Spec.Node); why != "" {
+			klog.InfoS("Snapshot copy: sending the whole snapshot, not its difference from the base asked for", "snapshotID", snap, "base", base, "node", cp.Spec.Node, "reason", why)
+		} else {
+			spec.BaseSnapshotID = base
+		}
+	}
 	return spec, cp.Spec.Node, ln.Status.Transfer.Certificate, nil
+}
+
+// baseRefused says why snapshot base cannot be the base of an incremental
+// copy of ls to node ("" when it can): it must be another snapshot of the
+// same volume, cut on this node, with a ready copy on node.
+func (a *TransferAuthorizer) baseRefused(ctx context.Context, ls *v1.LocalSnapshot, base, node string) string {
+	b := &v1.LocalSnapshot{}
+	if base == ls.Name {
+		return "the snapshot itself"
+	}
+	if err := a.Reader.Get(ctx, client.ObjectKey{Name: base}, b); err != nil {
+		return err.Error()
+	}
+	if b.Spec.Node != a.NodeID || b.Spec.CopyOf != "" || b.Spec.SourceVolume != ls.Spec.SourceVolume || !b.Status.ReadyToUse || b.Deleting() {
+		return "not a ready snapshot of volume " + ls.Spec.SourceVolume + " cut on node " + a.NodeID
+	}
+	cp := &v1.LocalSnapshot{}
+	if err := a.Reader.Get(ctx, client.ObjectKey{Name: contract.SnapshotCopyName(base, node)}, cp); err != nil {
+		return "no copy on node " + node + ": " + err.Error()
+	}
+	if cp.Spec.CopyOf != base || cp.Spec.Node != node || !cp.Status.ReadyToUse || cp.Deleting() {
+		return "its copy on node " + node + " is not ready"
+	}
+	return ""
 }
 
 // reconcileCopy carries out a copy LocalSnapshot of this node.
@@ -169,7 +203,11 @@ func (r *LocalSnapshotReconciler) copy(ctx context.Context, cp *v1.LocalSnapshot
 	if ln.Status.Transfer == nil {
 		return again(fmt.Errorf("node %s serves no transfer channel (its node plugin is older, or not running)", ls.Spec.Node))
 	}
-	body, err := r.Transfer.Pull(ctx, ls.Spec.Node, ln.Status.Transfer.Address, ln.Status.Transfer.Certificate, cp.Name)
+	base := ""
+	if t.Attempts <= 2 { // a base that keeps failing (a checksum mismatch) is given up
+		base = r.copyBase(ctx, ls)
+	}
+	body, err := r.Transfer.Pull(ctx, ls.Spec.Node, ln.Status.Transfer.Address, ln.Status.Transfer.Certificate, cp.Name, base)
 	if err != nil {
 		if errors.Is(err, contract.ErrNotFound) || errors.Is(err, contract.ErrInvalid) {
 			return fail(err)
@@ -199,7 +237,7 @@ func (r *LocalSnapshotReconciler) copy(ctx context.Context, cp *v1.LocalSnapshot
 	s, err := r.Snapshots.Receive(contract.Snapshot{
 		ID: id, Name: name, SourceVolumeID: ls.Spec.SourceVolume, SizeBytes: ls.Status.SizeBytes.Value(),
 		AccessType: accessType(ls.Status.VolumeMode), FsType: ls.Status.FsType, CreatedAt: created.UTC(),
-	}, body, prog.update)
+	}, base, body, prog.update)
 	done, total := prog.stop()
 	t.BytesDone, t.BytesTotal = quantity(done), quantity(total)
 	switch {
@@ -211,6 +249,40 @@ func (r *LocalSnapshotReconciler) copy(ctx context.Context, cp *v1.LocalSnapshot
 		return again(err)
 	}
 	return r.copied(cp, ls, s, done)
+}
+
+// copyBase is the snapshot an image snapshot ls may be copied
+// incrementally from: the newest other snapshot of the same volume, cut on
+// ls's node, of which this node holds a copy; "" when there is none (or ls
+// is a directory snapshot: those are copied whole). Any such snapshot
+// gives a correct copy (the result is checked block for block); the newest
+// differs least.
+func (r *LocalSnapshotReconciler) copyBase(ctx context.Context, ls *v1.LocalSnapshot) string {
+	if accessType(ls.Status.VolumeMode) != contract.AccessBlock && ls.Status.FsType == "" {
+		return ""
+	}
+	list := &v1.LocalSnapshotList{}
+	if err := r.Reader.List(ctx, list); err != nil {
+		return ""
+	}
+	var best *v1.LocalSnapshot
+	for i := range list.Items {
+		b := &list.Items[i]
+		if b.Name == ls.Name || b.Spec.CopyOf != "" || b.Spec.Node != ls.Spec.Node || b.Spec.SourceVolume != ls.Spec.SourceVolume ||
+			!b.Status.ReadyToUse || b.Deleting() || b.Status.CreationTime == nil {
+			continue
+		}
+		if s, err := r.Snapshots.Get(b.Name); err != nil || !s.Copy || !s.Image() {
+			continue
+		}
+		if best == nil || best.Status.CreationTime.Before(b.Status.CreationTime) {
+			best = b
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	return best.Name
 }
 
 // copied records cp as a complete copy of ls.

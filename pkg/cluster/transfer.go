@@ -32,8 +32,9 @@ type Transfer interface {
 	// RotateIfOld renews the key before its certificate expires.
 	RotateIfOld() error
 	// Pull opens the stream of volumeID's source from node at address,
-	// which must authenticate with certPEM.
-	Pull(ctx context.Context, node, address, certPEM, volumeID string) (io.ReadCloser, error)
+	// which must authenticate with certPEM; base: a snapshot this node
+	// holds that the source may send its difference from, or "".
+	Pull(ctx context.Context, node, address, certPEM, volumeID, base string) (io.ReadCloser, error)
 }
 
 // TransferAuthorizer decides, from the API, what a peer may pull from this
@@ -49,9 +50,9 @@ type TransferAuthorizer struct {
 
 // Authorize returns the create whose source to send, the node it is made
 // on and the certificate that node published.
-func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID string) (spec contract.CreateSpec, node, certPEM string, err error) {
+func (a *TransferAuthorizer) Authorize(ctx context.Context, volumeID, base string) (spec contract.CreateSpec, node, certPEM string, err error) {
 	if snap := contract.SnapshotOfCopy(volumeID); snap != "" {
-		return a.authorizeCopy(ctx, volumeID, snap)
+		return a.authorizeCopy(ctx, volumeID, snap, base)
 	}
 	if id := contract.VolumeOfMove(volumeID); id != "" {
 		return a.authorizeMove(ctx, volumeID, id)
@@ -180,7 +181,7 @@ func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (l
 		return fail(fmt.Errorf("%w: the source node %s's node plugin has not reported for %s: the node is gone or down; restore from a snapshot held elsewhere", contract.ErrNotFound, cs.Node, age.Round(time.Second)))
 	}
 	r.event(lv, "Normal", "TransferStarted", "copying the data of %s from node %s (attempt %d)", sourceName(cs), cs.Node, t.Attempts)
-	body, err := r.Transfer.Pull(ctx, cs.Node, ln.Status.Transfer.Address, ln.Status.Transfer.Certificate, lv.Name)
+	body, err := r.Transfer.Pull(ctx, cs.Node, ln.Status.Transfer.Address, ln.Status.Transfer.Certificate, lv.Name, "")
 	if err != nil {
 		if errors.Is(err, contract.ErrNotFound) || errors.Is(err, contract.ErrInvalid) {
 			return fail(err)

@@ -69,7 +69,7 @@ func TestTransferAuthorizer(t *testing.T) {
 	).Build()
 	a := &TransferAuthorizer{Reader: c, NodeID: "a"}
 	ctx := context.Background()
-	spec, node, cert, err := a.Authorize(ctx, moving)
+	spec, node, cert, err := a.Authorize(ctx, moving, "")
 	if err != nil || spec.ID != moving || spec.SourceSnapshotID != "snap-0123456789abcdef0123456789abcdef" || spec.SizeBytes != mi || node != "b" || cert != bPEM {
 		t.Fatalf("b pulling its volume from a: %+v on %q with its certificate %v, %v", spec, node, cert == bPEM, err)
 	}
@@ -84,7 +84,7 @@ func TestTransferAuthorizer(t *testing.T) {
 		{"a volume being deleted", deleting, contract.ErrRefused, "being deleted"},
 		{"no such volume", "vol-0000000000000000000000000000ffff", contract.ErrNotFound, "no LocalVolume"},
 	} {
-		if _, _, _, err := a.Authorize(ctx, tc.id); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+		if _, _, _, err := a.Authorize(ctx, tc.id, ""); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%s: %v, want %v containing %q", tc.name, err, tc.want, tc.msg)
 		}
 	}
@@ -122,7 +122,7 @@ func TestTransferAuthorizerCopies(t *testing.T) {
 	).Build()
 	a := &TransferAuthorizer{Reader: c, NodeID: "a"}
 	ctx := context.Background()
-	spec, node, cert, err := a.Authorize(ctx, contract.SnapshotCopyName(onA, "b"))
+	spec, node, cert, err := a.Authorize(ctx, contract.SnapshotCopyName(onA, "b"), "")
 	if err != nil || spec.SourceSnapshotID != onA || spec.SizeBytes != mi || spec.AccessType != contract.AccessBlock || node != "b" || cert != bPEM {
 		t.Fatalf("b pulling its copy of a's snapshot: %+v on %q with its certificate %v, %v", spec, node, cert == bPEM, err)
 	}
@@ -137,7 +137,7 @@ func TestTransferAuthorizerCopies(t *testing.T) {
 		{"a copy object named for another node", misnamed.Name, contract.ErrRefused, "is not a copy of snapshot"},
 		{"no such copy", contract.SnapshotCopyName(onA, "e"), contract.ErrNotFound, "no LocalSnapshot"},
 	} {
-		if _, _, _, err := a.Authorize(ctx, tc.id); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+		if _, _, _, err := a.Authorize(ctx, tc.id, ""); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%s: %v, want %v containing %q", tc.name, err, tc.want, tc.msg)
 		}
 	}
@@ -181,7 +181,7 @@ func TestTransferAuthorizerMoves(t *testing.T) {
 	).Build()
 	a := &TransferAuthorizer{Reader: c, NodeID: "a"}
 	ctx := context.Background()
-	spec, node, cert, err := a.Authorize(ctx, contract.VolumeMoveName(onA, "b"))
+	spec, node, cert, err := a.Authorize(ctx, contract.VolumeMoveName(onA, "b"), "")
 	if err != nil || spec.ID != onA || spec.SourceVolumeID != onA || spec.SourceSnapshotID != "" || spec.SizeBytes != 3*mi ||
 		spec.AccessType != contract.AccessBlock || node != "b" || cert != bPEM {
 		t.Fatalf("b pulling the volume moving to it from a: %+v on %q with its certificate %v, %v", spec, node, cert == bPEM, err)
@@ -199,8 +199,52 @@ func TestTransferAuthorizerMoves(t *testing.T) {
 		{"a move of a volume without a LocalVolume", contract.VolumeMoveName(gone, "b"), contract.ErrNotFound, "no LocalVolume " + gone},
 		{"no such move", contract.VolumeMoveName(onA, "g"), contract.ErrNotFound, "no LocalVolume"},
 	} {
-		if _, _, _, err := a.Authorize(ctx, tc.id); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+		if _, _, _, err := a.Authorize(ctx, tc.id, ""); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%s: %v, want %v containing %q", tc.name, err, tc.want, tc.msg)
+		}
+	}
+}
+
+// TestTransferAuthorizerCopyBase: the base a copy's node asks for is used
+// only when it is another ready snapshot of the same volume cut on this
+// node of which that node holds a ready copy; otherwise the whole snapshot
+// is sent (no BaseSnapshotID), never refused.
+func TestTransferAuthorizerCopyBase(t *testing.T) {
+	bPEM := selfSigned(t, time.Now().Add(time.Hour))
+	const (
+		vol      = "vol-00000000000000000000000000000001"
+		snap     = "snap-00000000000000000000000000000001"
+		base     = "snap-00000000000000000000000000000002"
+		noCopy   = "snap-00000000000000000000000000000003"
+		otherVol = "snap-00000000000000000000000000000004"
+	)
+	mk := func(id, node, source, copyOf string, ready bool) *v1.LocalSnapshot {
+		name := id
+		if copyOf != "" {
+			name = contract.SnapshotCopyName(copyOf, node)
+		}
+		return &v1.LocalSnapshot{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+			Spec:       v1.LocalSnapshotSpec{SourceVolume: source, Node: node, CopyOf: copyOf},
+			Status:     v1.LocalSnapshotStatus{ReadyToUse: ready, Phase: v1.PhaseReady, SizeBytes: quantity(mi), VolumeMode: "Block"},
+		}
+	}
+	pending := mk("", "b", vol, snap, false)
+	pending.Status.Phase = v1.PhasePending
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(
+		&v1.LocalNode{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: v1.LocalNodeStatus{Transfer: &v1.TransferEndpoint{Address: "b:9811", Certificate: bPEM}}},
+		mk(snap, "a", vol, "", true), pending,
+		mk(base, "a", vol, "", true), mk("", "b", vol, base, true),
+		mk(noCopy, "a", vol, "", true),
+		mk(otherVol, "a", "vol-00000000000000000000000000000002", "", true), mk("", "b", "vol-00000000000000000000000000000002", otherVol, true),
+	).Build()
+	a := &TransferAuthorizer{Reader: c, NodeID: "a"}
+	for _, tc := range []struct{ base, want string }{
+		{base, base}, {noCopy, ""}, {otherVol, ""}, {snap, ""}, {"snap-000000000000000000000000000000ff", ""}, {"", ""},
+	} {
+		spec, _, _, err := a.Authorize(context.Background(), contract.SnapshotCopyName(snap, "b"), tc.base)
+		if err != nil || spec.SourceSnapshotID != snap || spec.BaseSnapshotID != tc.want {
+			t.Errorf("base %q: %+v, %v; want base %q", tc.base, spec, err, tc.want)
 		}
 	}
 }

@@ -36,6 +36,10 @@ type CreateSpec struct {
 	// SourceSnapshotID / SourceVolumeID fill the new volume with a copy of
 	// a snapshot or another volume (at most one is set).
 	SourceSnapshotID, SourceVolumeID string
+	// BaseSnapshotID, for a Send of snapshot SourceSnapshotID to another
+	// node: a snapshot of the same volume that node holds too; an image
+	// is then sent as its difference from it (engine.SendFileDelta).
+	BaseSnapshotID string
 	// Ephemeral marks a CSI ephemeral inline volume created for the
 	// CO-chosen EphemeralID; Name must be EphemeralName(EphemeralID).
 	Ephemeral   bool

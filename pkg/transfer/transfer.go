@@ -144,6 +144,8 @@ func checkPeer(raw [][]byte, want *x509.Certificate, now time.Time) error {
 }
 
 // Authorizer says what the API allows for a pull of the data for volumeID
+// (base: the snapshot the client holds and would take a difference from,
+// or "")
 // (a volume_id, or the name of a LocalSnapshot that is a snapshot's copy on
 // another node: contract.SnapshotCopyName): the create to send the source
 // of (Server sends its SourceSnapshotID or SourceVolumeID), the node it is
@@ -151,7 +153,7 @@ func checkPeer(raw [][]byte, want *x509.Certificate, now time.Time) error {
 // present (Server checks it); or an error wrapping contract.ErrRefused
 // (answered 403) or contract.ErrNotFound.
 type Authorizer interface {
-	Authorize(ctx context.Context, volumeID string) (spec contract.CreateSpec, node, certPEM string, err error)
+	Authorize(ctx context.Context, volumeID, base string) (spec contract.CreateSpec, node, certPEM string, err error)
 }
 
 // SendFunc writes the stream of spec's source to w (pkg/volume Store.Send).
@@ -164,8 +166,12 @@ type Server struct {
 	Send      SendFunc
 }
 
-// dataPath is the one request: GET dataPath + volume_id.
-const dataPath = "/v1/volumes/"
+// dataPath is the one request: GET dataPath + volume_id, with baseParam
+// naming the snapshot the client holds, if any.
+const (
+	dataPath  = "/v1/volumes/"
+	baseParam = "base"
+)
 
 // Serve serves on lis until ctx is done.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
@@ -200,8 +206,8 @@ func (s *Server) tlsConfig() *tls.Config {
 // admit authorizes a pull of volumeID by the client that presented
 // certificate peer (DER): the one the volume's node published, within its
 // validity.
-func (s *Server) admit(ctx context.Context, volumeID string, peer []byte) (contract.CreateSpec, error) {
-	spec, node, certPEM, err := s.Authorize.Authorize(ctx, volumeID)
+func (s *Server) admit(ctx context.Context, volumeID, base string, peer []byte) (contract.CreateSpec, error) {
+	spec, node, certPEM, err := s.Authorize.Authorize(ctx, volumeID, base)
 	if err != nil {
 		return spec, err
 	}
@@ -217,7 +223,9 @@ func (s *Server) admit(ctx context.Context, volumeID string, peer []byte) (contr
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	volumeID, ok := strings.CutPrefix(r.URL.Path, dataPath)
-	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) && contract.SnapshotOfCopy(volumeID) == "" && contract.VolumeOfMove(volumeID) == "" {
+	base := r.URL.Query().Get(baseParam)
+	if r.Method != http.MethodGet || !ok || !contract.ValidVolumeID(volumeID) && contract.SnapshotOfCopy(volumeID) == "" && contract.VolumeOfMove(volumeID) == "" ||
+		base != "" && !contract.ValidSnapshotID(base) {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}
@@ -226,7 +234,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "one client certificate required", http.StatusForbidden)
 		return
 	}
-	spec, err := s.admit(r.Context(), volumeID, peer[0].Raw)
+	spec, err := s.admit(r.Context(), volumeID, base, peer[0].Raw)
 	if err != nil {
 		klog.InfoS("Transfer refused", "volumeID", volumeID, "remote", r.RemoteAddr, "reason", err)
 		code := http.StatusForbidden
@@ -239,7 +247,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	klog.InfoS("Sending data to another node", "volumeID", volumeID, "remote", r.RemoteAddr,
-		"sourceSnapshot", spec.SourceSnapshotID, "sourceVolume", spec.SourceVolumeID)
+		"sourceSnapshot", spec.SourceSnapshotID, "sourceVolume", spec.SourceVolumeID, "base", spec.BaseSnapshotID)
 	w.Header().Set("Content-Type", "application/x-localdir-stream")
 	// Send's errors before the first byte are the caller's to see; after
 	// it, the connection is cut so the client never mistakes a partial
@@ -329,7 +337,7 @@ type Client struct {
 // peer holds no such source), contract.ErrRefused, contract.ErrBusy (the source is
 // being changed: retry), contract.ErrInvalid (the source does not fit the
 // volume), or a network error (retry).
-func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID string) (io.ReadCloser, error) {
+func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID, base string) (io.ReadCloser, error) {
 	want, err := Pinned(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("node %s published no usable transfer certificate: %w", node, err)
@@ -361,6 +369,9 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID stri
 		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
 	u := url.URL{Scheme: "https", Host: address, Path: dataPath + volumeID}
+	if base != "" {
+		u.RawQuery = url.Values{baseParam: {base}}.Encode()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {

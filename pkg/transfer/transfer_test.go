@@ -21,7 +21,7 @@ const target = "vol-0123456789abcdef0123456789abcdef"
 // certificate is pinned(), as pkg/cluster's does from the API.
 type pinAuthorizer struct{ pinned func() string }
 
-func (a pinAuthorizer) Authorize(_ context.Context, volumeID string) (contract.CreateSpec, string, string, error) {
+func (a pinAuthorizer) Authorize(_ context.Context, volumeID, _ string) (contract.CreateSpec, string, string, error) {
 	if volumeID != target {
 		return contract.CreateSpec{}, "", "", fmt.Errorf("%w: no volume %s is being created from this node", contract.ErrNotFound, volumeID)
 	}
@@ -76,7 +76,7 @@ func newChannelSending(t testing.TB, send func(contract.CreateSpec, io.Writer) e
 
 func TestPullAuthenticated(t *testing.T) {
 	c := newChannel(t)
-	body, err := (&Client{Identity: c.peer}).Pull(context.Background(), "a", c.addr, c.server.CertificatePEM(), target)
+	body, err := (&Client{Identity: c.peer}).Pull(context.Background(), "a", c.addr, c.server.CertificatePEM(), target, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,13 +103,13 @@ func TestPullRefused(t *testing.T) {
 		want    string
 	}{
 		{"a client with another key under the same node name", func() (io.ReadCloser, error) {
-			return (&Client{Identity: stranger}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target)
+			return (&Client{Identity: stranger}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target, "")
 		}, contract.ErrRefused, "not the one its node published"},
 		{"a server that is not the published one", func() (io.ReadCloser, error) {
-			return (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, stranger.CertificatePEM(), target)
+			return (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, stranger.CertificatePEM(), target, "")
 		}, nil, "not the one its node published"},
 		{"a volume nobody is creating from this node", func() (io.ReadCloser, error) {
-			return (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), "vol-ffffffffffffffffffffffffffffffff")
+			return (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), "vol-ffffffffffffffffffffffffffffffff", "")
 		}, contract.ErrNotFound, "no volume"},
 	}
 	for _, tc := range cases {
@@ -136,7 +136,7 @@ func TestPullRefused(t *testing.T) {
 	if err := c.peer.Rotate(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&Client{Identity: old}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target); !errors.Is(err, contract.ErrRefused) {
+	if _, err := (&Client{Identity: old}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target, ""); !errors.Is(err, contract.ErrRefused) {
 		t.Errorf("a rotated-out key: %v, want refused", err)
 	}
 	// A published certificate past its validity is refused even to its key.
@@ -145,13 +145,13 @@ func TestPullRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Server{Identity: c.server, Authorize: pinAuthorizer{expired.CertificatePEM}}
-	if _, err := s.admit(ctx, target, expired.current().Leaf.Raw); !errors.Is(err, contract.ErrRefused) || !strings.Contains(err.Error(), "outside its validity") {
+	if _, err := s.admit(ctx, target, "", expired.current().Leaf.Raw); !errors.Is(err, contract.ErrRefused) || !strings.Contains(err.Error(), "outside its validity") {
 		t.Errorf("an expired published certificate: %v, want refused", err)
 	}
 	if c.sent != 0 {
 		t.Errorf("the source sent %d streams to refused clients", c.sent)
 	}
-	if body, err := (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target); err != nil {
+	if body, err := (&Client{Identity: c.peer}).Pull(ctx, "a", c.addr, c.server.CertificatePEM(), target, ""); err != nil {
 		t.Errorf("the rotated key: %v", err)
 	} else {
 		body.Close()
@@ -202,7 +202,7 @@ func TestPullIdleTimeout(t *testing.T) {
 	}}
 	go func() { _ = s.Serve(ctx, lis) }()
 	defer close(release)
-	body, err := (&Client{Identity: peer}).Pull(ctx, "a", lis.Addr().String(), server.CertificatePEM(), target)
+	body, err := (&Client{Identity: peer}).Pull(ctx, "a", lis.Addr().String(), server.CertificatePEM(), target, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func BenchmarkPull(b *testing.B) {
 	})
 	b.SetBytes(size)
 	for i := 0; i < b.N; i++ {
-		body, err := (&Client{Identity: c.peer}).Pull(context.Background(), "a", c.addr, c.server.CertificatePEM(), target)
+		body, err := (&Client{Identity: c.peer}).Pull(context.Background(), "a", c.addr, c.server.CertificatePEM(), target, "")
 		if err != nil {
 			b.Fatal(err)
 		}

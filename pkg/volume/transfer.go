@@ -31,8 +31,12 @@ func (m *Store) Send(spec contract.CreateSpec, w io.Writer) (engine.StreamStats,
 		return engine.StreamStats{}, err
 	}
 	defer release()
+	base, releaseBase := m.sendBase(spec)
+	defer releaseBase()
 	var st engine.StreamStats
-	if filepath.Ext(path) == ".img" {
+	if filepath.Ext(path) == ".img" && base != "" {
+		st, err = engine.SendFileDelta(path, base, w)
+	} else if filepath.Ext(path) == ".img" {
 		st, err = engine.SendFile(path, w)
 	} else {
 		st, err = engine.SendTree(path, w)
@@ -42,6 +46,26 @@ func (m *Store) Send(spec contract.CreateSpec, w io.Writer) (engine.StreamStats,
 			"sourceVolume", spec.SourceVolumeID, "bytes", st.Bytes, "entries", st.Entries)
 	}
 	return st, err
+}
+
+// sendBase returns the image of spec.BaseSnapshotID, read-held until its
+// release, when a snapshot's image can be sent as its difference from it;
+// "" (the whole snapshot is sent) for none, or one this node cannot use.
+func (m *Store) sendBase(spec contract.CreateSpec) (string, func()) {
+	nop := func() {}
+	if spec.BaseSnapshotID == "" || spec.SourceSnapshotID == "" || spec.BaseSnapshotID == spec.SourceSnapshotID {
+		return "", nop
+	}
+	release, err := m.holds.read(spec.BaseSnapshotID, "a transfer's base")
+	if err != nil {
+		return "", nop
+	}
+	b, err := m.snaps.Get(spec.BaseSnapshotID)
+	if err != nil || !b.Image() || b.AccessType != spec.AccessType || b.FsType != spec.FsType {
+		release()
+		return "", nop
+	}
+	return m.snapPath(b), release
 }
 
 // sendSource returns the path Send reads and its release: the held snapshot,
@@ -136,13 +160,15 @@ func (m *Store) Receive(spec contract.CreateSpec, r io.Reader, progress func(don
 // does (write → commit → land), the record only once the whole stream has
 // been applied and its digest matched; a directory snapshot is received
 // into a new volume of the engine (a btrfs subvolume that restores
-// snapshot). An id this node holds already returns its record. Errors:
+// snapshot). With base (a snapshot of the same volume this node holds,
+// read-held meanwhile) the sender may send an image as its difference
+// from it. An id this node holds already returns its record. Errors:
 // contract.ErrNoSpace when the data does not fit, contract.ErrBusy, or the
 // stream's.
-func (sn *Snapshots) Receive(s contract.Snapshot, r io.Reader, progress func(done, total int64)) (*contract.Snapshot, error) {
+func (sn *Snapshots) Receive(s contract.Snapshot, base string, r io.Reader, progress func(done, total int64)) (*contract.Snapshot, error) {
 	m := sn.m
-	if !contract.ValidSnapshotID(s.ID) || s.SizeBytes <= 0 {
-		return nil, fmt.Errorf("%w: snapshot copy %q of %d bytes", contract.ErrInvalid, s.ID, s.SizeBytes)
+	if !contract.ValidSnapshotID(s.ID) || s.SizeBytes <= 0 || base != "" && (!contract.ValidSnapshotID(base) || base == s.ID) {
+		return nil, fmt.Errorf("%w: snapshot copy %q of %d bytes (base %q)", contract.ErrInvalid, s.ID, s.SizeBytes, base)
 	}
 	release, err := m.lockChange("a snapshot copy", s.ID)
 	if err != nil {
@@ -151,6 +177,22 @@ func (sn *Snapshots) Receive(s contract.Snapshot, r io.Reader, progress func(don
 	defer release()
 	if have, err := sn.Get(s.ID); err == nil {
 		return have, nil
+	}
+	basePath := ""
+	if base != "" {
+		releaseBase, err := m.holds.read(base, "a snapshot copy's base")
+		if err != nil {
+			return nil, err
+		}
+		defer releaseBase()
+		b, err := sn.Get(base)
+		if err != nil {
+			return nil, err
+		}
+		if !b.Image() {
+			return nil, fmt.Errorf("%w: the base snapshot %s is not an image", contract.ErrInvalid, base)
+		}
+		basePath = m.snapPath(b)
 	}
 	s.Copy, s.Engine, s.Node, s.Nodes, s.GroupSnapshotID = true, m.eng.Name(), "", nil, ""
 	if err := m.land(landing{
@@ -162,7 +204,7 @@ func (sn *Snapshots) Receive(s contract.Snapshot, r io.Reader, progress func(don
 				return err
 			}
 			if s.Image() {
-				if _, err := engine.Receive(r, tmp, engine.StreamFile, s.SizeBytes, progress); err != nil {
+				if _, err := engine.ReceiveImage(r, tmp, basePath, s.SizeBytes, progress); err != nil {
 					return mapNoSpace(err)
 				}
 			} else {

@@ -154,7 +154,7 @@ func TestMultiNodeTransferRefusesStrangers(t *testing.T) {
 	}
 	c := &transfer.Client{Identity: forged}
 	for _, vid := range []string{id, "vol-00000000000000000000000000000000"} {
-		body, err := c.Pull(ctx, victim.Name, address, cert, vid)
+		body, err := c.Pull(ctx, victim.Name, address, cert, vid, "")
 		if err == nil {
 			body.Close()
 			t.Fatalf("a forged key pulled volume %s", vid)
@@ -167,7 +167,7 @@ func TestMultiNodeTransferRefusesStrangers(t *testing.T) {
 	// A server that is not the published one is refused by the client:
 	// the other node's address with the victim's certificate pinned.
 	otherAddr, _ := transferEndpoint(t, cl.Nodes[1])
-	if body, err := c.Pull(ctx, victim.Name, otherAddr, cert, id); err == nil || !strings.Contains(err.Error(), "not the one its node published") {
+	if body, err := c.Pull(ctx, victim.Name, otherAddr, cert, id, ""); err == nil || !strings.Contains(err.Error(), "not the one its node published") {
 		if body != nil {
 			body.Close()
 		}

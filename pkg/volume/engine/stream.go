@@ -80,6 +80,9 @@ type record struct {
 	Atime, Mtime int64 // Unix nanoseconds
 	Xattrs       []xattr
 	Sum          []byte
+	// Image is, on the opDone record of a StreamFileDelta, the imageSum
+	// of the image sent.
+	Image []byte
 	// data is an opData record's data, sent after it (gob leaves unexported
 	// fields out).
 	data []byte
@@ -374,19 +377,14 @@ func (s *sender) sendNonZero(off int64, b []byte) error {
 // to a file it did not create, data outside its file, or a digest that
 // differs from what was applied.
 func Receive(r io.Reader, dst string, want StreamKind, limit int64, progress func(done, total int64)) (StreamStats, error) {
-	br := bufio.NewReaderSize(r, 256<<10)
-	rc := &receiver{br: br, dec: gob.NewDecoder(br), h: xxhash.New(), limit: limit, made: map[string]bool{}, progress: progress}
-	var hd streamHeader
-	if err := rc.dec.Decode(&hd); err != nil {
-		return rc.st, fmt.Errorf("read the stream's header: %w", err)
+	rc, hd, err := newReceiver(r, limit, progress)
+	if err != nil {
+		return rc.st, err
 	}
-	if hd.Version != streamVersion || hd.Kind != want {
-		return rc.st, fmt.Errorf("the stream holds %q version %d, want %q version %d", hd.Kind, hd.Version, want, streamVersion)
-	}
-	rc.total = hd.Bytes
-	rc.w = newWriter()
 	defer rc.closeAll()
-	var err error
+	if hd.Kind != want {
+		return rc.st, fmt.Errorf("the stream holds %q, want %q", hd.Kind, want)
+	}
 	if want == StreamFile {
 		err = rc.image(dst)
 	} else {
@@ -396,6 +394,23 @@ func Receive(r io.Reader, dst string, want StreamKind, limit int64, progress fun
 		return rc.st, err
 	}
 	return rc.st, nil
+}
+
+// newReceiver reads the stream's header; the receiver's writer runs until
+// closeAll.
+func newReceiver(r io.Reader, limit int64, progress func(done, total int64)) (*receiver, streamHeader, error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	rc := &receiver{br: br, dec: gob.NewDecoder(br), h: xxhash.New(), limit: limit, made: map[string]bool{}, progress: progress}
+	var hd streamHeader
+	if err := rc.dec.Decode(&hd); err != nil {
+		return rc, hd, fmt.Errorf("read the stream's header: %w", err)
+	}
+	if hd.Version != streamVersion {
+		return rc, hd, fmt.Errorf("the stream is of version %d, want %d", hd.Version, streamVersion)
+	}
+	rc.total = hd.Bytes
+	rc.w = newWriter()
+	return rc, hd, nil
 }
 
 type receiver struct {
