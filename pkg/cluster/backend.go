@@ -316,6 +316,9 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 	if err != nil {
 		return 0, err
 	}
+	if err := b.notMoving(id); err != nil {
+		return 0, err
+	}
 	if lv.Status.CapacityBytes.Value() >= size {
 		return lv.Status.CapacityBytes.Value(), nil
 	}
@@ -335,6 +338,9 @@ func (b *ControllerBackend) ExpandVolume(ctx context.Context, id string, size in
 func (b *ControllerBackend) ModifyVolume(ctx context.Context, id string, params map[string]string) error {
 	lv, err := b.liveVolume(ctx, id)
 	if err != nil {
+		return err
+	}
+	if err := b.notMoving(id); err != nil {
 		return err
 	}
 	before := maps.Clone(lv.Spec.MutableParameters)

@@ -53,8 +53,13 @@ import (
 // no node has it, so no pod of the PVC is scheduled until the move is done.
 const MovingToKey = "localdir.csi.dev/moving-to"
 
-// moveRecheck is how often a move in progress is looked at again.
-const moveRecheck = 2 * time.Second
+// moveRecheck is how often a move in progress is looked at again;
+// refusedRecheck how often a refused one whose cause may go away (a pod,
+// the room, the target's node plugin) is.
+const (
+	moveRecheck    = 2 * time.Second
+	refusedRecheck = 10 * time.Second
+)
 
 // Mover carries out the in-place moves of the PVCs of one driver.
 type Mover struct {
@@ -122,44 +127,45 @@ func (m *Mover) next(ctx context.Context) bool {
 	case err != nil:
 		klog.ErrorS(err, "Volume move: retrying", "pvc", key)
 		m.queue.AddRateLimited(key)
-	case again:
+	case again > 0:
 		m.queue.Forget(key)
-		m.queue.AddAfter(key, moveRecheck)
+		m.queue.AddAfter(key, again)
 	default:
 		m.queue.Forget(key)
 	}
 	return true
 }
 
-// sync takes one PVC's move one step on; again: look again soon.
-func (m *Mover) sync(ctx context.Context, key string) (again bool, err error) {
+// sync takes one PVC's move one step on; again: when to look again (0:
+// at the PVC's next change).
+func (m *Mover) sync(ctx context.Context, key string) (again time.Duration, err error) {
 	o, exists, err := m.pvcs.GetIndexer().GetByKey(key)
 	if err != nil || !exists {
 		m.forget(key)
-		return false, err
+		return 0, err
 	}
 	pvc := o.(*corev1.PersistentVolumeClaim)
 	target := pvc.Annotations[v1.MoveToAnnotation]
 	if target == "" && !m.b.anyMoves() {
-		return false, nil // nothing asked, nothing to call off
+		return 0, nil // nothing asked, nothing to call off
 	}
 	if pvc.Spec.VolumeName == "" || pvc.Status.Phase != corev1.ClaimBound {
 		if target != "" {
 			m.refuse(pvc, "the PVC is not bound to a PersistentVolume yet")
 		}
-		return target != "", nil
+		return 0, nil
 	}
 	pv, err := m.kube.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return false, nil
+		return 0, nil
 	} else if err != nil {
-		return false, err
+		return 0, err
 	}
 	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != m.driver {
 		if target != "" {
 			m.refuse(pvc, "its PersistentVolume "+pv.Name+" is not a volume of "+m.driver)
 		}
-		return false, nil
+		return 0, nil
 	}
 	id := pv.Spec.CSI.VolumeHandle
 	lv, hasLV := get[*v1.LocalVolume](m.b.cache.volumes, id)
@@ -175,12 +181,12 @@ func (m *Mover) sync(ctx context.Context, key string) (again bool, err error) {
 	for _, mv := range moves {
 		if mv.Spec.Node != target && !mv.Deleting() {
 			if err := m.callOff(ctx, pvc, pv, mv, lv); err != nil {
-				return false, err
+				return 0, err
 			}
 		}
 	}
 	if target == "" {
-		return false, nil
+		return 0, nil
 	}
 	var mv *v1.LocalVolume
 	for _, o := range moves {
@@ -190,40 +196,40 @@ func (m *Mover) sync(ctx context.Context, key string) (again bool, err error) {
 	}
 	switch {
 	case hasLV && lv.Spec.Node == target && !lv.Deleting():
-		return false, m.finish(ctx, pvc, pv, lv, moves)
+		return 0, m.finish(ctx, pvc, pv, lv, moves)
 	case mv == nil:
 		return m.start(ctx, pvc, pv, lv, hasLV, target)
 	case mv.Status.Phase == v1.PhaseFailed:
 		if blocked && hasLV && !lv.Deleting() {
 			if err := m.setAffinity(ctx, pv, contract.TopologyKey, lv.Spec.Node); err != nil {
-				return false, err
+				return 0, err
 			}
 		}
 		m.event(pvc, pvcKey(pvc), corev1.EventTypeWarning, "VolumeMoveFailed", "moving volume %s to node %s failed: %s; its data stays on node %s. Remove the %s annotation to clear this, or set it again to retry.",
 			id, target, readyMessage(mv), mv.Spec.ContentSource.Node, v1.MoveToAnnotation)
-		return false, nil
+		return 0, nil
 	case mv.Status.Phase != v1.PhaseReady:
 		if !blocked {
 			if err := m.setAffinity(ctx, pv, MovingToKey, target); err != nil {
-				return false, err
+				return 0, err
 			}
 		}
-		return true, m.tellWaitingPods(ctx, pvc, id, target)
+		return moveRecheck, m.tellWaitingPods(ctx, pvc, id, target)
 	case hasLV && !lv.Deleting():
 		// Verified on the target: the PV follows, then the old copy goes.
 		if pvNode != target || blocked {
 			if err := m.setAffinity(ctx, pv, contract.TopologyKey, target); err != nil {
-				return false, err
+				return 0, err
 			}
 		}
 		klog.InfoS("Volume move: the copy is verified; removing the volume from its old node", "volumeID", id, "from", lv.Spec.Node, "to", target)
-		return true, m.b.remove(ctx, lv.DeepCopy())
+		return moveRecheck, m.b.remove(ctx, lv.DeepCopy())
 	case hasLV:
-		return true, nil // the old node is removing its data
+		return moveRecheck, nil // the old node is removing its data
 	case pvNode != target || blocked:
 		// The volume's own object went before the PV followed the move:
 		// it was deleted (DeleteVolume), which removes the moves too.
-		return false, nil
+		return 0, nil
 	default:
 		// The old copy is gone: the volume's own object again, on the target.
 		obj := &v1.LocalVolume{
@@ -232,32 +238,32 @@ func (m *Mover) sync(ctx context.Context, key string) (again bool, err error) {
 		}
 		obj.Spec.MoveOf, obj.Spec.ContentSource, obj.Spec.DeleteData = "", nil, false
 		if err := m.b.c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-			return false, err
+			return 0, err
 		}
-		return true, nil
+		return moveRecheck, nil
 	}
 }
 
 // start checks that volume id of pvc can move to target and starts the move.
-func (m *Mover) start(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, lv *v1.LocalVolume, hasLV bool, target string) (bool, error) {
+func (m *Mover) start(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, lv *v1.LocalVolume, hasLV bool, target string) (time.Duration, error) {
 	id := pv.Spec.CSI.VolumeHandle
 	switch {
 	case !hasLV || lv.Deleting():
 		m.refuse(pvc, "volume "+id+" has no LocalVolume, or it is being deleted")
-		return false, nil
+		return 0, nil
 	case lv.Status.Phase != v1.PhaseReady:
 		m.refuse(pvc, "volume "+id+" is not Ready on node "+lv.Spec.Node)
-		return true, nil
+		return refusedRecheck, nil
 	}
 	if why := m.b.transferable(lv.Spec.Node, target); why != "" {
 		m.refuse(pvc, why)
-		return true, nil
+		return refusedRecheck, nil
 	}
 	if users, err := m.podsUsing(ctx, pvc); err != nil {
-		return false, err
+		return 0, err
 	} else if len(users) > 0 {
-		m.refuse(pvc, fmt.Sprintf("pod %s uses it: only a volume no pod uses can move; stop the pod (scale its workload to 0) and the move starts", users[0]))
-		return true, nil
+		m.refuse(pvc, inUse(users))
+		return refusedRecheck, nil
 	}
 	// Can a PV's node affinity change here at all?
 	trial := pv.DeepCopy()
@@ -265,22 +271,22 @@ func (m *Mover) start(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv
 	if _, err := m.kube.CoreV1().PersistentVolumes().Update(ctx, trial, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); apierrors.IsInvalid(err) {
 		m.refuse(pvc, "this cluster does not let a PersistentVolume's node affinity change (the MutablePVNodeAffinity feature gate of the API server is off): "+
 			"move it with a snapshot and a restore on the other node instead (docs/troubleshooting.md, \"I must drain a node\")")
-		return false, nil
+		return 0, nil
 	} else if err != nil {
-		return false, err
+		return 0, err
 	}
 	if err := m.setAffinity(ctx, pv, MovingToKey, target); err != nil {
-		return false, err
+		return 0, err
 	}
 	if users, err := m.podsUsing(ctx, pvc); err != nil || len(users) > 0 {
 		// A pod was scheduled before the PV changed: give it back its node.
 		if rerr := m.setAffinity(ctx, pv, contract.TopologyKey, lv.Spec.Node); rerr != nil {
-			return false, rerr
+			return 0, rerr
 		}
 		if err == nil {
-			m.refuse(pvc, fmt.Sprintf("pod %s uses it: only a volume no pod uses can move; stop the pod (scale its workload to 0) and the move starts", users[0]))
+			m.refuse(pvc, inUse(users))
 		}
-		return true, err
+		return refusedRecheck, err
 	}
 	mv := &v1.LocalVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: contract.VolumeMoveName(id, target), Labels: map[string]string{v1.MoveOfLabel: id}, Annotations: lv.Annotations},
@@ -291,14 +297,18 @@ func (m *Mover) start(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv
 	if err == nil && !placed {
 		m.refuse(pvc, fmt.Sprintf("node %s cannot take %d bytes: %s", target, lv.Spec.Size.Value(), why))
 		err = m.setAffinity(ctx, pv, contract.TopologyKey, lv.Spec.Node)
-		return true, err
+		return refusedRecheck, err
 	}
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	m.event(pvc, pvcKey(pvc), corev1.EventTypeNormal, "VolumeMoveStarted", "moving volume %s from node %s to node %s; a pod started for this PVC meanwhile waits until it is done", id, lv.Spec.Node, target)
 	klog.InfoS("Volume move started", "volumeID", id, "from", lv.Spec.Node, "to", target, "pvc", klog.KObj(pvc))
-	return true, m.tellWaitingPods(ctx, pvc, id, target)
+	return moveRecheck, m.tellWaitingPods(ctx, pvc, id, target)
+}
+
+func inUse(users []string) string {
+	return "pod " + users[0] + " uses it: only a volume no pod uses can move; stop the pod (scale its workload to 0) and the move starts"
 }
 
 // finish completes a move that has made the target the volume's node: the
@@ -440,6 +450,17 @@ func (m *Mover) forget(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.told, key)
+}
+
+// notMoving is ErrBusy while volume id is being moved: its size and
+// mutable parameters are those of the move until it is done.
+func (b *ControllerBackend) notMoving(id string) error {
+	for _, mv := range b.movesOf(id) {
+		if !mv.Deleting() && mv.Status.Phase != v1.PhaseFailed {
+			return fmt.Errorf("%w: volume %s is being moved to node %s; retry once the move is done", contract.ErrBusy, id, mv.Spec.Node)
+		}
+	}
+	return nil
 }
 
 // anyMoves says whether the cache holds a move object.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -445,6 +447,10 @@ func TestVolumeMoveFaults(t *testing.T) {
 		id, want := blockClaim(t, c, kube, "calledoff", 8*mi)
 		annotateMove(t, kube, "calledoff", "node-1")
 		moveOf(t, c, id, "bytes arriving", moving)
+		// Its size and parameters are the move's until it is done.
+		if _, err := c.ctrl.Controller.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 96 * mi}}); status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "being moved") {
+			t.Errorf("ControllerExpandVolume during a move: %v, want ABORTED saying it is being moved", err)
+		}
 		annotateMove(t, kube, "calledoff", "")
 		waitEvent(t, kube, "PersistentVolumeClaim", "calledoff", "VolumeMoveCalledOff", "called off")
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
