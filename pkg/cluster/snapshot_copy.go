@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -234,10 +236,14 @@ func (r *LocalSnapshotReconciler) copy(ctx context.Context, cp *v1.LocalSnapshot
 	if ls.Status.CreationTime != nil {
 		created = ls.Status.CreationTime.Time
 	}
+	var in io.Reader = body
+	if bw := r.copyBandwidth(ctx, ls); bw > 0 {
+		in = &limitedReader{r: body, lim: rate.NewLimiter(rate.Limit(bw), 256<<10), ctx: ctx}
+	}
 	s, err := r.Snapshots.Receive(contract.Snapshot{
 		ID: id, Name: name, SourceVolumeID: ls.Spec.SourceVolume, SizeBytes: ls.Status.SizeBytes.Value(),
 		AccessType: accessType(ls.Status.VolumeMode), FsType: ls.Status.FsType, CreatedAt: created.UTC(),
-	}, base, body, prog.update)
+	}, base, in, prog.update)
 	done, total := prog.stop()
 	t.BytesDone, t.BytesTotal = quantity(done), quantity(total)
 	switch {
@@ -283,6 +289,20 @@ func (r *LocalSnapshotReconciler) copyBase(ctx context.Context, ls *v1.LocalSnap
 		return ""
 	}
 	return best.Name
+}
+
+// copyBandwidth is the transferBandwidth of the class of ls's volume (0:
+// none, or the volume is gone): a copy is capped as a restore is.
+func (r *LocalSnapshotReconciler) copyBandwidth(ctx context.Context, ls *v1.LocalSnapshot) uint64 {
+	lv := &v1.LocalVolume{}
+	if err := r.Reader.Get(ctx, client.ObjectKey{Name: ls.Spec.SourceVolume}, lv); err != nil {
+		return 0
+	}
+	params, err := contract.ParseParams(lv.Spec.Parameters)
+	if err != nil {
+		return 0
+	}
+	return params.TransferBandwidth
 }
 
 // copied records cp as a complete copy of ls.

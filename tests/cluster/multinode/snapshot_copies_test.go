@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -379,5 +380,85 @@ func TestSnapshotCopyIncremental(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(c.nodes["node-1"].Opts.DataRoot, "block", r.GetVolume().GetVolumeId()+".img"))
 	if err != nil || !bytes.Equal(got, a) {
 		t.Errorf("the restore on node-1 differs from the snapshot (%v)", err)
+	}
+}
+
+// TestSnapshotCopySurvivesNodePluginRestarts stops the snapshot's node
+// plugin, then the copy's, in the middle of a copy (slowed down by the
+// volume's transferBandwidth, which copies obey too): each time the copy
+// starts over once the plugin is back and ends ready, byte for byte, with
+// nothing half-made left on the copy's node.
+func TestSnapshotCopySurvivesNodePluginRestarts(t *testing.T) {
+	c := startTransferNodes(t, 500*mi, 500*mi)
+	ctx := context.Background()
+	parent := t
+	for i, side := range []string{"node-0", "node-1"} {
+		t.Run("stop "+side, func(t *testing.T) {
+			resp, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+				Name: "copied-" + side, VolumeCapabilities: blk, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mi},
+				AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-0")}},
+				Parameters:                map[string]string{contract.ParamTransferBandwidth: "2Mi"},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			img := filepath.Join(c.nodes["node-0"].Opts.DataRoot, "block", resp.GetVolume().GetVolumeId()+".img")
+			f, err := os.OpenFile(img, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(treecmp.RandomBytes(uint64(30+i), 12*mi), 0); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			snap, err := c.ctrl.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{
+				Name: "snap-" + side, SourceVolumeId: resp.GetVolume().GetVolumeId(), Parameters: map[string]string{"copies": "2"},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := snap.GetSnapshot().GetSnapshotId()
+			name := contract.SnapshotCopyName(id, "node-1")
+			wait := func(what string, cond func(*v1.LocalSnapshot) bool) *v1.LocalSnapshot {
+				cp := &v1.LocalSnapshot{}
+				for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+					err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, cp)
+					if err == nil && cond(cp) {
+						return cp
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("copy %s: %s did not happen (%v, %+v)", name, what, err, cp.Status)
+					}
+				}
+			}
+			wait("bytes arriving", func(cp *v1.LocalSnapshot) bool {
+				return cp.Status.Transfer != nil && cp.Status.Transfer.BytesDone.Value() > 0 && cp.Status.Transfer.CompletionTime == nil
+			})
+			p := c.nodes[side]
+			p.Stop(t)
+			time.Sleep(time.Second)
+			c.nodes[side] = c.env.StartNodeWith(parent, p.Dir, p.Opts)
+			cp := wait("ready", func(cp *v1.LocalSnapshot) bool { return cp.Status.ReadyToUse || cp.Status.Phase == v1.PhaseFailed })
+			if !cp.Status.ReadyToUse || cp.Status.Transfer.Attempts < 2 {
+				t.Fatalf("copy after %s restarted: %+v, want ready after two attempts or more", side, cp.Status)
+			}
+			a, err := os.ReadFile(filepath.Join(c.nodes["node-0"].Opts.DataRoot, "snapshots", id+".img"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(filepath.Join(c.nodes["node-1"].Opts.DataRoot, "snapshots", id+".img"))
+			if err != nil || !bytes.Equal(a, b) {
+				t.Errorf("the copy on node-1 differs from the snapshot (%v)", err)
+			}
+			ents, err := os.ReadDir(filepath.Join(c.nodes["node-1"].Opts.DataRoot, "snapshots"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), ".creating-") {
+					t.Errorf("left behind on node-1: %s", e.Name())
+				}
+			}
+		})
 	}
 }
