@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/rest"
@@ -173,7 +174,7 @@ func Run(ctx context.Context, opts driver.Options) error {
 			return err
 		}
 		b.StaleAfter = opts.NodeStaleAfter
-		if _, err := b.StartMover(gctx, cfg, opts.DriverName); err != nil {
+		if _, err := b.StartMover(gctx, cfg, opts.DriverName, moverLease()); err != nil {
 			return err
 		}
 		d, err := driver.NewController(opts, b)
@@ -208,4 +209,16 @@ func Run(ctx context.Context, opts driver.Options) error {
 	// the state file is closed once both stopped using it.
 	g.Go(func() error { return d.Serve(gctx) })
 	return errors.Join(g.Wait(), d.Close())
+}
+
+// moverLease is the Lease the controller replicas elect their volume mover
+// with: in the pod's namespace (its ServiceAccount's), held under the pod's
+// name; nil outside a pod (one controller, no election).
+func moverLease() *cluster.MoverLease {
+	ns, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	host, herr := os.Hostname()
+	if err != nil || herr != nil || len(ns) == 0 {
+		return nil
+	}
+	return &cluster.MoverLease{Namespace: strings.TrimSpace(string(ns)), Identity: host}
 }

@@ -17,6 +17,8 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -68,14 +70,25 @@ type Mover struct {
 	driver string
 	rec    record.EventRecorder
 	pvcs   cache.SharedIndexInformer
-	queue  workqueue.TypedRateLimitingInterface[string]
 
-	mu   sync.Mutex
-	told map[string]string // PVC or pod key → the last Event message given, so each is given once
+	mu    sync.Mutex
+	queue workqueue.TypedRateLimitingInterface[string] // while leading; nil otherwise
+	told  map[string]string                            // PVC or pod key → the last Event message given, so each is given once
 }
 
-// StartMover runs the in-place mover of driverName's PVCs until ctx is done.
-func (b *ControllerBackend) StartMover(ctx context.Context, cfg *rest.Config, driverName string) (*Mover, error) {
+// MoverLease names the Lease the controller replicas elect the one mover
+// with (in Namespace, held as Identity).
+type MoverLease struct {
+	Namespace, Identity string
+}
+
+// moverLeaseName is the Lease of the mover's leader election.
+const moverLeaseName = "localdir-mover"
+
+// StartMover runs the in-place mover of driverName's PVCs until ctx is
+// done: with lease, only while this replica holds it (one mover acts at a
+// time, as one of each sidecar does); without, always.
+func (b *ControllerBackend) StartMover(ctx context.Context, cfg *rest.Config, driverName string, lease *MoverLease) (*Mover, error) {
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -84,15 +97,18 @@ func (b *ControllerBackend) StartMover(ctx context.Context, cfg *rest.Config, dr
 	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
 	m := &Mover{
 		b: b, kube: kube, driver: driverName,
-		rec:   bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "localdir-controller"}),
-		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		told:  map[string]string{},
+		rec:  bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "localdir-controller"}),
+		told: map[string]string{},
 	}
 	f := informers.NewSharedInformerFactory(kube, 10*time.Minute)
 	m.pvcs = f.Core().V1().PersistentVolumeClaims().Informer()
 	enqueue := func(o any) {
-		if key, err := cache.MetaNamespaceKeyFunc(o); err == nil {
-			m.queue.Add(key)
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o); err == nil {
+			m.mu.Lock()
+			if m.queue != nil {
+				m.queue.Add(key)
+			}
+			m.mu.Unlock()
 		}
 	}
 	if _, err := m.pvcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -103,35 +119,74 @@ func (b *ControllerBackend) StartMover(ctx context.Context, cfg *rest.Config, dr
 	f.Start(ctx.Done())
 	go func() {
 		<-ctx.Done()
-		m.queue.ShutDown()
 		bc.Shutdown()
 	}()
 	go func() {
 		if !cache.WaitForCacheSync(ctx.Done(), m.pvcs.HasSynced) {
 			return
 		}
-		for m.next(ctx) {
+		if lease == nil {
+			m.lead(ctx)
+			return
+		}
+		lock := &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: lease.Namespace, Name: moverLeaseName},
+			Client:     kube.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: lease.Identity},
+		}
+		for ctx.Err() == nil {
+			leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+				Lock: lock, ReleaseOnCancel: true, Name: moverLeaseName,
+				LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+				Callbacks: leaderelection.LeaderCallbacks{
+					OnStartedLeading: m.lead,
+					OnStoppedLeading: func() { klog.InfoS("Volume mover: not the leader (any more)", "identity", lease.Identity) },
+				},
+			})
 		}
 	}()
 	return m, nil
 }
 
-func (m *Mover) next(ctx context.Context) bool {
-	key, quit := m.queue.Get()
+// lead runs the mover until ctx is done: a new queue holding every PVC,
+// one worker.
+func (m *Mover) lead(ctx context.Context) {
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	m.mu.Lock()
+	m.queue = q
+	m.told = map[string]string{}
+	m.mu.Unlock()
+	for _, key := range m.pvcs.GetIndexer().ListKeys() {
+		q.Add(key)
+	}
+	klog.InfoS("Volume mover: leading")
+	go func() {
+		<-ctx.Done()
+		m.mu.Lock()
+		m.queue = nil
+		m.mu.Unlock()
+		q.ShutDown()
+	}()
+	for m.next(ctx, q) {
+	}
+}
+
+func (m *Mover) next(ctx context.Context, q workqueue.TypedRateLimitingInterface[string]) bool {
+	key, quit := q.Get()
 	if quit {
 		return false
 	}
-	defer m.queue.Done(key)
+	defer q.Done(key)
 	again, err := m.sync(ctx, key)
 	switch {
 	case err != nil:
 		klog.ErrorS(err, "Volume move: retrying", "pvc", key)
-		m.queue.AddRateLimited(key)
+		q.AddRateLimited(key)
 	case again > 0:
-		m.queue.Forget(key)
-		m.queue.AddAfter(key, again)
+		q.Forget(key)
+		q.AddAfter(key, again)
 	default:
-		m.queue.Forget(key)
+		q.Forget(key)
 	}
 	return true
 }

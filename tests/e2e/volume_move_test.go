@@ -46,8 +46,9 @@ func slowClass(t *testing.T, base string) string {
 // The in-place move (the cluster's API server runs with the
 // MutablePVNodeAffinity feature gate): a PVC whose pod wrote data on one
 // node, its pod gone, is annotated localdir.csi.dev/move-to=<the other
-// node>. A pod started for it right after waits (a WaitingForVolumeMove
-// Event, not scheduled) and then runs on the other node with the data;
+// node>. A pod started for it once the move has begun waits (a
+// WaitingForVolumeMove Event, not scheduled) and then runs on the other
+// node with the data;
 // the PV is the same and points there; the volume's data is on that
 // node's disk only; the PVC's Events tell the story.
 func TestMultiNodeVolumeMoveInPlace(t *testing.T) {
@@ -70,7 +71,12 @@ func TestMultiNodeVolumeMoveInPlace(t *testing.T) {
 			if _, err := kc.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, pvc, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			// No node selection: the PV decides where it runs.
+			// A pod started once the move has begun waits for it (one the
+			// scheduler placed before would hold the move off until it
+			// ends). No node selection: the PV decides where it runs.
+			waitFor(t, "the PVC's VolumeMoveStarted Event", 2*time.Minute, func() (bool, error) {
+				return slices.ContainsFunc(events(t, ns, "PersistentVolumeClaim", pvc), func(e string) bool { return strings.HasPrefix(e, "VolumeMoveStarted") }), nil
+			})
 			createPod(t, ns, pvc+"-reader", pvcVolume(pvc, "/data"))
 			waitFor(t, "the reader's WaitingForVolumeMove Event", 2*time.Minute, func() (bool, error) {
 				return slices.ContainsFunc(events(t, ns, "Pod", pvc+"-reader"), func(e string) bool { return strings.HasPrefix(e, "WaitingForVolumeMove") }), nil

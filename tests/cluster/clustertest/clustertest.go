@@ -444,7 +444,9 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 		t.Fatal(err)
 	}
 	b.Wait = 30 * time.Second
-	if _, err := b.StartMover(t.Context(), cfg, o.DriverName); err != nil {
+	// The Lease of deploy/kubernetes' namespace, where the controller's
+	// Role lets it elect the mover; one identity per controller started.
+	if _, err := b.StartMover(t.Context(), cfg, o.DriverName, &cluster.MoverLease{Namespace: "localdir", Identity: fmt.Sprintf("controller-%p", b)}); err != nil {
 		t.Fatal(err)
 	}
 	d, err := driver.NewController(o, b)

@@ -44,6 +44,8 @@ func startMoveNodes(t *testing.T, gates string, capacities ...int64) (*fixture, 
 		env.WaitLocalNode(t, name)
 	}
 	c.ctrl = env.StartController(t, nil)
+	// A second replica, as deploy/kubernetes runs: one mover leads.
+	env.StartController(t, nil)
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -248,6 +250,25 @@ func TestVolumeMoveInPlace(t *testing.T) {
 			}
 			waitEvent(t, kube, "Pod", name+"-waiting", "WaitingForVolumeMove", "node-1")
 			waitEvent(t, kube, "PersistentVolumeClaim", name, "VolumeMoved", "moved to node node-1")
+			// One mover acted: each Event once.
+			evs, err := kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range evs.Items {
+				if e.InvolvedObject.Name == name && strings.HasPrefix(e.Reason, "VolumeMove") && e.Count > 1 || e.Reason == "VolumeMoveStarted" && e.InvolvedObject.Name == name && e.Source.Host != "" {
+					t.Errorf("Event %s %q given %d times (host %q)", e.Reason, e.Message, e.Count, e.Source.Host)
+				}
+			}
+			started := 0
+			for _, e := range evs.Items {
+				if e.InvolvedObject.Name == name && e.Reason == "VolumeMoveStarted" {
+					started++
+				}
+			}
+			if started != 1 {
+				t.Errorf("%d VolumeMoveStarted Events, want 1 (one mover leads)", started)
+			}
 
 			lv := &v1.LocalVolume{}
 			for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
