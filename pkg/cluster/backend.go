@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -260,12 +261,19 @@ func (b *ControllerBackend) remove(ctx context.Context, lv *v1.LocalVolume) erro
 // deleteWithIntent sets obj's spec.deleteData (*intent) in one merge patch
 // unless done already and waits until the cache shows it; the node plugin
 // then removes the data and the object. No object carries a finalizer, so an
-// uninstall deleting the CRDs waits on no node plugin.
+// uninstall deleting the CRDs waits on no node plugin. The patch names obj's
+// UID: an object of the same name made since (a moved volume's, on its new
+// node) is never marked from a stale copy; that is ErrBusy, to retry.
 func (b *ControllerBackend) deleteWithIntent(ctx context.Context, obj client.Object, intent *bool) error {
 	if !*intent {
-		patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+		raw := []byte(`{"spec":{"deleteData":true}}`)
+		if uid := obj.GetUID(); uid != "" {
+			raw = []byte(fmt.Sprintf(`{"metadata":{"uid":%q},"spec":{"deleteData":true}}`, uid))
+		}
 		*intent = true
-		if err := b.c.Patch(ctx, obj, patch); err != nil {
+		if err := b.c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, raw)); apierrors.IsInvalid(err) || apierrors.IsConflict(err) {
+			return fmt.Errorf("%w: %s was replaced since it was read; retry: %v", contract.ErrBusy, obj.GetName(), err)
+		} else if err != nil {
 			return client.IgnoreNotFound(err)
 		}
 	}
@@ -291,6 +299,13 @@ func (b *ControllerBackend) DeleteVolume(ctx context.Context, id string) error {
 	// Its moves first: a move's node removes what arrived only while the
 	// volume's own object says the volume is elsewhere (deleteMoved).
 	for _, mv := range b.movesOf(id) {
+		if mv.Annotations[v1.VolumeDeletedAnnotation] != "true" {
+			patch := client.MergeFrom(mv.DeepCopy())
+			metav1.SetMetaDataAnnotation(&mv.ObjectMeta, v1.VolumeDeletedAnnotation, "true")
+			if err := b.c.Patch(ctx, mv, patch); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
 		if err := b.remove(ctx, mv); err != nil {
 			return fmt.Errorf("delete the move of volume %s to node %s: %w", id, mv.Spec.Node, err)
 		}

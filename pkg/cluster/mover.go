@@ -240,18 +240,33 @@ func (m *Mover) sync(ctx context.Context, key string) (again time.Duration, err 
 			}
 		}
 	}
-	if target == "" {
-		return 0, nil
-	}
 	var mv *v1.LocalVolume
+	waiting := false // a called-off move to target is still being removed
 	for _, o := range moves {
-		if o.Spec.Node == target && !o.Deleting() {
+		switch {
+		case target == "" || o.Spec.Node != target:
+		case o.Deleting():
+			waiting = true
+		default:
 			mv = o
 		}
+	}
+	if mv == nil && blocked && hasLV && !lv.Deleting() {
+		// No move runs (called off, or the controller stopped between
+		// blocking the PV and placing the move): the PV goes back.
+		if err := m.setAffinity(ctx, pv, contract.TopologyKey, lv.Spec.Node); err != nil {
+			return 0, err
+		}
+		pvNode, blocked = lv.Spec.Node, false
+	}
+	if target == "" {
+		return 0, nil
 	}
 	switch {
 	case hasLV && lv.Spec.Node == target && !lv.Deleting():
 		return 0, m.finish(ctx, pvc, pv, lv, moves)
+	case mv == nil && waiting:
+		return moveRecheck, nil
 	case mv == nil:
 		return m.start(ctx, pvc, pv, lv, hasLV, target)
 	case mv.Status.Phase == v1.PhaseFailed:
@@ -271,8 +286,18 @@ func (m *Mover) sync(ctx context.Context, key string) (again time.Duration, err 
 		}
 		return moveRecheck, m.tellWaitingPods(ctx, pvc, id, target)
 	case hasLV && !lv.Deleting():
-		// Verified on the target: the PV follows, then the old copy goes.
+		// Verified on the target: the PV follows, then the old copy goes —
+		// unless a pod got to the volume on its old node meanwhile (a
+		// scheduler's stale cache, a pod bound by hand): then the copy
+		// may be older than the data, and the move is called off.
 		if pvNode != target || blocked {
+			if users, err := m.podsUsing(ctx, pvc); err != nil {
+				return 0, err
+			} else if len(users) > 0 {
+				m.event(pvc, pvcKey(pvc), corev1.EventTypeWarning, "VolumeMoveFailed", "moving volume %s to node %s failed: %s; its data stays on node %s",
+					id, target, inUse(users), lv.Spec.Node)
+				return 0, m.callOff(ctx, pvc, pv, mv, lv)
+			}
 			if err := m.setAffinity(ctx, pv, contract.TopologyKey, target); err != nil {
 				return 0, err
 			}
@@ -433,9 +458,12 @@ func (m *Mover) podsUsing(ctx context.Context, pvc *corev1.PersistentVolumeClaim
 	return out, nil
 }
 
+// usesClaim says whether pod p uses PVC claim: by name, or as a generic
+// ephemeral volume (whose PVC is named <pod>-<volume>).
 func usesClaim(p *corev1.Pod, claim string) bool {
 	return slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
-		return v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim
+		return v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim ||
+			v.Ephemeral != nil && p.Name+"-"+v.Name == claim
 	})
 }
 
@@ -523,11 +551,14 @@ func (b *ControllerBackend) anyMoves() bool {
 	return slices.ContainsFunc(all[*v1.LocalVolume](b.cache.volumes), func(lv *v1.LocalVolume) bool { return lv.Spec.MoveOf != "" })
 }
 
-// movesOf is every move object of volume id in the cache, copied out of it.
+// movesOf is every move object of volume id in the cache, copied out of
+// it: those named for their node, moving that volume (only the controller
+// makes them; anything else is ignored).
 func (b *ControllerBackend) movesOf(id string) []*v1.LocalVolume {
 	var out []*v1.LocalVolume
 	for _, lv := range all[*v1.LocalVolume](b.cache.volumes) {
-		if lv.Spec.MoveOf == id {
+		cs := lv.Spec.ContentSource
+		if lv.Spec.MoveOf == id && lv.Name == contract.VolumeMoveName(id, lv.Spec.Node) && cs != nil && cs.Volume == id && cs.Snapshot == "" {
 			out = append(out, lv.DeepCopy())
 		}
 	}

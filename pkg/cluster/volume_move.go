@@ -111,11 +111,16 @@ func (r *LocalVolumeReconciler) reconcileMove(ctx context.Context, mv *v1.LocalV
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 
-// deleteMoved removes this node's copy of the volume mv moves, never the
-// data of a volume whose own LocalVolume is on this node (a move already
-// made) or has none at all (the copy may be all there is: it is re-adopted).
+// deleteMoved removes this node's copy of the volume mv moves: always
+// after a DeleteVolume (v1.VolumeDeletedAnnotation); a move called off
+// never removes the data of a volume whose own LocalVolume is on this node
+// (a move already made) or has none at all (the copy may be all there is:
+// it is re-adopted).
 func (r *LocalVolumeReconciler) deleteMoved(ctx context.Context, mv *v1.LocalVolume) error {
 	id := mv.Spec.MoveOf
+	if mv.Annotations[v1.VolumeDeletedAnnotation] == "true" {
+		return r.Store.Delete(id)
+	}
 	lv := &v1.LocalVolume{}
 	err := r.Reader.Get(ctx, client.ObjectKey{Name: id}, lv)
 	switch {

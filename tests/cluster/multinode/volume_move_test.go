@@ -518,3 +518,88 @@ func TestVolumeMoveFaults(t *testing.T) {
 		}
 	})
 }
+
+// TestVolumeMoveCalledOffWhileTargetDown: a move called off while its
+// target's node plugin is down (its move object cannot go yet), asked for
+// again and called off again: the PV points at the volume's node again,
+// and once the target is back the move object goes.
+func TestVolumeMoveCalledOffWhileTargetDown(t *testing.T) {
+	c, kube := startMoveNodes(t, moveGate, 300*mi, 300*mi)
+	name := "stuck"
+	id, _ := blockClaim(t, c, kube, name, 8*mi)
+	annotateMove(t, kube, name, "node-1")
+	moveOf(t, c, id, "bytes arriving", moving)
+	p := c.nodes["node-1"]
+	p.Stop(t)
+	annotateMove(t, kube, name, "")
+	waitEvent(t, kube, "PersistentVolumeClaim", name, "VolumeMoveCalledOff", "called off")
+	time.Sleep(2 * time.Second)
+	t.Logf("after call-off: %s", pvAffinity(t, kube, name))
+	annotateMove(t, kube, name, "node-1")
+	time.Sleep(3 * time.Second)
+	t.Logf("after re-add: %s", pvAffinity(t, kube, name))
+	annotateMove(t, kube, name, "")
+	c.nodes["node-1"] = c.env.StartNodeWith(t, p.Dir, p.Opts)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if err := c.env.Client.Get(context.Background(), client.ObjectKey{Name: contract.VolumeMoveName(id, "node-1")}, &v1.LocalVolume{}); apierrors.IsNotFound(err) {
+			break
+		}
+	}
+	time.Sleep(5 * time.Second)
+	if got := pvAffinity(t, kube, name); got != contract.TopologyKey+"=node-0" {
+		t.Errorf("no move object, no annotation, and the PV's affinity is %s, want node-0", got)
+	}
+}
+
+// TestDeleteVolumeDuringMove: DeleteVolume of a volume whose move's copy
+// is complete while the target's node plugin is down: once the target is
+// back its copy is removed too — never re-adopted as a volume of its own.
+func TestDeleteVolumeDuringMove(t *testing.T) {
+	c, _ := startMoveNodes(t, moveGate, 300*mi, 300*mi)
+	ctx := context.Background()
+	vol, err := c.create(ctx, "leak", 16*mi, &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-0")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := vol.GetVolumeId()
+	lv := &v1.LocalVolume{}
+	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: id}, lv); err != nil {
+		t.Fatal(err)
+	}
+	// The move object the mover would place.
+	mv := &v1.LocalVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: contract.VolumeMoveName(id, "node-1"), Labels: map[string]string{v1.MoveOfLabel: id, v1.NodeLabel: "node-1"}},
+		Spec:       *lv.Spec.DeepCopy(),
+	}
+	mv.Spec.Node, mv.Spec.MoveOf, mv.Spec.ContentSource = "node-1", id, &v1.ContentSource{Volume: id, Node: "node-0"}
+	if err := c.env.Client.Create(ctx, mv); err != nil {
+		t.Fatal(err)
+	}
+	moveOf(t, c, id, "Ready", func(m *v1.LocalVolume) bool { return m.Status.Phase == v1.PhaseReady })
+	p := c.nodes["node-1"]
+	p.Stop(t)
+	if _, err := c.ctrl.Controller.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		got := &v1.LocalVolume{}
+		err := c.env.Client.Get(ctx, client.ObjectKey{Name: id}, got)
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("volume not deleted: %v %+v", err, got.Spec)
+		}
+	}
+	c.nodes["node-1"] = c.env.StartNodeWith(t, p.Dir, p.Opts)
+	time.Sleep(20 * time.Second)
+	got := &v1.LocalVolume{}
+	err = c.env.Client.Get(ctx, client.ObjectKey{Name: id}, got)
+	t.Logf("after DeleteVolume: LocalVolume %s: %v (node %q, labels %v)", id, err, got.Spec.Node, got.Labels)
+	if err == nil {
+		t.Errorf("a deleted volume's data lives on node-1 as LocalVolume %s", id)
+	}
+	if _, err := os.Stat(filepath.Join(c.nodes["node-1"].Opts.DataRoot, "volumes", id)); !os.IsNotExist(err) {
+		t.Errorf("a deleted volume's data is still on node-1 (%v)", err)
+	}
+}

@@ -115,6 +115,10 @@ func TestNodePluginWritesOnlyItsOwnNode(t *testing.T) {
 	pulling := newLV("vol-0000000000000000000000000000006a", "node-a")
 	pulling.Spec.ContentSource = &v1.ContentSource{Volume: "vol-0000000000000000000000000000001b", Node: "node-b"}
 	mustDeny(t, nodeA.Create(ctx, pulling), "node-a: create a LocalVolume pulling node-b's data", "only the controller asks another node for data")
+	// Nor make itself the target of a move (even without a source node).
+	moving := newLV(contract.VolumeMoveName("vol-0000000000000000000000000000001b", "node-a"), "node-a")
+	moving.Spec.MoveOf = "vol-0000000000000000000000000000001b"
+	mustDeny(t, nodeA.Create(ctx, moving), "node-a: create a move of node-b's volume", "only the controller moves a volume")
 	const snapB = "snap-0000000000000000000000000000001b"
 	copying := &v1.LocalSnapshot{
 		ObjectMeta: metav1.ObjectMeta{Name: contract.SnapshotCopyName(snapB, "node-a"), Labels: map[string]string{v1.NodeLabel: "node-a"}},

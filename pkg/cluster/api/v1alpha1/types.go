@@ -51,6 +51,11 @@ const (
 // must drain a node"). It needs the MutablePVNodeAffinity feature gate.
 const MoveToAnnotation = "localdir.csi.dev/move-to"
 
+// VolumeDeletedAnnotation ("true") on a move LocalVolume says its volume
+// was deleted (DeleteVolume): its node removes what arrived whatever the
+// volume's own object says.
+const VolumeDeletedAnnotation = "localdir.csi.dev/volume-deleted"
+
 // Annotations of a LocalVolume naming the PVC it was made for (from the
 // provisioner's --extra-create-metadata), where a transfer's Events go too.
 const (
