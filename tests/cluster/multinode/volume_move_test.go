@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/cluster/clustertest"
+	"github.com/localdir-csi/localdir/tests/testfs"
 	"github.com/localdir-csi/localdir/tests/treecmp"
 )
 
@@ -601,5 +603,60 @@ func TestDeleteVolumeDuringMove(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(c.nodes["node-1"].Opts.DataRoot, "volumes", id)); !os.IsNotExist(err) {
 		t.Errorf("a deleted volume's data is still on node-1 (%v)", err)
+	}
+}
+
+// TestVolumeMoveTargetOutOfRoom fills the target's filesystem in the middle
+// of a move: the move fails with the reason (VolumeMoveFailed), the PV
+// points at the old node again, the data there is untouched, and nothing
+// of the volume stays on the target.
+func TestVolumeMoveTargetOutOfRoom(t *testing.T) {
+	env := clustertest.StartWithFeatureGates(t, moveGate)
+	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
+	small := testfs.New(t, testfs.XFSReflink, 320*mi)
+	for i, mutate := range []func(*driver.Options){
+		func(o *driver.Options) { o.TransferAddress = "127.0.0.1:0" },
+		func(o *driver.Options) { o.TransferAddress = "127.0.0.1:0"; o.DataRoot = filepath.Join(small, "data") },
+	} {
+		name := fmt.Sprintf("node-%d", i)
+		c.nodes[name] = env.StartNode(t, name, mutate)
+		env.WaitLocalNode(t, name)
+	}
+	c.ctrl = env.StartController(t, nil)
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, want := blockClaim(t, c, kube, "full", 24*mi)
+	annotateMove(t, kube, "full", "node-1")
+	moveOf(t, c, id, "bytes arriving", moving)
+	// Another tenant of the filesystem takes all but 1 MiB.
+	var st unix.Statfs_t
+	if err := unix.Statfs(small, &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(small, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(st.Bavail)*st.Bsize-mi); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	msg := waitEvent(t, kube, "PersistentVolumeClaim", "full", "VolumeMoveFailed", "node-0")
+	t.Logf("target out of room: %s", msg)
+	for deadline := time.Now().Add(time.Minute); pvAffinity(t, kube, "full") != contract.TopologyKey+"=node-0"; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("PV affinity %s, want node-0 again", pvAffinity(t, kube, "full"))
+		}
+	}
+	if got, err := imageOf(c.nodes["node-0"], id); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("the image on node-0 differs (%d bytes, %v)", len(got), err)
+	}
+	if _, err := imageOf(c.nodes["node-1"], id); !os.IsNotExist(err) {
+		t.Errorf("a failed move left the image on node-1 (%v)", err)
+	}
+	if left := creating(t, c.nodes["node-1"]); len(left) != 0 {
+		t.Errorf("left behind on node-1: %v", left)
 	}
 }
