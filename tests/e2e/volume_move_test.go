@@ -91,9 +91,18 @@ func TestMultiNodeVolumeMoveInPlace(t *testing.T) {
 			if on := pvNode(t, ns, pvc); on != to || mustGetPV(t, pvName).UID != pvUID {
 				t.Fatalf("the PV points at %s (or was replaced), want the same PV on %s", on.Name, to.Name)
 			}
-			if node, _, _ := unstructured.NestedString(localVolume(t, id).Object, "spec", "node"); node != to.Name {
-				t.Fatalf("LocalVolume %s is on %s, want %s", id, node, to.Name)
-			}
+			// The pod may run before the cut-over ends: the old node
+			// removes its copy, then the LocalVolume is made on the new one.
+			waitFor(t, "LocalVolume "+id+" on "+to.Name+" and the data on its disk only", 2*time.Minute, func() (bool, error) {
+				u, err := dyn.Resource(gvrLocalVolume).Get(ctx, id, metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return false, nil
+				} else if err != nil {
+					return false, retryTransient(t, err)
+				}
+				node, _, _ := unstructured.NestedString(u.Object, "spec", "node")
+				return node == to.Name && len(onNodeDisk(t, from, id)) == 0, nil
+			})
 			mustBeOnlyOn(t, id, to)
 			said := events(t, ns, "PersistentVolumeClaim", pvc)
 			for _, want := range []string{"VolumeMoveStarted", "TransferDone", "VolumeMoved"} {
