@@ -104,6 +104,9 @@ func TestMultiNodeVolumeMoveInPlace(t *testing.T) {
 				return node == to.Name && len(onNodeDisk(t, from, id)) == 0, nil
 			})
 			mustBeOnlyOn(t, id, to)
+			waitFor(t, "the PVC's VolumeMoved Event", time.Minute, func() (bool, error) {
+				return slices.ContainsFunc(events(t, ns, "PersistentVolumeClaim", pvc), func(e string) bool { return strings.HasPrefix(e, "VolumeMoved") }), nil
+			})
 			said := events(t, ns, "PersistentVolumeClaim", pvc)
 			for _, want := range []string{"VolumeMoveStarted", "TransferDone", "VolumeMoved"} {
 				if !slices.ContainsFunc(said, func(e string) bool { return strings.HasPrefix(e, want) }) {
