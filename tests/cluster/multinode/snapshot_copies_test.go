@@ -30,6 +30,7 @@ import (
 // (pulled from the copy), byte for byte. Deleting a snapshot removes the
 // copy's data even while the lost node's own data cannot be reached.
 func TestSnapshotCopiesSurviveNodeLoss(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c := startTransferNodes(t, 300*mi, 400*mi, 200*mi)
 	ctx := context.Background()
 	pin := func(n string) *csi.TopologyRequirement {
@@ -236,6 +237,7 @@ func topologyNodes(s *csi.Snapshot) []string {
 // has room (a volume there deleted), the controller's next pass places the
 // copy there and the topology names both nodes.
 func TestSnapshotCopyWaitsForRoom(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c := startTransferNodes(t, 200*mi, 100*mi)
 	ctx := context.Background()
 	pin := func(n string) *csi.TopologyRequirement {
@@ -308,6 +310,7 @@ func TestSnapshotCopyWaitsForRoom(t *testing.T) {
 // the copy reads as the snapshot on its node, byte for byte, and a
 // restore from it on the copy's node has the new data.
 func TestSnapshotCopyIncremental(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c := startTransferNodes(t, 4<<30, 4<<30)
 	ctx := context.Background()
 	pin := func(n string) *csi.TopologyRequirement {
@@ -389,6 +392,7 @@ func TestSnapshotCopyIncremental(t *testing.T) {
 // starts over once the plugin is back and ends ready, byte for byte, with
 // nothing half-made left on the copy's node.
 func TestSnapshotCopySurvivesNodePluginRestarts(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c := startTransferNodes(t, 500*mi, 500*mi)
 	ctx := context.Background()
 	parent := t
@@ -407,7 +411,7 @@ func TestSnapshotCopySurvivesNodePluginRestarts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.WriteAt(treecmp.RandomBytes(uint64(30+i), 12*mi), 0); err != nil {
+			if _, err := f.WriteAt(treecmp.RandomBytes(uint64(30+i), 24*mi), 0); err != nil {
 				t.Fatal(err)
 			}
 			f.Close()

@@ -193,6 +193,7 @@ func deletePod(t *testing.T, kube kubernetes.Interface, name string) {
 // there byte for byte and gone from node-0; the move object is gone; the
 // PVC says VolumeMoved. The PVC and PV are the same objects.
 func TestVolumeMoveInPlace(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c, kube := startMoveNodes(t, moveGate, 300*mi, 300*mi)
 	ctx := context.Background()
 	root := func(n string) string { return c.nodes[n].Opts.DataRoot }
@@ -332,6 +333,7 @@ func mustPV(t *testing.T, kube kubernetes.Interface, name string) *corev1.Persis
 // that names the gate and the snapshot-and-restore steps; the PV, the
 // volume and its data stay as they were.
 func TestVolumeMoveRefusedWithoutGate(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c, kube := startMoveNodes(t, "", 300*mi, 300*mi)
 	vol := boundClaim(t, c, kube, "nogate", mnt)
 	annotateMove(t, kube, "nogate", "node-1")
@@ -398,6 +400,7 @@ func imageOf(p *clustertest.Plugin, id string) ([]byte, error) {
 // and leaves the data there untouched and nothing on the target; a target
 // without room is refused before anything changes.
 func TestVolumeMoveFaults(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c, kube := startMoveNodes(t, moveGate, 500*mi, 300*mi)
 	ctx := context.Background()
 	parent := t
@@ -526,6 +529,7 @@ func TestVolumeMoveFaults(t *testing.T) {
 // again and called off again: the PV points at the volume's node again,
 // and once the target is back the move object goes.
 func TestVolumeMoveCalledOffWhileTargetDown(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c, kube := startMoveNodes(t, moveGate, 300*mi, 300*mi)
 	name := "stuck"
 	id, _ := blockClaim(t, c, kube, name, 8*mi)
@@ -557,6 +561,7 @@ func TestVolumeMoveCalledOffWhileTargetDown(t *testing.T) {
 // is complete while the target's node plugin is down: once the target is
 // back its copy is removed too — never re-adopted as a volume of its own.
 func TestDeleteVolumeDuringMove(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	c, _ := startMoveNodes(t, moveGate, 300*mi, 300*mi)
 	ctx := context.Background()
 	vol, err := c.create(ctx, "leak", 16*mi, &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf("node-0")}})
@@ -611,6 +616,7 @@ func TestDeleteVolumeDuringMove(t *testing.T) {
 // points at the old node again, the data there is untouched, and nothing
 // of the volume stays on the target.
 func TestVolumeMoveTargetOutOfRoom(t *testing.T) {
+	t.Parallel() // mostly waits (slowed copies, rechecks): runs beside the others
 	env := clustertest.StartWithFeatureGates(t, moveGate)
 	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
 	small := testfs.New(t, testfs.XFSReflink, 320*mi)
