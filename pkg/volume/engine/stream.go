@@ -386,7 +386,7 @@ func Receive(r io.Reader, dst string, want StreamKind, limit int64, progress fun
 		return rc.st, fmt.Errorf("the stream holds %q, want %q", hd.Kind, want)
 	}
 	if want == StreamFile {
-		err = rc.image(dst)
+		err = rc.image(dst, "")
 	} else {
 		err = rc.tree(dst)
 	}
@@ -481,7 +481,10 @@ func (rc *receiver) done(r *record) error {
 	return nil
 }
 
-func (rc *receiver) image(dst string) error {
+// image receives an image into the new file dst: a whole one, or, with
+// basePath, one sent as its difference from that image (StreamFileDelta),
+// applied to a copy of it and checked against the sender's imageSum.
+func (rc *receiver) image(dst, basePath string) error {
 	r, err := rc.next()
 	if err != nil {
 		return err
@@ -489,31 +492,60 @@ func (rc *receiver) image(dst string) error {
 	if r.Op != opFile || r.Name != "" || r.Size < 0 || r.Size > rc.limit {
 		return fmt.Errorf("the stream's image is %d bytes, the volume has %d (op %q)", r.Size, rc.limit, r.Op)
 	}
-	fd, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
+	var fd int
+	if basePath == "" {
+		if fd, err = unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600); err != nil {
+			return err
+		}
+		rc.cur = &openFile{fd: fd, size: r.Size}
+	} else {
+		in, err := unix.Open(basePath, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(in)
+		if fd, err = unix.Open(dst, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600); err != nil {
+			return err
+		}
+		rc.cur = &openFile{fd: fd, size: r.Size}
+		if _, _, err := CopyData(fd, in); err != nil {
+			return fmt.Errorf("copy the base image %s: %w", basePath, err)
+		}
 	}
-	// The size is set last: on ext4 a write into a hole below the file's
-	// size costs several times an append.
-	rc.cur = &openFile{fd: fd, size: r.Size}
 	for {
 		r, err := rc.next()
 		if err != nil {
 			return err
 		}
-		switch r.Op {
-		case opData:
+		switch {
+		case r.Op == opData:
 			if err := rc.data(r); err != nil {
 				return err
 			}
-		case opDone:
+		case r.Op == opZero && basePath != "":
+			if err := rc.zero(r); err != nil {
+				return err
+			}
+		case r.Op == opDone:
 			if err := rc.w.drain(); err != nil {
 				return err
 			}
 			if err := rc.done(r); err != nil {
 				return err
 			}
-			return unix.Ftruncate(fd, rc.cur.size)
+			// The size is set last: on ext4 a write into a hole below the
+			// file's size costs several times an append.
+			if err := unix.Ftruncate(fd, rc.cur.size); err != nil || basePath == "" {
+				return err
+			}
+			got, err := fileImageSum(fd, rc.cur.size)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(got, r.Image) {
+				return fmt.Errorf("image checksum mismatch: the sender's image is %x, the base with the changes applied %x", r.Image, got)
+			}
+			return nil
 		default:
 			return fmt.Errorf("an image stream holds op %q", r.Op)
 		}

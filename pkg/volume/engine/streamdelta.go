@@ -149,76 +149,26 @@ func ReceiveImage(r io.Reader, dst, basePath string, limit int64, progress func(
 	defer rc.closeAll()
 	switch {
 	case hd.Kind == StreamFile:
-		return rc.st, rc.image(dst)
+		return rc.st, rc.image(dst, "")
 	case hd.Kind == StreamFileDelta && basePath != "":
-		return rc.st, rc.imageDelta(dst, basePath)
+		return rc.st, rc.image(dst, basePath)
 	}
 	return rc.st, fmt.Errorf("the stream holds %q, want an image", hd.Kind)
 }
 
-func (rc *receiver) imageDelta(dst, basePath string) error {
-	r, err := rc.next()
-	if err != nil {
+// zero applies an opZero record: its range of the current file reads as
+// zeros (a hole punched, after the pending writes).
+func (rc *receiver) zero(r *record) error {
+	if r.Off < 0 || r.Size <= 0 || r.Off+r.Size > rc.cur.size {
+		return fmt.Errorf("zeros at %d+%d are outside the file's %d bytes", r.Off, r.Size, rc.cur.size)
+	}
+	if err := rc.w.drain(); err != nil {
 		return err
 	}
-	if r.Op != opFile || r.Name != "" || r.Size < 0 || r.Size > rc.limit {
-		return fmt.Errorf("the stream's image is %d bytes, the volume has %d (op %q)", r.Size, rc.limit, r.Op)
+	if err := unix.Fallocate(rc.cur.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r.Off, r.Size); err != nil {
+		return fmt.Errorf("zero %d bytes at %d: %w", r.Size, r.Off, err)
 	}
-	in, err := unix.Open(basePath, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(in)
-	fd, err := unix.Open(dst, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	rc.cur = &openFile{fd: fd, size: r.Size}
-	if _, _, err := CopyData(fd, in); err != nil {
-		return fmt.Errorf("copy the base image %s: %w", basePath, err)
-	}
-	for {
-		r, err := rc.next()
-		if err != nil {
-			return err
-		}
-		switch r.Op {
-		case opData:
-			if err := rc.data(r); err != nil {
-				return err
-			}
-		case opZero:
-			if r.Off < 0 || r.Size <= 0 || r.Off+r.Size > rc.cur.size {
-				return fmt.Errorf("zeros at %d+%d are outside the file's %d bytes", r.Off, r.Size, rc.cur.size)
-			}
-			if err := rc.w.drain(); err != nil {
-				return err
-			}
-			if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r.Off, r.Size); err != nil {
-				return fmt.Errorf("zero %d bytes at %d: %w", r.Size, r.Off, err)
-			}
-		case opDone:
-			if err := rc.w.drain(); err != nil {
-				return err
-			}
-			if err := rc.done(r); err != nil {
-				return err
-			}
-			if err := unix.Ftruncate(fd, rc.cur.size); err != nil {
-				return err
-			}
-			got, err := fileImageSum(fd, rc.cur.size)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(got, r.Image) {
-				return fmt.Errorf("image checksum mismatch: the sender's image is %x, the base with the changes applied %x", r.Image, got)
-			}
-			return nil
-		default:
-			return fmt.Errorf("an image delta stream holds op %q", r.Op)
-		}
-	}
+	return nil
 }
 
 // imageSum is the XXH64 of an image's content: of each non-zero

@@ -26,7 +26,11 @@ var blk = []*csi.VolumeCapability{{
 // startTransferNodes is startNodes with the node-to-node channel on
 // 127.0.0.1 (a port of the kernel's choosing) on every node.
 func startTransferNodes(t testing.TB, capacities ...int64) *fixture {
-	env := clustertest.Start(t)
+	return transferNodesOn(t, clustertest.Start(t), capacities...)
+}
+
+// transferNodesOn is startTransferNodes against the control plane env.
+func transferNodesOn(t testing.TB, env *clustertest.Env, capacities ...int64) *fixture {
 	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
 	for i, capBytes := range capacities {
 		name := fmt.Sprintf("node-%d", i)

@@ -35,20 +35,10 @@ const moveGate = "MutablePVNodeAffinity=true"
 
 // startMoveNodes is startTransferNodes on an API server with gates.
 func startMoveNodes(t *testing.T, gates string, capacities ...int64) (*fixture, kubernetes.Interface) {
-	env := clustertest.StartWithFeatureGates(t, gates)
-	c := &fixture{env: env, nodes: map[string]*clustertest.Plugin{}}
-	for i, capBytes := range capacities {
-		name := fmt.Sprintf("node-%d", i)
-		c.nodes[name] = env.StartNode(t, name, func(o *driver.Options) {
-			o.CapacityBytes = capBytes
-			o.TransferAddress = "127.0.0.1:0"
-		})
-		env.WaitLocalNode(t, name)
-	}
-	c.ctrl = env.StartController(t, nil)
+	c := transferNodesOn(t, clustertest.StartWithFeatureGates(t, gates), capacities...)
 	// A second replica, as deploy/kubernetes runs: one mover leads.
-	env.StartController(t, nil)
-	kube, err := kubernetes.NewForConfig(env.Config)
+	c.env.StartController(t, nil)
+	kube, err := kubernetes.NewForConfig(c.env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
