@@ -31,11 +31,24 @@ func (b *ControllerBackend) copiesOf(id string) []*v1.LocalSnapshot {
 	return out
 }
 
+// copiesWanted is how many nodes should hold snapshot ls: its spec.copies,
+// or for a member of a group snapshot the group's (the node plugin creates
+// the members and never asks for copies itself).
+func (b *ControllerBackend) copiesWanted(ls *v1.LocalSnapshot) int {
+	if ls.Spec.Copies > 0 || ls.Spec.GroupSnapshot == "" {
+		return int(ls.Spec.Copies)
+	}
+	if g, ok := get[*v1.LocalGroupSnapshot](b.cache.groups, ls.Spec.GroupSnapshot); ok {
+		return int(g.Spec.Copies)
+	}
+	return 0
+}
+
 // holders are the nodes with a complete copy of ls: its own node first,
 // then those of its Ready copies.
 func (b *ControllerBackend) holders(ls *v1.LocalSnapshot) []string {
 	nodes := []string{ls.Spec.Node}
-	if ls.Spec.Copies < 2 {
+	if b.copiesWanted(ls) < 2 {
 		return nodes
 	}
 	for _, cp := range b.copiesOf(ls.Name) {
@@ -60,7 +73,7 @@ func (b *ControllerBackend) snapshotOf(ls *v1.LocalSnapshot) *contract.Snapshot 
 // replaced on another node. Too few candidates: as many as there are, the
 // rest at the next pass (keepCopies).
 func (b *ControllerBackend) ensureCopies(ctx context.Context, ls *v1.LocalSnapshot) error {
-	want := int(ls.Spec.Copies) - 1
+	want := b.copiesWanted(ls) - 1
 	if want < 1 || !ls.Status.ReadyToUse || ls.Deleting() {
 		return nil
 	}
@@ -115,7 +128,7 @@ func (b *ControllerBackend) ensureCopies(ctx context.Context, ls *v1.LocalSnapsh
 		have++
 	}
 	if have < want {
-		klog.InfoS("Not enough nodes for the snapshot's copies yet; trying again later", "snapshotID", ls.Name, "copies", ls.Spec.Copies, "placed", have+1)
+		klog.InfoS("Not enough nodes for the snapshot's copies yet; trying again later", "snapshotID", ls.Name, "copies", want+1, "placed", have+1)
 	}
 	return nil
 }
@@ -132,7 +145,7 @@ func (b *ControllerBackend) keepCopies(ctx context.Context, interval time.Durati
 		case <-t.C:
 		}
 		for _, ls := range all[*v1.LocalSnapshot](b.cache.snapshots) {
-			if ls.Spec.Copies < 2 || ls.Spec.CopyOf != "" {
+			if ls.Spec.CopyOf != "" || b.copiesWanted(ls) < 2 {
 				continue
 			}
 			if err := b.ensureCopies(ctx, ls); err != nil {

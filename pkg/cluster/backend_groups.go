@@ -30,8 +30,10 @@ func memberSnapshotID(gid, volID string) string {
 
 // CreateGroupSnapshot implements driver.GroupBackend: all volumes must be
 // Ready on one node (FAILED_PRECONDITION otherwise); it records the
-// LocalGroupSnapshot and waits until the node cut it and made its members.
-func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string, sourceIDs []string) (*contract.GroupSnapshot, error) {
+// LocalGroupSnapshot and waits until the node cut it and made its members,
+// whose copies on other nodes it then places (ensureCopies), as
+// CreateSnapshot does.
+func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string, sourceIDs []string, copies int) (*contract.GroupSnapshot, error) {
 	gid := contract.GroupSnapshotIDFor(name)
 	ids := slices.Sorted(slices.Values(sourceIDs))
 	if len(slices.Compact(slices.Clone(ids))) != len(ids) {
@@ -71,7 +73,7 @@ func (b *ControllerBackend) CreateGroupSnapshot(ctx context.Context, name string
 	}
 	g = &v1.LocalGroupSnapshot{
 		ObjectMeta: metav1.ObjectMeta{Name: gid, Labels: map[string]string{v1.NodeLabel: node}},
-		Spec:       v1.LocalGroupSnapshotSpec{Node: node, CSIName: name, Volumes: ids},
+		Spec:       v1.LocalGroupSnapshotSpec{Node: node, CSIName: name, Volumes: ids, Copies: int32(copies)},
 	}
 	for _, id := range ids {
 		g.Spec.Snapshots = append(g.Spec.Snapshots, memberSnapshotID(gid, id))
@@ -111,6 +113,12 @@ func (b *ControllerBackend) waitGroup(ctx context.Context, gid string) (*contrac
 		if err != nil {
 			return nil, err
 		}
+		if ls, ok := get[*v1.LocalSnapshot](b.cache.snapshots, id); ok {
+			if err := b.ensureCopies(ctx, ls); err != nil {
+				return nil, err
+			}
+			s = b.snapshotOf(ls)
+		}
 		out.Snapshots = append(out.Snapshots, s)
 	}
 	if g.Status.CreationTime != nil {
@@ -138,7 +146,7 @@ func (b *ControllerBackend) GroupSnapshot(ctx context.Context, id string, snapsh
 	}
 	for _, sid := range g.Spec.Snapshots {
 		if ls, err := b.liveSnapshot(ctx, sid); err == nil {
-			out.Snapshots = append(out.Snapshots, toSnapshot(ls))
+			out.Snapshots = append(out.Snapshots, b.snapshotOf(ls))
 		} else if !errors.Is(err, contract.ErrNotFound) {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -16,8 +17,9 @@ import (
 // contract sentinels.
 type GroupBackend interface {
 	// CreateGroupSnapshot cuts one snapshot of each source volume at one
-	// point in time for the CSI name (Snapshots.CreateGroup).
-	CreateGroupSnapshot(ctx context.Context, name string, sourceVolumeIDs []string) (*contract.GroupSnapshot, error)
+	// point in time for the CSI name (Snapshots.CreateGroup), each kept on
+	// copies-1 other nodes too (copies <= 1: its node only).
+	CreateGroupSnapshot(ctx context.Context, name string, sourceVolumeIDs []string, copies int) (*contract.GroupSnapshot, error)
 	// GroupSnapshot returns a group (ErrNotFound); snapshotIDs, when given,
 	// must be its members (ErrInvalid).
 	GroupSnapshot(ctx context.Context, id string, snapshotIDs []string) (*contract.GroupSnapshot, error)
@@ -26,7 +28,10 @@ type GroupBackend interface {
 }
 
 // CreateGroupSnapshot implements GroupBackend.
-func (b *LocalBackend) CreateGroupSnapshot(_ context.Context, name string, ids []string) (*contract.GroupSnapshot, error) {
+func (b *LocalBackend) CreateGroupSnapshot(_ context.Context, name string, ids []string, copies int) (*contract.GroupSnapshot, error) {
+	if copies > 1 {
+		return nil, fmt.Errorf("%w: the group snapshot parameter copies needs cluster mode: all mode has one node", contract.ErrInvalid)
+	}
 	return b.g(b.Snapshots.CreateGroup(name, ids))
 }
 
@@ -84,6 +89,22 @@ func groupNameKey(name string) string { return "group/" + name }
 // deletionPolicy into the parameters, and classes copied from it carry it.
 const groupDeletionPolicyKey = "deletionPolicy"
 
+// GroupSnapshotCopies parses a VolumeGroupSnapshotClass's parameters: copies
+// as for a VolumeSnapshotClass (SnapshotCopies), and deletionPolicy.
+func GroupSnapshotCopies(params map[string]string) (int, error) {
+	rest := map[string]string{}
+	for k, v := range userParams(params) {
+		switch {
+		case k == SnapshotCopiesParam:
+			rest[k] = v
+		case k == groupDeletionPolicyKey && (v == "Delete" || v == "Retain"):
+		default:
+			return 0, invalid("unknown group snapshot parameter %q=%q (the driver takes %s, the %s* ones, and %s Delete or Retain, which changes nothing); remove it from the VolumeGroupSnapshotClass", k, v, SnapshotCopiesParam, reservedPrefix, groupDeletionPolicyKey)
+		}
+	}
+	return SnapshotCopies(rest)
+}
+
 // CreateVolumeGroupSnapshot validates the request, locks the name and the
 // source volumes and has the backend cut the group (see
 // volume.Snapshots.CreateGroup). A repeated call with the same name and
@@ -95,11 +116,9 @@ func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *cs
 	if len(req.GetSourceVolumeIds()) == 0 {
 		return nil, invalid("source_volume_ids is required")
 	}
-	for k, v := range userParams(req.GetParameters()) {
-		if k == groupDeletionPolicyKey && (v == "Delete" || v == "Retain") {
-			continue
-		}
-		return nil, invalid("unknown group snapshot parameter %q=%q (the driver takes none besides the %s* ones, and %s Delete or Retain, which changes nothing); remove it from the VolumeGroupSnapshotClass", k, v, reservedPrefix, groupDeletionPolicyKey)
+	copies, err := GroupSnapshotCopies(req.GetParameters())
+	if err != nil {
+		return nil, err
 	}
 	for _, id := range req.GetSourceVolumeIds() {
 		if !contract.ValidVolumeID(id) {
@@ -116,11 +135,11 @@ func (s *groupController) CreateVolumeGroupSnapshot(ctx context.Context, req *cs
 		return nil, contract.ToStatus(err)
 	}
 	defer releaseSrc()
-	g, err := s.b.CreateGroupSnapshot(ctx, req.GetName(), req.GetSourceVolumeIds())
+	g, err := s.b.CreateGroupSnapshot(ctx, req.GetName(), req.GetSourceVolumeIds(), copies)
 	if err != nil {
 		return nil, contract.ToStatus(err)
 	}
-	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
+	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g, false)}, nil
 }
 
 // GetVolumeGroupSnapshot returns a group snapshot; snapshot_ids, when given,
@@ -133,7 +152,7 @@ func (s *groupController) GetVolumeGroupSnapshot(ctx context.Context, req *csi.G
 	if err != nil {
 		return nil, contract.ToStatus(err)
 	}
-	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g)}, nil
+	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: s.csiGroup(g, true)}, nil
 }
 
 // DeleteVolumeGroupSnapshot deletes a group's snapshots; unknown ids succeed.
@@ -153,11 +172,13 @@ func (s *groupController) DeleteVolumeGroupSnapshot(ctx context.Context, req *cs
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }
 
-func (s *groupController) csiGroup(g *contract.GroupSnapshot) *csi.VolumeGroupSnapshot {
+// csiGroup converts a group; its members as csiSnapshot converts them, with
+// the nodes holding each when topology is set (GetVolumeGroupSnapshot).
+func (s *groupController) csiGroup(g *contract.GroupSnapshot, topology bool) *csi.VolumeGroupSnapshot {
 	c := &controller{d: s.d}
 	out := &csi.VolumeGroupSnapshot{GroupSnapshotId: g.ID, CreationTime: timestamppb.New(g.CreatedAt), ReadyToUse: true}
 	for _, snap := range g.Snapshots {
-		out.Snapshots = append(out.Snapshots, c.csiSnapshot(snap, false))
+		out.Snapshots = append(out.Snapshots, c.csiSnapshot(snap, topology))
 	}
 	return out
 }

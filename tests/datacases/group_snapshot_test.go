@@ -163,9 +163,11 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 		t.Errorf("the name of a group of other volumes: %v, want ALREADY_EXISTS", err)
 	}
 	// deletionPolicy, as the Kubernetes e2e suite's classes carry it, is
-	// accepted; any other parameter is not.
+	// accepted, and copies "1"; copies "2" needs cluster mode; any other
+	// parameter is refused.
 	for params, want := range map[string]codes.Code{
 		`{"deletionPolicy":"Delete"}`: codes.OK, `{"deletionPolicy":"Maybe"}`: codes.InvalidArgument, `{"consistency":"crash"}`: codes.InvalidArgument,
+		`{"copies":"1"}`: codes.OK, `{"copies":"2"}`: codes.InvalidArgument, `{"copies":"many"}`: codes.InvalidArgument,
 	} {
 		var p map[string]string
 		if err := json.Unmarshal([]byte(params), &p); err != nil {

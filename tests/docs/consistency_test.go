@@ -252,10 +252,8 @@ func checkClassParameters(o *unstructured.Unstructured) string {
 			return err.Error()
 		}
 	case "VolumeGroupSnapshotClass":
-		for k, v := range contract.UserParams(params) {
-			if k != "deletionPolicy" || (v != "Delete" && v != "Retain") {
-				return fmt.Sprintf("parameter %s=%q: a VolumeGroupSnapshotClass of localdir takes only deletionPolicy Delete or Retain", k, v)
-			}
+		if _, err := driver.GroupSnapshotCopies(params); err != nil {
+			return err.Error()
 		}
 	}
 	return ""

@@ -3,6 +3,7 @@ package multinode
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -341,20 +342,7 @@ func TestSnapshotCopyIncremental(t *testing.T) {
 			t.Fatal(err)
 		}
 		sid := snap.GetSnapshot().GetSnapshotId()
-		cp := &v1.LocalSnapshot{}
-		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-			err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.SnapshotCopyName(sid, "node-1")}, cp)
-			if err == nil && (cp.Status.ReadyToUse || cp.Status.Phase == v1.PhaseFailed) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("copy of %s not ready: %v %+v", name, err, cp.Status)
-			}
-		}
-		if !cp.Status.ReadyToUse {
-			t.Fatalf("copy of %s failed: %+v", name, cp.Status)
-		}
-		return sid, cp
+		return sid, readyCopy(t, c, sid, "node-1")
 	}
 	_, first := copyOf("first")
 	write(2, 10*mi, 110*mi) // rewritten
@@ -464,5 +452,133 @@ func TestSnapshotCopySurvivesNodePluginRestarts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// readyCopy waits until the copy of snapshot sid on node is ready and
+// returns it; a failed copy or none within two minutes fails t.
+func readyCopy(t *testing.T, c *fixture, sid, node string) *v1.LocalSnapshot {
+	t.Helper()
+	cp := &v1.LocalSnapshot{}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		err := c.env.Client.Get(context.Background(), client.ObjectKey{Name: contract.SnapshotCopyName(sid, node)}, cp)
+		if err == nil && (cp.Status.ReadyToUse || cp.Status.Phase == v1.PhaseFailed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("copy of %s on %s not ready: %v %+v", sid, node, err, cp.Status)
+		}
+	}
+	if !cp.Status.ReadyToUse {
+		t.Fatalf("copy of %s on %s failed: %+v", sid, node, cp.Status)
+	}
+	return cp
+}
+
+// TestGroupSnapshotCopies: a volume group snapshot whose class has copies
+// "2" keeps every member on a second node too (the node plugin that cuts
+// the group never asks for copies: the controller reads them from the
+// group); GetVolumeGroupSnapshot's members name both nodes once the
+// copies are verified; with the group's node lost, each member restores
+// on the copy's node byte for byte; deleting the group removes the
+// copies' objects and data.
+func TestGroupSnapshotCopies(t *testing.T) {
+	t.Parallel() // mostly waits (copies, rechecks): runs beside the others
+	c := startTransferNodes(t, 300*mi, 300*mi)
+	ctx := context.Background()
+	pin := func(n string) *csi.TopologyRequirement {
+		return &csi.TopologyRequirement{Requisite: []*csi.Topology{topologyOf(n)}, Preferred: []*csi.Topology{topologyOf(n)}}
+	}
+	root := func(n string) string { return c.nodes[n].Opts.DataRoot }
+	blockData, dirData := treecmp.RandomBytes(31, 3*mi+9), treecmp.RandomBytes(32, mi+1)
+	var ids []string
+	for i, caps := range [][]*csi.VolumeCapability{blk, mnt} {
+		resp, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+			Name: fmt.Sprintf("member-%d", i), VolumeCapabilities: caps,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 32 * mi}, AccessibilityRequirements: pin("node-0"),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, resp.GetVolume().GetVolumeId())
+	}
+	f, err := os.OpenFile(filepath.Join(root("node-0"), "block", ids[0]+".img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(blockData, 2*mi); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.WriteFile(filepath.Join(root("node-0"), "volumes", ids[1], "file"), dirData, 0o640); err != nil {
+		t.Fatal(err)
+	}
+
+	gc := csi.NewGroupControllerClient(c.ctrl.Conn)
+	r, err := gc.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "pair", SourceVolumeIds: ids, Parameters: map[string]string{"copies": "2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := r.GetGroupSnapshot()
+	members := map[string]string{} // source volume → member snapshot
+	for _, s := range g.GetSnapshots() {
+		members[s.GetSourceVolumeId()] = s.GetSnapshotId()
+		readyCopy(t, c, s.GetSnapshotId(), "node-1")
+	}
+	if len(members) != 2 {
+		t.Fatalf("group %v: want two members", g)
+	}
+	got, err := gc.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: g.GetGroupSnapshotId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range got.GetGroupSnapshot().GetSnapshots() {
+		if n := topologyNodes(s); !slices.Equal(n, []string{"node-0", "node-1"}) {
+			t.Errorf("member %s: accessible_topology %v, want node-0 and node-1", s.GetSnapshotId(), n)
+		}
+	}
+
+	// node-0 is lost: its plugin stopped, its data root wiped.
+	c.nodes["node-0"].Stop(t)
+	if err := os.RemoveAll(filepath.Join(root("node-0"), "snapshots")); err != nil {
+		t.Fatal(err)
+	}
+	for i, caps := range [][]*csi.VolumeCapability{blk, mnt} {
+		resp, err := c.ctrl.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+			Name: fmt.Sprintf("restored-%d", i), VolumeCapabilities: caps, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 * mi}, AccessibilityRequirements: pin("node-1"),
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: members[ids[i]]}}},
+		})
+		if err != nil {
+			t.Fatalf("restore of member %s on node-1 with node-0 lost: %v", members[ids[i]], err)
+		}
+		vid := resp.GetVolume().GetVolumeId()
+		if i == 0 {
+			b, err := os.ReadFile(filepath.Join(root("node-1"), "block", vid+".img"))
+			if err != nil || !bytes.Equal(b[2*mi:2*mi+len(blockData)], blockData) {
+				t.Errorf("the restored block member on node-1 differs (%v)", err)
+			}
+		} else if b, err := os.ReadFile(filepath.Join(root("node-1"), "volumes", vid, "file")); err != nil || !bytes.Equal(b, dirData) {
+			t.Errorf("the restored directory member on node-1 differs (%v)", err)
+		}
+	}
+
+	if _, err := gc.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: g.GetGroupSnapshotId()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sid := range members {
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			err := c.env.Client.Get(ctx, client.ObjectKey{Name: contract.SnapshotCopyName(sid, "node-1")}, &v1.LocalSnapshot{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the copy of member %s is still there after DeleteVolumeGroupSnapshot (%v)", sid, err)
+			}
+		}
+		for _, p := range []string{sid, sid + ".img"} {
+			if _, err := os.Stat(filepath.Join(root("node-1"), "snapshots", p)); !os.IsNotExist(err) {
+				t.Errorf("the copy's data %s is still on node-1 (%v)", p, err)
+			}
+		}
 	}
 }

@@ -400,6 +400,15 @@ type LocalGroupSnapshotSpec struct {
 	// the group is cut.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="snapshots are immutable"
 	Snapshots []string `json:"snapshots"`
+	// Copies is how many nodes should hold each member (the
+	// VolumeGroupSnapshotClass parameter copies): the controller keeps
+	// Copies-1 copies of every member as of LocalSnapshotSpec.Copies.
+	// 0 or 1: this node only.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="copies is immutable"
+	Copies int32 `json:"copies,omitempty"`
 }
 
 // LocalGroupSnapshotStatus is what the node plugin reports.
