@@ -150,9 +150,9 @@ stress: tools ## long reliability runs (as root): 500 kills in all mode and 500 
 	LOCALDIR_STRESS=1 $(GO) test $(GOTEST_FLAGS) -race -v -timeout 120m ./tests/reliability/
 	$(MAKE) fuzz FUZZTIME=60s
 
-bench: tools ## benchmarks: CO-like client over the driver's socket, and a restore onto another node against cp (as root)
-	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench . -benchtime 1x -count 1 ./tests/bench/
-	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench BenchmarkTransfer -benchtime 1x -count 1 ./tests/cluster/multinode/
+bench: deps tools ## benchmarks: CO-like client over the driver's socket, fio through every kind of volume, a restore onto another node against cp, fio between snapshot copies (as root)
+	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./tests/bench/
+	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench 'BenchmarkTransfer|BenchmarkFioSnapshotCopies' -benchtime 1x -count 1 -timeout 30m ./tests/cluster/multinode/
 
 $(CSI_SANITY):
 	GOBIN=$(OUT)/bin $(GO) install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$(CSI_TEST_VERSION)

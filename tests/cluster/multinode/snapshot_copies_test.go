@@ -457,7 +457,7 @@ func TestSnapshotCopySurvivesNodePluginRestarts(t *testing.T) {
 
 // readyCopy waits until the copy of snapshot sid on node is ready and
 // returns it; a failed copy or none within two minutes fails t.
-func readyCopy(t *testing.T, c *fixture, sid, node string) *v1.LocalSnapshot {
+func readyCopy(t testing.TB, c *fixture, sid, node string) *v1.LocalSnapshot {
 	t.Helper()
 	cp := &v1.LocalSnapshot{}
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {

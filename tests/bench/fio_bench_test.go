@@ -1,0 +1,194 @@
+package bench
+
+// I/O through volumes (fio), in one sitting, each figure also as a ratio to
+// the data root's own filesystem measured in the same run:
+//
+//	BenchmarkFio/disk   the machine's disk (TMPDIR's filesystem) as the data
+//	                    root: the data root itself, a directory volume, ext4
+//	                    and xfs image volumes and a raw block volume
+//	BenchmarkFio/btrfs  a loop-backed btrfs data root (engine btrfs): itself
+//	                    and a directory volume (a subvolume with a qgroup)
+//	BenchmarkFio/xfs    a loop-backed XFS data root with reflink: itself and
+//	                    a directory volume
+//
+// Each volume is created, staged and published by the driver as the
+// kubelet would, and fio runs on the published target path (a file in
+// it, or the block device). The jobs are fio.Jobs; FIO_RUNTIME (seconds,
+// default 8) sets each job's length. Besides the jobs, cache-per-byte is
+// how much Cached + Buffers grow per byte of a cold sequential read
+// through the target (1: cached once; 2: twice). Figures:
+// docs/benchmarks.md.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/fio"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+	"github.com/localdir-csi/localdir/tests/testfs"
+)
+
+const (
+	fioFileSize = 512 << 20 // what each job works on
+	fioVolSize  = 1 << 30   // each volume's capacity
+)
+
+// fioTarget is one place fio runs: the data root, or a published volume.
+type fioTarget struct {
+	name string
+	cap  *csi.VolumeCapability // nil: the data root's filesystem itself
+	path string                // where fio runs, once set up
+}
+
+func BenchmarkFio(b *testing.B) {
+	testdriver.RequireRoot(b)
+	if err := fio.Check(); err != nil {
+		b.Fatal(err)
+	}
+	runtime := 8 * time.Second
+	if s := os.Getenv("FIO_RUNTIME"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("FIO_RUNTIME=%q: want whole seconds", s)
+		}
+		runtime = time.Duration(n) * time.Second
+	}
+	dirVol := csitest.MntCap()
+	for _, g := range []struct {
+		name, fs, engine string
+		targets          []*fioTarget
+	}{
+		{"disk", "", "dir", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol},
+			{name: "image-ext4", cap: csitest.MntCapFS("ext4")}, {name: "image-xfs", cap: csitest.MntCapFS("xfs")}, {name: "block", cap: csitest.BlkCap()}}},
+		{"btrfs", testfs.Btrfs, "btrfs", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol}}},
+		{"xfs", testfs.XFSReflink, "dir", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol}}},
+	} {
+		b.Run(g.name, func(b *testing.B) {
+			in := startFioDriver(b, g.fs, g.engine)
+			ctx := context.Background()
+			for _, t := range g.targets {
+				t.path = publishForFio(b, in, t)
+				if err := fio.Prepare(ctx, t.path, fioFileSize); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range b.N {
+				for _, job := range fio.Jobs {
+					var base float64
+					for _, t := range g.targets {
+						v, err := fio.Run(ctx, job, t.path, fioFileSize, runtime)
+						if err != nil {
+							b.Fatal(err)
+						}
+						report(b, t.name, job.Name+"-"+job.Unit(), v, base, &base)
+					}
+				}
+				var base float64
+				for _, t := range g.targets {
+					v, err := fio.CacheGrowth(t.path, fioFileSize)
+					if err != nil {
+						b.Fatal(err)
+					}
+					report(b, t.name, "cache-per-byte", v, base, &base)
+				}
+			}
+		})
+	}
+}
+
+// startFioDriver runs a driver with the engine on a data root on the
+// machine's disk (fs "") or on a fresh testfs filesystem whose loop device
+// does direct I/O (so that it behaves as a disk, not as the page cache).
+func startFioDriver(b *testing.B, fs, engine string) *testdriver.Instance {
+	b.Helper()
+	var fsRoot string
+	if fs != "" {
+		fsRoot = testfs.NewDirect(b, fs, snapFSSize)
+	}
+	return testdriver.Start(b, func(o *driver.Options) {
+		o.Engine = contract.Engine(engine)
+		if fsRoot != "" {
+			o.DataRoot = filepath.Join(fsRoot, "data")
+		}
+	})
+}
+
+// report prints a FIO line and reports the figure, and its ratio to the
+// data root's (the first target's, which sets *base).
+func report(b *testing.B, target, metric string, v, base float64, setBase *float64) {
+	unit := strings.ReplaceAll(metric, "/", "")
+	b.ReportMetric(v, target+"-"+unit)
+	if base == 0 {
+		*setBase = v
+		fmt.Printf("FIO %-22s %-30s %10.1f\n", b.Name()+" "+target, metric, v)
+		return
+	}
+	b.ReportMetric(v/base, target+"-"+unit+"-x")
+	fmt.Printf("FIO %-22s %-30s %10.1f  %.2fx the data root\n", b.Name()+" "+target, metric, v, v/base)
+}
+
+// publishForFio returns where fio runs for t: a directory on the data
+// root's filesystem, or the target path of a volume the driver created,
+// staged and published (unpublished, unstaged and deleted at cleanup).
+func publishForFio(b *testing.B, in *testdriver.Instance, t *fioTarget) string {
+	b.Helper()
+	if t.cap == nil {
+		d := filepath.Join(filepath.Dir(in.Opts.DataRoot), "fio-data-root")
+		mkdirs(b, d)
+		b.Cleanup(func() { os.RemoveAll(d) })
+		return d
+	}
+	ctx := context.Background()
+	r, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: "fio-" + t.name, CapacityRange: &csi.CapacityRange{RequiredBytes: fioVolSize}, VolumeCapabilities: []*csi.VolumeCapability{t.cap},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := r.GetVolume().GetVolumeId()
+	staging := filepath.Join(in.Dir, "staging-"+t.name)
+	target := filepath.Join(in.Dir, "target-"+t.name)
+	mkdirs(b, staging)
+	if t.cap.GetMount() != nil {
+		mkdirs(b, target)
+	}
+	b.Cleanup(func() {
+		for _, err := range []error{
+			ignore(in.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})),
+			ignore(in.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})),
+			deleteVolumeErr(in.Controller, id),
+		} {
+			if err != nil {
+				b.Error(err)
+			}
+		}
+	})
+	if _, err := in.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: t.cap,
+		VolumeContext: r.GetVolume().GetVolumeContext()}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := in.Node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target,
+		VolumeCapability: t.cap, VolumeContext: r.GetVolume().GetVolumeContext()}); err != nil {
+		b.Fatal(err)
+	}
+	return target
+}
+
+// ignore keeps a call's error only.
+func ignore[T any](_ T, err error) error {
+	if err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	return nil
+}
