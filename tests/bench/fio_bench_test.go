@@ -31,8 +31,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/fio"
 	"github.com/localdir-csi/localdir/tests/testdriver"
@@ -75,7 +73,7 @@ func BenchmarkFio(b *testing.B) {
 		{"xfs", testfs.XFSReflink, "dir", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol}}},
 	} {
 		b.Run(g.name, func(b *testing.B) {
-			in := startFioDriver(b, g.fs, g.engine)
+			in := startDriverOn(b, g.fs, g.engine)
 			ctx := context.Background()
 			for _, t := range g.targets {
 				t.path = publishForFio(b, in, t)
@@ -105,23 +103,6 @@ func BenchmarkFio(b *testing.B) {
 			}
 		})
 	}
-}
-
-// startFioDriver runs a driver with the engine on a data root on the
-// machine's disk (fs "") or on a fresh testfs filesystem whose loop device
-// does direct I/O (so that it behaves as a disk, not as the page cache).
-func startFioDriver(b *testing.B, fs, engine string) *testdriver.Instance {
-	b.Helper()
-	var fsRoot string
-	if fs != "" {
-		fsRoot = testfs.NewDirect(b, fs, snapFSSize)
-	}
-	return testdriver.Start(b, func(o *driver.Options) {
-		o.Engine = contract.Engine(engine)
-		if fsRoot != "" {
-			o.DataRoot = filepath.Join(fsRoot, "data")
-		}
-	})
 }
 
 // report prints a FIO line and reports the figure, and its ratio to the

@@ -70,6 +70,11 @@ func call() (context.Context, context.CancelFunc) {
 // createVolumeErr creates one volume and checks the answer: a driver-shaped
 // volume_id and the requested capacity.
 func createVolumeErr(c csi.ControllerClient, name string) (string, error) {
+	return createVolumeOf(c, volumeIDPattern, name)
+}
+
+// createVolumeOf is createVolumeErr for a driver whose volume_ids match ids.
+func createVolumeOf(c csi.ControllerClient, ids *regexp.Regexp, name string) (string, error) {
 	ctx, cancel := call()
 	defer cancel()
 	resp, err := c.CreateVolume(ctx, mountCreateReq(name))
@@ -77,7 +82,7 @@ func createVolumeErr(c csi.ControllerClient, name string) (string, error) {
 		return "", fmt.Errorf("CreateVolume %s: %w", name, err)
 	}
 	v := resp.GetVolume()
-	if !volumeIDPattern.MatchString(v.GetVolumeId()) {
+	if !ids.MatchString(v.GetVolumeId()) {
 		return "", fmt.Errorf("CreateVolume %s returned volume_id %q", name, v.GetVolumeId())
 	}
 	if v.GetCapacityBytes() < volumeSize {
@@ -196,6 +201,11 @@ func (s *pairStats) add(o *pairStats) {
 // and times the whole run. Every create must return a volume id and every
 // delete must succeed.
 func runPairs(c csi.ControllerClient, prefix string, n, conc int) (*pairStats, error) {
+	return runPairsOf(c, volumeIDPattern, prefix, n, conc)
+}
+
+// runPairsOf is runPairs for a driver whose volume_ids match ids.
+func runPairsOf(c csi.ControllerClient, ids *regexp.Regexp, prefix string, n, conc int) (*pairStats, error) {
 	type result struct {
 		create, delete time.Duration
 		err            error
@@ -215,7 +225,7 @@ func runPairs(c csi.ControllerClient, prefix string, n, conc int) (*pairStats, e
 				}
 				r := &results[i]
 				t0 := time.Now()
-				id, err := createVolumeErr(c, fmt.Sprintf("%s-%05d", prefix, i))
+				id, err := createVolumeOf(c, ids, fmt.Sprintf("%s-%05d", prefix, i))
 				t1 := time.Now()
 				if err != nil {
 					r.err = err

@@ -219,23 +219,25 @@ func TestAttachUsesDirectIO(t *testing.T) {
 		}
 	}
 
-	data := make([]byte, 1<<20)
+	// An O_DIRECT write through the device is in the image when it
+	// returns: the device still open, nothing synced or closed.
+	data := alignedBuf(t, 1<<20)
 	for i := range data {
 		data[i] = byte(i*7 + 3)
 	}
-	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
+	fd, err := unix.Open(dev, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt(data, 3<<20); err != nil {
+	defer unix.Close(fd)
+	if _, err := unix.Pwrite(fd, data, 3<<20); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
-	// The device's own cache is written back at its last close; the
-	// image then has the data without any sync of it.
-	back := directRead(t, image, 3<<20, len(data))
-	if string(back) != string(data) {
-		t.Fatal("the image file lacks data written through the device")
+	if n := residentPages(t, image); n != 0 {
+		t.Fatalf("%d pages of the image are in the host's page cache after an O_DIRECT write through the device, want 0 (written to the disk)", n)
+	}
+	if back := directRead(t, image, 3<<20, len(data)); string(back) != string(data) {
+		t.Fatal("the image file lacks an O_DIRECT write through the device once it returned")
 	}
 
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0); err != nil {
@@ -260,16 +262,23 @@ func directRead(t *testing.T, p string, off int64, n int) []byte {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	// An mmap'd buffer is page-aligned, as O_DIRECT wants.
-	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(buf)
+	buf := alignedBuf(t, n)
 	if _, err := unix.Pread(fd, buf, off); err != nil {
 		t.Fatal(err)
 	}
 	return append([]byte(nil), buf...)
+}
+
+// alignedBuf is a page-aligned buffer of n bytes, as O_DIRECT wants (an
+// anonymous mapping, unmapped when the test ends).
+func alignedBuf(t *testing.T, n int) []byte {
+	t.Helper()
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(buf) })
+	return buf
 }
 
 // residentPages counts the pages of file p in the page cache (mincore of

@@ -128,15 +128,16 @@ func creating(t *testing.T, p *clustertest.Plugin) []string {
 // then the target's, in the middle of a transfer (slowed down by the
 // transferBandwidth parameter): each time the transfer starts over once the
 // plugin is back, and the volume is made only from a whole, verified
-// stream.
+// stream. The source holds 32 MiB, more than the loopback sockets buffer
+// (about 10 MiB), so the stop lands while the sender still has data to send.
 func TestTransferSurvivesNodePluginRestarts(t *testing.T) {
 	c := startTransferNodes(t, 500*mi, 500*mi)
-	cs, data := blockSource(t, c, "src", 12*mi)
+	cs, data := blockSource(t, c, "src", 32*mi)
 	parent := t
 	for _, side := range []string{"node-0", "node-1"} {
 		t.Run("stop "+side, func(t *testing.T) {
 			name := "restore-stop-" + side
-			errc := restoreOnto1(c, name, "2Mi", cs)
+			errc := restoreOnto1(c, name, "4Mi", cs)
 			transferOf(t, c, name, "bytes arriving", moving)
 			p := c.nodes[side]
 			p.Stop(t)
