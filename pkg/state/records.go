@@ -91,37 +91,10 @@ func (t *Tx) PutVolume(v *contract.Volume) error {
 	if err := put(t.tx.Bucket(bucketVolumes), v.ID, volumeRecord{volumeJSON: (*volumeJSON)(v)}); err != nil {
 		return err
 	}
-	if err := t.DropRemoval(v.ID); err != nil {
-		return err
-	}
 	if v.Name != "" {
 		t.setName(v.Name, v.ID)
 	}
 	return nil
-}
-
-// PutRemoval records that the data of id, whose record this transaction
-// deletes, is being removed: a start that finds the data without a record
-// then finishes the removal instead of keeping the data aside.
-// Store.Forget drops the entry once the data is gone; a new record of id
-// drops it at once.
-func (t *Tx) PutRemoval(id string) error {
-	return t.tx.Bucket(bucketRemovals).Put([]byte(id), nil)
-}
-
-// Removals lists the ids of PutRemoval entries not dropped yet.
-func (t *Tx) Removals() (map[string]bool, error) {
-	out := map[string]bool{}
-	err := t.tx.Bucket(bucketRemovals).ForEach(func(k, _ []byte) error {
-		out[string(k)] = true
-		return nil
-	})
-	return out, err
-}
-
-// DropRemoval drops id's PutRemoval entry.
-func (t *Tx) DropRemoval(id string) error {
-	return t.tx.Bucket(bucketRemovals).Delete([]byte(id))
 }
 
 // DeleteVolume removes the record for id (and so its name).
@@ -165,9 +138,6 @@ func (t *Tx) Snapshot(id string) (*contract.Snapshot, error) {
 // PutSnapshot stores s and its name mapping.
 func (t *Tx) PutSnapshot(s *contract.Snapshot) error {
 	if err := t.tx.Bucket(bucketSnapNames).Put([]byte(s.Name), []byte(s.ID)); err != nil {
-		return err
-	}
-	if err := t.DropRemoval(s.ID); err != nil {
 		return err
 	}
 	return put(t.tx.Bucket(bucketSnapshots), s.ID, (*snapshotJSON)(s))

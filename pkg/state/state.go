@@ -35,10 +35,7 @@ var (
 	bucketSnapshots = []byte("snapshots") // snapshot_id → JSON Snapshot
 	// bucketPublications: volume_id NUL target_path → JSON Publication.
 	bucketPublications = []byte("publications")
-	// bucketRemovals: id → empty, the data of a record deleted in the same
-	// transaction that is still being removed (Tx.PutRemoval).
-	bucketRemovals = []byte("removals")
-	keyVersion     = []byte("format")
+	keyVersion         = []byte("format")
 )
 
 // ErrCorrupt wraps every error that means the state file cannot be trusted.
@@ -60,11 +57,6 @@ type Store struct {
 	// only by the commit loop, before the commit's callers are answered.
 	namesMu sync.RWMutex
 	names   map[string]string
-
-	// removed are the ids whose removal finished (Forget), dropped from
-	// bucketRemovals by the next commit.
-	removedMu sync.Mutex
-	removed   []string
 }
 
 // ErrClosed is returned by Update and View after Close.
@@ -183,7 +175,7 @@ func (s *Store) initBuckets(fresh bool) error {
 		}
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots, bucketPublications, bucketRemovals} {
+		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots, bucketPublications} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -260,32 +252,13 @@ func (s *Store) commitLoop() {
 	}
 }
 
-// Forget records that the removal of id's data (Tx.PutRemoval) finished:
-// the next commit drops its entry, without a commit of its own. Until then,
-// or if a crash comes first, the entry names data that is gone, which the
-// next start drops.
-func (s *Store) Forget(id string) {
-	s.removedMu.Lock()
-	s.removed = append(s.removed, id)
-	s.removedMu.Unlock()
-}
-
 func (s *Store) commit(group []*op) {
-	s.removedMu.Lock()
-	removed := s.removed
-	s.removed = nil
-	s.removedMu.Unlock()
 	for len(group) > 0 {
 		failed := -1
 		var ferr error
 		var t *Tx
 		err := s.db.Update(func(tx *bolt.Tx) error {
 			t = &Tx{tx: tx, s: s}
-			for _, id := range removed {
-				if err := tx.Bucket(bucketRemovals).Delete([]byte(id)); err != nil {
-					return err
-				}
-			}
 			for i, o := range group {
 				if err := o.fn(t); err != nil {
 					failed, ferr = i, err
@@ -301,16 +274,10 @@ func (s *Store) commit(group []*op) {
 		}
 		if err == nil {
 			s.applyNames(t.names)
-			removed = nil
 		}
 		for _, o := range group {
 			o.err <- err
 		}
-		break
-	}
-	if len(removed) > 0 { // not committed: the next commit tries again
-		s.removedMu.Lock()
-		s.removed = append(s.removed, removed...)
-		s.removedMu.Unlock()
+		return
 	}
 }

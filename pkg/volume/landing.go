@@ -81,32 +81,21 @@ func (m *Store) land(l landing) error {
 }
 
 // unland removes the data at path that the record of kind id acknowledges,
-// land's reverse: the data is renamed to its .deleting- name, the record
-// deleted (uncommit) in the transaction that records the removal
-// (Tx.PutRemoval), then the data removed and the removal forgotten. A crash
-// in between is rolled back (record kept: the data is put back under its
-// name) or finished (record gone: the data, under either name, is removed)
-// at start; a failed commit puts the data back. The rename needs no sync of
-// its own: the removal entry covers the data under either name.
+// land's reverse: the data is renamed to its .deleting- name (trash), the
+// record deleted (uncommit), then the data removed. A crash in between is
+// rolled back (record kept) or finished (record gone) at start; a failed
+// commit puts the data back.
 func (m *Store) unland(kind, id, path string, uncommit func(tx *state.Tx) error) error {
-	t := inFlight(deletingPrefix, path)
-	if err := os.Rename(path, t); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("mark %s as deleting: %w", path, err)
-	}
-	err := m.st.Update(func(tx *state.Tx) error {
-		if err := uncommit(tx); err != nil {
-			return err
-		}
-		return tx.PutRemoval(id)
-	})
+	t, err := m.trash(path)
 	if err != nil {
+		return err
+	}
+	if err := m.st.Update(uncommit); err != nil {
 		_ = os.Rename(t, path)
 		return err
 	}
 	if err := engine.Remove(t); err != nil {
 		klog.ErrorS(err, "Record deleted but data removal failed; it is retried at restart", "kind", kind, "id", id)
-		return nil
 	}
-	m.st.Forget(id)
 	return nil
 }

@@ -54,15 +54,7 @@ type recovery struct{ *Store }
 func (m recovery) recover() error {
 	known := map[string]bool{}
 	var vols, ephemeral []*contract.Volume
-	var removals map[string]bool
 	err := m.st.View(func(tx *state.Tx) error {
-		var err error
-		if removals, err = tx.Removals(); err != nil {
-			return err
-		}
-		for id := range removals {
-			removals[id] = false // none failed yet
-		}
 		if err := tx.ForEachVolume("", func(v *contract.Volume) bool {
 			known[v.ID] = true
 			m.use[v.ID] = volUse{size: v.CapacityBytes}
@@ -88,11 +80,8 @@ func (m recovery) recover() error {
 			return err
 		}
 		for _, e := range ents {
-			m.recoverEntry(dir, e.Name(), known, removals)
+			m.recoverEntry(dir, e.Name(), known)
 		}
-	}
-	if err := m.dropRemovals(removals); err != nil {
-		return err
 	}
 	m.removeSendCopies()
 	for _, v := range vols {
@@ -129,33 +118,7 @@ func entryID(name string) (id, prefix string, ok bool) {
 	return id, prefix, contract.ValidVolumeID(id) || contract.ValidSnapshotID(id)
 }
 
-// dropRemovals drops the removal entries whose data recoverEntry removed
-// or found gone (one commit; none without entries). One whose data could
-// not be removed stays, so the next start tries again.
-func (m recovery) dropRemovals(removals map[string]bool) error {
-	var done []string
-	for id, stays := range removals {
-		if !stays {
-			done = append(done, id)
-		}
-	}
-	if len(done) == 0 {
-		return nil
-	}
-	return m.st.Update(func(tx *state.Tx) error {
-		for _, id := range done {
-			if err := tx.DropRemoval(id); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
-// recoverEntry puts one entry of the data root in order. removals holds
-// the ids of deletes whose record is gone (Tx.PutRemoval); an id whose data
-// could not be removed is set true there, the others false.
-func (m recovery) recoverEntry(dir, name string, known, removals map[string]bool) {
+func (m recovery) recoverEntry(dir, name string, known map[string]bool) {
 	p := filepath.Join(dir, name)
 	id, prefix, ok := entryID(name)
 	if !ok {
@@ -177,15 +140,11 @@ func (m recovery) recoverEntry(dir, name string, known, removals map[string]bool
 		if err := unix.Renameat2(unix.AT_FDCWD, p, unix.AT_FDCWD, final, unix.RENAME_NOREPLACE); err != nil {
 			m.leftover(p, fmt.Errorf("roll back the delete of %s: %w", id, err))
 		}
-	case prefix == deletingPrefix, prefix == "" && !known[id] && hasKey(removals, id):
+	case prefix == deletingPrefix:
 		// No record, or one whose data is at its final name: an earlier volume
-		// of the same id (cluster ids come from CSI names) whose removal
-		// stopped; or the data of a committed delete whose rename a crash
-		// undid.
+		// of the same id (cluster ids come from CSI names) whose removal stopped.
 		klog.InfoS("Finishing an interrupted delete", "id", id, "path", p)
-		if !m.removeLeftover(p) && hasKey(removals, id) {
-			removals[id] = true
-		}
+		m.removeLeftover(p)
 	case known[id]:
 	default:
 		m.moveAside(p, id)
@@ -193,24 +152,17 @@ func (m recovery) recoverEntry(dir, name string, known, removals map[string]bool
 }
 
 // removeLeftover removes unacknowledged data at p (detaching a loop device
-// an image may still have) and tells whether it is gone.
-func (m recovery) removeLeftover(p string) bool {
+// an image may still have).
+func (m recovery) removeLeftover(p string) {
 	if strings.HasSuffix(p, ".img") {
 		if err := m.node.Detach(p); err != nil {
 			m.leftover(p, fmt.Errorf("detach its loop device: %w", err))
-			return false
+			return
 		}
 	}
 	if err := engine.Remove(p); err != nil {
 		m.leftover(p, fmt.Errorf("remove: %w", err))
-		return false
 	}
-	return true
-}
-
-func hasKey(m map[string]bool, k string) bool {
-	_, ok := m[k]
-	return ok
 }
 
 // moveAside moves data no record claims into orphaned/: its origin is
@@ -266,4 +218,20 @@ func (m recovery) lostPath(name string) string {
 
 func inFlight(prefix, p string) string {
 	return filepath.Join(filepath.Dir(p), prefix+filepath.Base(p))
+}
+
+// trash renames the data at p to its .deleting- name before its record goes,
+// so a crash leaves the record with its data or neither; it returns that path.
+func (m *Store) trash(p string) (string, error) {
+	t := inFlight(deletingPrefix, p)
+	if err := os.Rename(p, t); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("mark %s as deleting: %w", p, err)
+	}
+	// The rename is durable before the record's removal: else a power loss
+	// could keep the removal and lose the rename (data without a record).
+	if err := syncDir(filepath.Dir(p)); err != nil {
+		_ = os.Rename(t, p)
+		return "", err
+	}
+	return t, nil
 }

@@ -2,7 +2,6 @@ package volume
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -101,31 +100,20 @@ func TestUnclaimedDataOfTheSameIDTwice(t *testing.T) {
 }
 
 // A delete interrupted after its data was marked but before the record went
-// is rolled back; one interrupted after the record went is finished, its
-// data renamed or not (the rename is not synced before the commit: a crash
-// may undo it), and its removal entry is dropped.
+// is rolled back; one interrupted after the record went is finished.
 func TestInterruptedDeletesAreRolledBackOrFinished(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "data")
 	m := openTest(t, root)
 	back := create(t, m, "back")
 	gone := create(t, m, "gone")
-	unrenamed := create(t, m, "unrenamed")
-	markDeleting := func(v *contract.Volume) {
-		if err := os.Rename(m.volDir(v.ID), inFlight(deletingPrefix, m.volDir(v.ID))); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := m.trash(m.volDir(back.ID)); err != nil { // crash before the commit
+		t.Fatal(err)
 	}
-	markDeleting(back)                                      // crash before the commit
-	markDeleting(gone)                                      // crash after the commit
-	for _, v := range []*contract.Volume{gone, unrenamed} { // unrenamed: the rename lost
-		if err := m.st.Update(func(tx *state.Tx) error {
-			if err := tx.DeleteVolume(v.ID); err != nil {
-				return err
-			}
-			return tx.PutRemoval(v.ID)
-		}); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := m.trash(m.volDir(gone.ID)); err != nil { // crash after the commit
+		t.Fatal(err)
+	}
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.DeleteVolume(gone.ID) }); err != nil {
+		t.Fatal(err)
 	}
 	m.Close()
 	m = openTest(t, root)
@@ -140,49 +128,8 @@ func TestInterruptedDeletesAreRolledBackOrFinished(t *testing.T) {
 	if lost, _ := os.ReadDir(filepath.Join(root, "orphaned")); len(lost) != 0 {
 		t.Fatalf("a committed delete's data went to orphaned/: %v", lost)
 	}
-	for _, v := range []*contract.Volume{gone, unrenamed} {
-		if _, err := m.Get(v.ID); !errors.Is(err, contract.ErrNotFound) {
-			t.Fatalf("deleted volume back: %v", err)
-		}
-	}
-	if err := m.st.View(func(tx *state.Tx) error {
-		r, err := tx.Removals()
-		if err == nil && len(r) != 0 {
-			err = fmt.Errorf("removal entries %v left after recovery", r)
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// Delete commits the record's removal with its removal entry, removes the
-// data, and the entry goes with the next commit: none is left after a
-// delete and any later change.
-func TestDeleteLeavesNoRemovalEntry(t *testing.T) {
-	root := filepath.Join(t.TempDir(), "data")
-	m := openTest(t, root)
-	defer m.Close()
-	v := create(t, m, "v")
-	if err := m.Delete(v.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Lstat(m.volDir(v.ID)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("data after delete: %v", err)
-	}
-	removals := func() map[string]bool {
-		var r map[string]bool
-		if err := m.st.View(func(tx *state.Tx) (err error) { r, err = tx.Removals(); return }); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	if r := removals(); !r[v.ID] {
-		t.Fatalf("removal entries %v right after the delete, want %s's until the next commit", r, v.ID)
-	}
-	create(t, m, "next")
-	if r := removals(); len(r) != 0 {
-		t.Fatalf("removal entries %v after the next commit, want none", r)
+	if _, err := m.Get(gone.ID); !errors.Is(err, contract.ErrNotFound) {
+		t.Fatalf("deleted volume back: %v", err)
 	}
 }
 
