@@ -32,6 +32,11 @@ var FsTypes = map[string]int64{
 	"xfs":  300 << 20,
 }
 
+// BlockBytes is the logical block size of the loop device behind every
+// image and raw block volume (pkg/publish/loop): their sizes are multiples
+// of it, so no partial block lies past the device's end.
+const BlockBytes = 4096
+
 // Volume is one CSI volume as the backends hand it to the CSI services
 // (pkg/volume's records, pkg/cluster's LocalVolume objects).
 type Volume struct {

@@ -94,6 +94,11 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if size, err = fitFsType(size, fsType, req.GetCapacityRange().GetLimitBytes(), s.d.opts.MaxVolumeBytes); err != nil {
 		return nil, err
 	}
+	if fsType != "" || accessTypeOf(req.GetVolumeCapabilities()) == contract.AccessBlock {
+		if size, err = alignBlocks(size, req.GetCapacityRange()); err != nil {
+			return nil, err
+		}
+	}
 	if srcVol != "" {
 		// The source must not be deleted while it is copied.
 		release, err := s.d.ids.Acquire("volume", srcVol)

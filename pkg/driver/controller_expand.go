@@ -50,6 +50,11 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if lim := cr.GetLimitBytes(); lim > 0 && v.CapacityBytes > lim {
 		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, above limit_bytes %d; volumes cannot shrink", v.ID, v.CapacityBytes, lim)
 	}
+	if size > 0 && v.Image() {
+		if size, err = alignBlocks(size, cr); err != nil {
+			return nil, err
+		}
+	}
 	capacity := v.CapacityBytes
 	if size > 0 {
 		capacity, err = s.d.backend.ExpandVolume(ctx, v.ID, size)

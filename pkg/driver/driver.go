@@ -148,7 +148,7 @@ func (d *Driver) Serve(ctx context.Context) error {
 	if d.interceptor != nil {
 		chain = append([]grpc.UnaryServerInterceptor{d.interceptor}, chain...)
 	}
-	d.server = grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	d.server = grpc.NewServer(grpc.ChainUnaryInterceptor(chain...), grpc.ChainStreamInterceptor(logStreamRPC))
 	d.Register(d.server)
 	klog.InfoS("Serving CSI", "driver", d.opts.DriverName, "version", d.version, "mode", d.opts.Mode,
 		"endpoint", d.opts.Endpoint, "nodeID", d.opts.NodeID, "dataRoot", d.opts.DataRoot)
@@ -181,6 +181,9 @@ func (d *Driver) Register(s *grpc.Server) {
 	}
 	if g, ok := d.groupBackend(); ok {
 		csi.RegisterGroupControllerServer(s, &groupController{d: d, b: g})
+	}
+	if m, ok := d.metadataBackend(); ok {
+		csi.RegisterSnapshotMetadataServer(s, &snapshotMetadata{d: d, b: m})
 	}
 	if d.opts.Mode != ModeController {
 		csi.RegisterNodeServer(s, &node{d: d})

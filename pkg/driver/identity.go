@@ -20,7 +20,8 @@ func (s *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 	return &csi.GetPluginInfoResponse{Name: s.d.opts.DriverName, VendorVersion: s.d.version}, nil
 }
 
-// GetPluginCapabilities advertises the mode's services, the accessibility
+// GetPluginCapabilities advertises the mode's services (SnapshotMetadata
+// where the backend answers it), the accessibility
 // constraints (volumes and snapshots live on one node) and ONLINE expansion.
 func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	svc := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
@@ -35,6 +36,9 @@ func (s *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	}
 	if _, ok := s.d.groupBackend(); ok {
 		caps = append(caps, svc(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE))
+	}
+	if _, ok := s.d.metadataBackend(); ok {
+		caps = append(caps, svc(csi.PluginCapability_Service_SNAPSHOT_METADATA_SERVICE))
 	}
 	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
 		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})

@@ -34,6 +34,11 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		if err != nil {
 			return nil, contract.ToStatus(err)
 		}
+		if v.Image() {
+			if size, err = alignBlocks(size, req.GetCapacityRange()); err != nil {
+				return nil, err
+			}
+		}
 		if _, err = s.d.store.Expand(v.ID, size); err != nil {
 			return nil, contract.ToStatus(err)
 		}

@@ -45,6 +45,10 @@ type Snapshots interface {
 	CreateGroup(name string, sourceIDs []string) (*contract.GroupSnapshot, error)
 	GetGroup(id string, snapshotIDs []string) (*contract.GroupSnapshot, error)
 	DeleteGroup(id string, snapshotIDs []string) error
+
+	// Ranges yields the block ranges of image snapshot targetID from start
+	// that hold data (baseID "") or may differ from snapshot baseID's.
+	Ranges(baseID, targetID string, start int64, yield func(off, n int64) error) error
 }
 
 // Publisher is the node side the Node service drives; pkg/publish's

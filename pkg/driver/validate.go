@@ -258,6 +258,22 @@ func resolveSize(cr *csi.CapacityRange, defBytes, maxBytes int64) (int64, error)
 	return size, nil
 }
 
+// alignBlocks fits the size resolveSize chose for an image or raw block
+// volume to whole contract.BlockBytes blocks: resolveSize leaves it
+// unaligned only at a bound (limit_bytes, --max-volume-size), so it rounds
+// down, and OUT_OF_RANGE when that falls below required_bytes.
+func alignBlocks(size int64, cr *csi.CapacityRange) (int64, error) {
+	if size%contract.BlockBytes == 0 {
+		return size, nil
+	}
+	aligned := size &^ (contract.BlockBytes - 1)
+	if aligned <= 0 || aligned < cr.GetRequiredBytes() {
+		return 0, status.Errorf(codes.OutOfRange, "an image or raw block volume is a whole number of %d-byte blocks (its loop device's sector); none lies between required_bytes %d and %d bytes (limit_bytes %d)",
+			contract.BlockBytes, cr.GetRequiredBytes(), size, cr.GetLimitBytes())
+	}
+	return aligned, nil
+}
+
 // resolveCreateSize is the size of a new volume: resolveSize's without a
 // content source; with one, max(required_bytes rounded up, srcSize), never
 // the default (a zero field is unspecified, CSI CapacityRange). OUT_OF_RANGE

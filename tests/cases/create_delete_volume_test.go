@@ -3,6 +3,7 @@ package cases
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -205,6 +206,102 @@ func TestC03CapacityRange(t *testing.T) {
 		deleteVolume(t, in, id)
 	}
 	assertListMatchesDisk(t, in)
+}
+
+// C03 for image and raw block volumes: their loop devices have 4096-byte
+// sectors, so their sizes are whole blocks. Where a bound (limit_bytes,
+// --max-volume-size) is unaligned the size is the block below it, and
+// OUT_OF_RANGE, changing nothing, where no whole block fits the range;
+// the image file holds exactly the capacity answered, creation and
+// expansion alike.
+func TestC03ImageAndBlockSizesAreWholeBlocks(t *testing.T) {
+	const maxSize = 64*csitest.Mi + 100
+	in := testdriver.Start(t, func(o *driver.Options) {
+		o.CapacityBytes = 512 * csitest.Mi
+		o.DefaultVolumeBytes = 8 * csitest.Mi
+		o.MaxVolumeBytes = maxSize
+	})
+	kinds := []struct {
+		name string
+		cap  *csi.VolumeCapability
+	}{{"block", csitest.BlkCap()}, {"ext4", csitest.MntCapFS("ext4")}}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			var created []string
+			for i, tc := range []struct {
+				name string
+				cr   *csi.CapacityRange
+				want int64 // 0: OUT_OF_RANGE
+			}{
+				{"one byte, limit one byte", csitest.Range(1, 1), 0},
+				{"unaligned, limit below the next block", csitest.Range(4097, 5000), 0},
+				{"required = limit, unaligned", csitest.Range(2*csitest.Mi+1, 2*csitest.Mi+1), 0},
+				{"required above the maximum's last block", csitest.Range(64*csitest.Mi+1, 0), 0},
+				{"unaligned limit", csitest.Range(csitest.Mi, csitest.Mi+100), csitest.Mi},
+				{"limit only, unaligned", csitest.Range(0, 3*csitest.Mi+100), 3 * csitest.Mi},
+				{"unaligned required", csitest.Range(csitest.Mi+1, 0), csitest.Mi + 4096},
+				{"at the unaligned maximum", csitest.Range(64*csitest.Mi, 0), 64 * csitest.Mi},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					before := available(t, in)
+					resp, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+						Name:               fmt.Sprintf("c03-%s-%d", k.name, i),
+						CapacityRange:      tc.cr,
+						VolumeCapabilities: []*csi.VolumeCapability{k.cap},
+					})
+					if tc.want == 0 {
+						csitest.MustCode(t, err, codes.OutOfRange, "CreateVolume")
+						if got := available(t, in); got != before {
+							t.Errorf("failed CreateVolume changed available capacity %d -> %d", before, got)
+						}
+						if ids := listIDs(t, in.Controller); len(ids) != len(created) {
+							t.Errorf("%d volumes listed after a refused CreateVolume, want %d", len(ids), len(created))
+						}
+						return
+					}
+					csitest.MustCode(t, err, codes.OK, "CreateVolume")
+					v := resp.GetVolume()
+					created = append(created, v.GetVolumeId())
+					if v.GetCapacityBytes() != tc.want {
+						t.Errorf("capacity %d, want %d", v.GetCapacityBytes(), tc.want)
+					}
+					assertImageSize(t, in, v.GetVolumeId(), tc.want)
+				})
+			}
+			// Expansion to an unaligned limit grows to the block below it;
+			// a range holding no whole block is refused, the image unchanged.
+			id := created[0]
+			resp, err := in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{
+				VolumeId: id, CapacityRange: csitest.Range(16*csitest.Mi, 16*csitest.Mi+100), VolumeCapability: k.cap,
+			})
+			csitest.MustCode(t, err, codes.OK, "ControllerExpandVolume to an unaligned limit")
+			if resp.GetCapacityBytes() != 16*csitest.Mi {
+				t.Errorf("expanded to %d bytes, want %d", resp.GetCapacityBytes(), 16*csitest.Mi)
+			}
+			assertImageSize(t, in, id, 16*csitest.Mi)
+			_, err = in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{
+				VolumeId: id, CapacityRange: csitest.Range(20*csitest.Mi+1, 20*csitest.Mi+2), VolumeCapability: k.cap,
+			})
+			csitest.MustCode(t, err, codes.OutOfRange, "ControllerExpandVolume to a range without a whole block")
+			assertImageSize(t, in, id, 16*csitest.Mi)
+			for _, id := range created {
+				deleteVolume(t, in, id)
+			}
+		})
+	}
+}
+
+// assertImageSize checks the size of the image file of image or block
+// volume id (the only file named after it under the data root).
+func assertImageSize(t testing.TB, in *testdriver.Instance, id string, want int64) {
+	t.Helper()
+	imgs, _ := filepath.Glob(filepath.Join(in.Opts.DataRoot, "*", id+".img"))
+	if len(imgs) != 1 {
+		t.Fatalf("volume %s: image files %v, want one", id, imgs)
+	}
+	if fi, err := os.Stat(imgs[0]); err != nil || fi.Size() != want {
+		t.Errorf("image %s: %v, want %d bytes", imgs[0], err, want)
+	}
 }
 
 // C04: DeleteVolume succeeds for unknown ids and for a volume whose data

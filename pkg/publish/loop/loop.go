@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/localdir-csi/localdir/pkg/blockdev"
+	"github.com/localdir-csi/localdir/pkg/contract"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -44,7 +45,7 @@ var sysBlock = "/sys/block"
 // larger sectors), and a multiple of what direct I/O to the image needs on
 // the filesystems data roots use: the disk's sector, and the filesystem
 // block that btrfs and a reflinked XFS file ask for.
-const BlockSize = 4096
+const BlockSize = contract.BlockBytes
 
 // attachMu serializes Attach in this process (LOOP_CTL_GET_FREE and
 // LOOP_CONFIGURE are two steps); other processes: the retry on EBUSY.

@@ -5,32 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/localdir-csi/localdir/tests/testfs"
-)
-
-// fiemap is struct fiemap (linux/fiemap.h) with room for 32 extents.
-type fiemap struct {
-	Start, Length                     uint64
-	Flags, MappedExtents, ExtentCount uint32
-	_                                 uint32
-	Extents                           [32]fiemapExtent
-}
-
-type fiemapExtent struct {
-	Logical, Physical, Length uint64
-	_                         [2]uint64
-	Flags                     uint32
-	_                         [3]uint32
-}
-
-const (
-	fsIocFiemap         = 0xC020660B // _IOWR('f', 11, struct fiemap)
-	fiemapFlagSync      = 0x1
-	fiemapExtentEncoded = 0x8
 )
 
 // encoded tells whether every extent of the file at p carries
@@ -40,7 +18,7 @@ func encoded(t *testing.T, p string) (bool, int) {
 	flags := extentFlags(t, p)
 	all := len(flags) > 0
 	for _, f := range flags {
-		all = all && f&fiemapExtentEncoded != 0
+		all = all && f&extentEncoded != 0
 	}
 	return all, len(flags)
 }
@@ -53,13 +31,17 @@ func extentFlags(t *testing.T, p string) []uint32 {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	fm := fiemap{Length: ^uint64(0), Flags: fiemapFlagSync, ExtentCount: 32}
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fsIocFiemap, uintptr(unsafe.Pointer(&fm))); e != 0 {
-		t.Fatalf("FIEMAP %s: %v", p, e)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	exts, err := extents(fd, 0, st.Size)
+	if err != nil {
+		t.Fatalf("%s: %v", p, err)
 	}
 	var out []uint32
-	for _, x := range fm.Extents[:fm.MappedExtents] {
-		out = append(out, x.Flags)
+	for _, x := range exts {
+		out = append(out, x.flags)
 	}
 	return out
 }
@@ -127,7 +109,7 @@ func TestSetCompression(t *testing.T) {
 	if enc, n := encoded(t, newFile); !enc {
 		t.Errorf("a new file written after compression=zstd: %d extents, not all encoded", n)
 	}
-	if fl := extentFlags(t, before); len(fl) < 2 || fl[0]&fiemapExtentEncoded != 0 || fl[len(fl)-1]&fiemapExtentEncoded == 0 {
+	if fl := extentFlags(t, before); len(fl) < 2 || fl[0]&extentEncoded != 0 || fl[len(fl)-1]&extentEncoded == 0 {
 		t.Errorf("the file written before, then appended to after compression=zstd: extent flags %#x, want the first plain and the last encoded", fl)
 	}
 
