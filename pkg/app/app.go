@@ -174,6 +174,14 @@ func Run(ctx context.Context, opts driver.Options) error {
 			return err
 		}
 		b.StaleAfter = opts.NodeStaleAfter
+		host, _ := os.Hostname() // the pod's name: one certificate per replica
+		ranges, err := ServeControllerRanges(gctx, opts, cfg, b, host)
+		if err != nil {
+			return err
+		}
+		if ranges != nil {
+			g.Go(ranges)
+		}
 		if _, err := b.StartMover(gctx, cfg, opts.DriverName, moverLease()); err != nil {
 			return err
 		}

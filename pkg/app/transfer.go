@@ -66,6 +66,10 @@ func NewTransfer(opts driver.Options, cfg *rest.Config, store *volume.Store) (*T
 			return err
 		},
 	}
+	if ns := Namespace(opts); ns != "" {
+		srv.Ranges = store.Snapshots().Ranges
+		srv.ControllerCerts = cluster.ControllerCerts(reader, ns)
+	}
 	addr := opts.TransferPeerAddress()
 	if h, p, _ := net.SplitHostPort(addr); p == "0" { // a port the kernel picked (tests)
 		_, lp, _ := net.SplitHostPort(lis.Addr().String())

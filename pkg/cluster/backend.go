@@ -38,6 +38,9 @@ type ControllerBackend struct {
 	// StaleAfter is how old a LocalNode heartbeat may be before its node
 	// counts as gone: no capacity, no placement (default StaleAfter).
 	StaleAfter time.Duration
+	// Ranges asks node plugins for snapshots' block ranges (the
+	// SnapshotMetadata service; backend_metadata.go); nil: not served.
+	Ranges RangesClient
 
 	cache *objectCache // every read; c only writes (and GETs what the cache cannot know)
 

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	v1 "github.com/localdir-csi/localdir/pkg/cluster/api/v1alpha1"
@@ -18,6 +19,9 @@ import (
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := v1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := corev1.AddToScheme(s); err != nil { // the controller's certificates (ConfigMap)
 		panic(err)
 	}
 	return s

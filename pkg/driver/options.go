@@ -91,6 +91,11 @@ type Options struct {
 	TransferAddress      string
 	TransferAdvertise    string
 	TransferCertLifetime time.Duration
+	// Namespace is the driver's namespace, where the controller publishes
+	// its certificate for the node-to-node channel (changed block
+	// tracking); empty: the pod's ServiceAccount namespace, and outside a
+	// pod none (the SnapshotMetadata service is then not served).
+	Namespace string
 	// KubeletRoot, when set, confines staging and target paths below it
 	// (checkKubeletRoot). ApplyModeDefaults sets it in node mode.
 	KubeletRoot string
@@ -178,7 +183,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	cl.DurationVar(&o.NodeStaleAfter, "node-stale-after", 3*time.Minute, "controller mode: how old a LocalNode heartbeat may be before the node counts as gone (no capacity reported, no volume placed there); keep it several --heartbeat-interval")
 	cl.StringVar(&o.TransferAddress, "transfer-address", "", "node mode: host:port to serve the node-to-node data channel on (mutual TLS with keys pinned in LocalNode status; e.g. :9811). Default: off, and restores and clones from another node's data are refused here")
 	cl.StringVar(&o.TransferAdvertise, "transfer-advertise-address", "", "node mode: host:port the other node plugins dial to reach --transfer-address (e.g. $(POD_IP):9811); default: --transfer-address when it names a host")
-	cl.DurationVar(&o.TransferCertLifetime, "transfer-cert-lifetime", 24*time.Hour, "node mode: validity of the node-to-node channel's certificate; a new key is made at start and at half this")
+	cl.DurationVar(&o.TransferCertLifetime, "transfer-cert-lifetime", 24*time.Hour, "validity of the node-to-node channel's certificates (a node plugin's, and the controller's for changed block tracking); a new key is made at start and at half this")
+	cl.StringVar(&o.Namespace, "namespace", "", "the driver's namespace, where the controller publishes its channel certificate in the ConfigMap localdir-controller-certificates (default: the pod's ServiceAccount namespace)")
 	cl.StringVar(&o.MetricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key (a kubernetes.io/tls Secret, e.g. cert-manager's) for the HTTPS /metrics server, reloaded when they change (default: a self-signed certificate made at start)")
 	node := fss.FlagSet(FlagsNode)
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")

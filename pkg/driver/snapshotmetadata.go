@@ -17,13 +17,19 @@ import (
 )
 
 // MetadataBackend is a Backend that answers the SnapshotMetadata service
-// (changed block tracking): in all mode the node's snapshots.
+// (changed block tracking): in all mode the node's snapshots, in controller
+// mode the node plugins holding them (pkg/cluster).
 type MetadataBackend interface {
+	// ServesMetadata says whether the service is served (advertised).
+	ServesMetadata() bool
 	// SnapshotRanges yields the block ranges of image snapshot targetID
 	// from start that hold data (baseID "") or may differ from snapshot
 	// baseID's, ascending and apart.
 	SnapshotRanges(ctx context.Context, baseID, targetID string, start int64, yield func(off, n int64) error) error
 }
+
+// ServesMetadata implements MetadataBackend: always, from the node's store.
+func (b *LocalBackend) ServesMetadata() bool { return true }
 
 // SnapshotRanges implements MetadataBackend.
 func (b *LocalBackend) SnapshotRanges(_ context.Context, baseID, targetID string, start int64, yield func(off, n int64) error) error {
@@ -35,7 +41,7 @@ func (d *Driver) metadataBackend() (MetadataBackend, bool) {
 		return nil, false
 	}
 	m, ok := d.backend.(MetadataBackend)
-	return m, ok
+	return m, ok && m.ServesMetadata()
 }
 
 // defaultMaxResults is how many ranges a response holds when the CO sets

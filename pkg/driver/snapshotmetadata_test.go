@@ -27,6 +27,8 @@ func (b *rangesBackend) Snapshot(_ context.Context, id string) (*contract.Snapsh
 	return &contract.Snapshot{ID: id, SizeBytes: b.size, AccessType: contract.AccessBlock}, nil
 }
 
+func (b *rangesBackend) ServesMetadata() bool { return true }
+
 var errBackend = errors.New("backend failed")
 
 func (b *rangesBackend) SnapshotRanges(_ context.Context, _, _ string, _ int64, yield func(off, n int64) error) error {

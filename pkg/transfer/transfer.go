@@ -164,6 +164,10 @@ type Server struct {
 	Identity  *Identity
 	Authorize Authorizer
 	Send      SendFunc
+	// Ranges and ControllerCerts serve the controller the block ranges of
+	// this node's snapshots (ranges.go); nil: not served.
+	Ranges          RangesFunc
+	ControllerCerts ControllerCerts
 }
 
 // dataPath is the one request: GET dataPath + volume_id, with baseParam
@@ -177,7 +181,7 @@ const (
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	bl := &batchListener{Listener: lis, config: s.tlsConfig()}
 	hs := &http.Server{
-		Handler:           http.HandlerFunc(s.handle),
+		Handler:           http.HandlerFunc(s.route),
 		ReadHeaderTimeout: 10 * time.Second,
 		ConnContext:       bl.connContext,
 		// HTTP/1.1 only: one stream per connection, no HTTP/2 flow control.
@@ -338,35 +342,9 @@ type Client struct {
 // being changed: retry), contract.ErrInvalid (the source does not fit the
 // volume), or a network error (retry).
 func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID, base string) (io.ReadCloser, error) {
-	want, err := Pinned(certPEM)
+	tr, err := c.transport(node, address, certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("node %s published no usable transfer certificate: %w", node, err)
-	}
-	tc := &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		NextProtos: []string{"http/1.1"},
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return c.Identity.current(), nil
-		},
-		// The server is authenticated by its pinned certificate, not by a
-		// CA and a name: VerifyPeerCertificate does it.
-		InsecureSkipVerify: true,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if err := checkPeer(raw, want, time.Now()); err != nil {
-				return fmt.Errorf("node %s at %s: %w", node, address, err)
-			}
-			return nil
-		},
-	}
-	tr := &http.Transport{
-		DialTLSContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			return dialTLS(ctx, addr, tc)
-		},
-		DisableKeepAlives: true,
-		ForceAttemptHTTP2: false,
-		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+		return nil, err
 	}
 	u := url.URL{Scheme: "https", Host: address, Path: dataPath + volumeID}
 	if base != "" {
@@ -408,4 +386,41 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID, bas
 		return nil, fmt.Errorf("%w: %s", contract.ErrInvalid, why)
 	}
 	return nil, fmt.Errorf("%s (HTTP %d)", why, resp.StatusCode)
+}
+
+// transport is an HTTPS transport to the node at address that presents
+// this Client's Identity and accepts exactly certPEM, the certificate that
+// node published.
+func (c *Client) transport(node, address, certPEM string) (*http.Transport, error) {
+	want, err := Pinned(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("node %s published no usable transfer certificate: %w", node, err)
+	}
+	tc := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{"http/1.1"},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return c.Identity.current(), nil
+		},
+		// The server is authenticated by its pinned certificate, not by a
+		// CA and a name: VerifyPeerCertificate does it.
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if err := checkPeer(raw, want, time.Now()); err != nil {
+				return fmt.Errorf("node %s at %s: %w", node, address, err)
+			}
+			return nil
+		},
+	}
+	tr := &http.Transport{
+		DialTLSContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return dialTLS(ctx, addr, tc)
+		},
+		DisableKeepAlives: true,
+		ForceAttemptHTTP2: false,
+		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	return tr, nil
 }

@@ -271,6 +271,7 @@ func (e *hostileEnv) teardown() {
 func (e *hostileEnv) idCases(ids []string) {
 	in := e.in
 	c, n := in.Controller, in.Node
+	sm := csi.NewSnapshotMetadataClient(in.Conn)
 	for _, id := range ids {
 		q := quote(id)
 		// Names: a valid one makes a volume (whose id is the driver's own,
@@ -383,6 +384,20 @@ func (e *hostileEnv) idCases(ids []string) {
 				r, err := c.ListSnapshots(cx, &csi.ListSnapshotsRequest{SourceVolumeId: id})
 				if err == nil && len(r.GetEntries()) != 0 {
 					return status.Errorf(codes.Internal, "listed %d snapshots for an unknown source", len(r.GetEntries()))
+				}
+				return err
+			}},
+			{"GetMetadataAllocated", codes.NotFound, func(cx context.Context) error {
+				st, err := sm.GetMetadataAllocated(cx, &csi.GetMetadataAllocatedRequest{SnapshotId: id})
+				if err == nil {
+					_, err = st.Recv()
+				}
+				return err
+			}},
+			{"GetMetadataDelta", codes.NotFound, func(cx context.Context) error {
+				st, err := sm.GetMetadataDelta(cx, &csi.GetMetadataDeltaRequest{BaseSnapshotId: id, TargetSnapshotId: id})
+				if err == nil {
+					_, err = st.Recv()
 				}
 				return err
 			}},

@@ -186,6 +186,7 @@ func (e *Env) InstallCRDs(t testing.TB, crdDir string) {
 var accessKinds = map[string]bool{
 	"Namespace": true, "ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
 	"Role": true, "RoleBinding": true, "ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+	"ConfigMap": true, // the controller's certificates, which it may only update
 }
 
 // identitiesLocked renders and applies deploy/kubernetes' permissions on
@@ -434,6 +435,7 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 	dir := testdriver.TempDir(t)
 	o := testdriver.DefaultOptions(dir)
 	o.Mode = driver.ModeController
+	o.Namespace = "localdir" // deploy/kubernetes' namespace
 	if mutate != nil {
 		mutate(&o)
 	}
@@ -448,6 +450,15 @@ func (e *Env) StartController(t testing.TB, mutate func(*driver.Options)) *Plugi
 	// Role lets it elect the mover; one identity per controller started.
 	if _, err := b.StartMover(t.Context(), cfg, o.DriverName, &cluster.MoverLease{Namespace: "localdir", Identity: fmt.Sprintf("controller-%p", b)}); err != nil {
 		t.Fatal(err)
+	}
+	// Its channel certificate for changed block tracking, in the same
+	// namespace; one per controller started.
+	ranges, err := app.ServeControllerRanges(t.Context(), o, cfg, b, fmt.Sprintf("controller-%p", b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ranges != nil {
+		go func() { _ = ranges() }()
 	}
 	d, err := driver.NewController(o, b)
 	if err != nil {
@@ -464,6 +475,7 @@ func (e *Env) StartNode(t testing.TB, nodeID string, mutate func(*driver.Options
 	o := testdriver.DefaultOptions(dir)
 	o.Mode = driver.ModeNode
 	o.NodeID = nodeID
+	o.Namespace = "localdir"
 	if mutate != nil {
 		mutate(&o)
 	}

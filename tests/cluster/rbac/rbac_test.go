@@ -116,6 +116,18 @@ func TestPluginsRunWithTheDeployRBAC(t *testing.T) {
 		}
 	}
 
+	// The controller's certificates: the controller updates them, node
+	// plugins read them and may not change them.
+	cm := &corev1.ConfigMap{}
+	mustAllow(t, ctrl.Get(ctx, client.ObjectKey{Namespace: "localdir", Name: cluster.ControllerCertsConfigMap}, cm), "controller: get its certificates")
+	cm.Data = map[string]string{"replica": "pem"}
+	mustAllow(t, ctrl.Update(ctx, cm), "controller: update its certificates")
+	ncm := &corev1.ConfigMap{}
+	mustAllow(t, node.Get(ctx, client.ObjectKey{Namespace: "localdir", Name: cluster.ControllerCertsConfigMap}, ncm), "node: get the controller's certificates")
+	ncm.Data["forged"] = "pem"
+	mustForbid(t, node.Update(ctx, ncm), "node: update the controller's certificates")
+	mustForbid(t, node.Get(ctx, client.ObjectKey{Namespace: "localdir", Name: "kube-root-ca.crt"}, &corev1.ConfigMap{}), "node: get another ConfigMap")
+
 	// /metrics: both check each scrape with the API server, and scrapers
 	// get their own ClusterRole.
 	mustReviewScrapes(t, "controller", ctrlID.Config)
