@@ -150,7 +150,7 @@ stress: tools ## long reliability runs (as root): 500 kills in all mode and 500 
 	LOCALDIR_STRESS=1 $(GO) test $(GOTEST_FLAGS) -race -v -timeout 120m ./tests/reliability/
 	$(MAKE) fuzz FUZZTIME=60s
 
-bench: deps tools ## benchmarks: CO-like client over the driver's socket, fio through every kind of volume, a restore onto another node against cp, fio between snapshot copies (as root)
+bench: deps tools ## benchmarks: CO-like client over the driver's socket, fio through every kind of volume, a restore onto another node against cp, fio between snapshot copies, changed block tracking on a 10 GiB volume (as root)
 	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./tests/bench/
 	$(NOCGO) $(GO) test $(TRIM) -run '^$$' -bench 'BenchmarkTransfer|BenchmarkFioSnapshotCopies' -benchtime 1x -count 1 -timeout 30m ./tests/cluster/multinode/
 
