@@ -37,12 +37,9 @@ var hostPathIDs = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 // without syncing it; localdir commits each create and delete durably
 // (bbolt, fdatasync) before answering.
 func BenchmarkPairsVsHostPath(b *testing.B) {
-	bin := os.Getenv("HOSTPATH_PLUGIN")
-	if bin == "" {
-		bin = filepath.Join("..", "..", "_output", "peers", "hostpathplugin")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		b.Skipf("no csi-driver-host-path binary at %s (build it from its source: go build ./cmd/hostpathplugin; or set HOSTPATH_PLUGIN): %v", bin, err)
+	bin, err := hostPathBinary()
+	if err != nil {
+		b.Skip(err)
 	}
 	for _, c := range []struct {
 		name, fs, engine string
@@ -114,14 +111,31 @@ func startDriverOn(b *testing.B, fs, engine string) *testdriver.Instance {
 // fresh temp dir and returns its controller client.
 func startHostPath(b *testing.B, bin string) csi.ControllerClient {
 	b.Helper()
+	hp := launchHostPath(b, bin)
+	return csi.NewControllerClient(hp.conn)
+}
+
+// hostPath is a running csi-driver-host-path plugin.
+type hostPath struct {
+	conn     *grpc.ClientConn
+	proc     *testdriver.Proc
+	stateDir string // where it keeps its volumes and snapshots
+}
+
+// launchHostPath runs csi-driver-host-path's plugin, with extra flags, its
+// state in a fresh temp dir, and waits until it answers.
+func launchHostPath(b *testing.B, bin string, extra ...string) *hostPath {
+	b.Helper()
 	dir := testdriver.TempDir(b)
 	ep := "unix://" + filepath.Join(dir, "csi.sock")
-	testdriver.Launch(b, bin, []string{"--endpoint=" + ep, "--nodeid=bench", "--statedir=" + filepath.Join(dir, "state")})
+	hp := &hostPath{stateDir: filepath.Join(dir, "state")}
+	hp.proc = testdriver.Launch(b, bin, append([]string{"--endpoint=" + ep, "--nodeid=bench", "--statedir=" + hp.stateDir}, extra...))
 	conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { conn.Close() })
+	hp.conn = conn
 	// host-path's Probe leaves ready unset (ready, as the spec reads it):
 	// the first answer is enough.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -135,5 +149,18 @@ func startHostPath(b *testing.B, bin string) csi.ControllerClient {
 			b.Fatalf("csi-driver-host-path not serving after 30 s: %v", err)
 		}
 	}
-	return csi.NewControllerClient(conn)
+	return hp
+}
+
+// hostPathBinary is the csi-driver-host-path plugin to compare with
+// (HOSTPATH_PLUGIN, else _output/peers/hostpathplugin), or "" and why not.
+func hostPathBinary() (string, error) {
+	bin := os.Getenv("HOSTPATH_PLUGIN")
+	if bin == "" {
+		bin = filepath.Join("..", "..", "_output", "peers", "hostpathplugin")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("no csi-driver-host-path binary at %s (build it from its source: go build ./cmd/hostpathplugin; or set HOSTPATH_PLUGIN): %w", bin, err)
+	}
+	return bin, nil
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"math/rand"
@@ -25,30 +26,50 @@ import (
 // snapshot with 1 GiB written (1 MiB writes at random places), then
 // GetMetadataDelta between it and a second snapshot after 100 MiB more
 // were changed in writes of 4 KiB to 1 MiB at random places; with the
-// bytes the driver's process read meanwhile (/proc/self/io rchar, the
-// socket's few KiB included) and how much the delta named. Data roots:
-// btrfs and XFS-reflink (answered from the extent maps), ext4 (snapshots
-// are copies: blocks are compared where the extents differ).
+// bytes the driver's process read meanwhile (/proc/<pid>/io rchar, the
+// socket's few KiB included) and how much the answers named. localdir's
+// data roots: btrfs and XFS-reflink (answered from the extent maps), ext4
+// (snapshots are copies: blocks are compared where the extents differ);
+// then, in the same sitting and with the same writes, csi-driver-host-path
+// (--enable-snapshot-metadata, its state on the machine's ext4 disk),
+// which compares the two snapshots' files byte by byte (skipped without
+// its binary, as BenchmarkPairsVsHostPath).
 func BenchmarkSnapshotMetadata(b *testing.B) {
 	for _, fs := range []string{testfs.Btrfs, testfs.XFSReflink, testfs.Ext4} {
 		b.Run(fs, func(b *testing.B) {
 			for range b.N {
-				benchSnapshotMetadata(b, fs)
+				root := testfs.NewDirect(b, fs, 16<<30)
+				in := testdriver.Start(b, func(o *driver.Options) {
+					o.DataRoot = filepath.Join(root, "data")
+					o.CapacityBytes = 1 << 40
+				})
+				benchCBT(b, "localdir "+fs, in.Controller, csi.NewSnapshotMetadataClient(in.Conn),
+					func(id string) string { return filepath.Join(in.Opts.DataRoot, "block", id+".img") },
+					func() int64 { return rchar(b, "self") })
 			}
 		})
 	}
+	b.Run("host-path", func(b *testing.B) {
+		bin, err := hostPathBinary()
+		if err != nil {
+			b.Skip(err)
+		}
+		for range b.N {
+			hp := launchHostPath(b, bin, "--enable-snapshot-metadata", "--snapshot-metadata-block-type=VARIABLE_LENGTH")
+			benchCBT(b, "host-path ext4", csi.NewControllerClient(hp.conn), csi.NewSnapshotMetadataClient(hp.conn),
+				func(id string) string { return filepath.Join(hp.stateDir, id) },
+				func() int64 { return rchar(b, strconv.Itoa(hp.proc.Cmd.Process.Pid)) })
+		}
+	})
 }
 
-func benchSnapshotMetadata(b *testing.B, fs string) {
+// benchCBT runs the measurement on one driver: image is where a raw block
+// volume's data lives, read the driver process's rchar.
+func benchCBT(b *testing.B, name string, ctl csi.ControllerClient, sm csi.SnapshotMetadataClient, image func(id string) string, read func() int64) {
 	const size = 10 << 30
-	root := testfs.NewDirect(b, fs, 16<<30)
-	in := testdriver.Start(b, func(o *driver.Options) {
-		o.DataRoot = filepath.Join(root, "data")
-		o.CapacityBytes = 1 << 40
-	})
 	ctx, cancel := call()
 	defer cancel()
-	resp, err := in.Controller.CreateVolume(ctx, &csi.CreateVolumeRequest{
+	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{
 		Name: "cbt", CapacityRange: &csi.CapacityRange{RequiredBytes: size},
 		VolumeCapabilities: []*csi.VolumeCapability{{
 			AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
@@ -61,7 +82,7 @@ func benchSnapshotMetadata(b *testing.B, fs string) {
 	id := resp.GetVolume().GetVolumeId()
 	// The volume is not staged: its image is written directly, as a pod
 	// would through the loop device.
-	img, err := os.OpenFile(filepath.Join(in.Opts.DataRoot, "block", id+".img"), os.O_RDWR, 0)
+	img, err := os.OpenFile(image(id), os.O_RDWR, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,9 +106,10 @@ func benchSnapshotMetadata(b *testing.B, fs string) {
 		}
 	}
 	snap := func(name string) string {
-		ctx, cancel := call()
+		// host-path copies the whole image: minutes, not seconds.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		s, err := in.Controller.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: name})
+		s, err := ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: name})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -97,31 +119,30 @@ func benchSnapshotMetadata(b *testing.B, fs string) {
 	s1 := snap("s1")
 	write(100<<20, 4096, 1<<20)
 	s2 := snap("s2")
-	sm := csi.NewSnapshotMetadataClient(in.Conn)
 
 	measure := func(what string, recv func() (int, int64, error)) {
-		read0 := rchar(b)
+		read0 := read()
 		start := time.Now()
 		ranges, bytes, err := recv()
 		if err != nil {
 			b.Fatalf("%s: %v", what, err)
 		}
 		d := time.Since(start)
-		read := rchar(b) - read0
-		fmt.Printf("CBT %-12s %-22s %8.3f s  %7d ranges  %9.1f MiB named  %9.1f MiB read\n",
-			fs, what, d.Seconds(), ranges, float64(bytes)/(1<<20), float64(read)/(1<<20))
+		n := read() - read0
+		fmt.Printf("CBT %-20s %-16s %8.3f s  %7d ranges  %9.1f MiB named  %9.1f MiB read\n",
+			name, what, d.Seconds(), ranges, float64(bytes)/(1<<20), float64(n)/(1<<20))
 		b.ReportMetric(d.Seconds(), what+"-s")
-		b.ReportMetric(float64(read)/(1<<20), what+"-MiB-read")
+		b.ReportMetric(float64(n)/(1<<20), what+"-MiB-read")
 	}
 	measure("allocated-1GiB", func() (int, int64, error) {
-		st, err := sm.GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{SnapshotId: s1})
+		st, err := sm.GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: s1})
 		if err != nil {
 			return 0, 0, err
 		}
 		return drain(st.Recv)
 	})
 	measure("delta-100MiB", func() (int, int64, error) {
-		st, err := sm.GetMetadataDelta(ctx, &csi.GetMetadataDeltaRequest{BaseSnapshotId: s1, TargetSnapshotId: s2})
+		st, err := sm.GetMetadataDelta(context.Background(), &csi.GetMetadataDeltaRequest{BaseSnapshotId: s1, TargetSnapshotId: s2})
 		if err != nil {
 			return 0, 0, err
 		}
@@ -148,9 +169,10 @@ func drain[M interface{ GetBlockMetadata() []*csi.BlockMetadata }](recv func() (
 	}
 }
 
-// rchar is the bytes this process read so far (/proc/self/io).
-func rchar(b *testing.B) int64 {
-	f, err := os.Open("/proc/self/io")
+// rchar is the bytes process pid ("self": this one) read so far
+// (/proc/<pid>/io).
+func rchar(b *testing.B, pid string) int64 {
+	f, err := os.Open("/proc/" + pid + "/io")
 	if err != nil {
 		b.Fatal(err)
 	}
