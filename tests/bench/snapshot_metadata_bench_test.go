@@ -80,6 +80,21 @@ func benchCBT(b *testing.B, name string, ctl csi.ControllerClient, sm csi.Snapsh
 		b.Fatal(err)
 	}
 	id := resp.GetVolume().GetVolumeId()
+	// Deleted at the end, snapshots first: host-path attaches a loop device
+	// to a block volume's file, detached only by DeleteVolume.
+	var snaps []string
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		for _, s := range snaps {
+			if _, err := ctl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s}); err != nil {
+				b.Errorf("DeleteSnapshot %s: %v", s, err)
+			}
+		}
+		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			b.Errorf("DeleteVolume %s: %v", id, err)
+		}
+	}()
 	// The volume is not staged: its image is written directly, as a pod
 	// would through the loop device.
 	img, err := os.OpenFile(image(id), os.O_RDWR, 0)
@@ -113,6 +128,7 @@ func benchCBT(b *testing.B, name string, ctl csi.ControllerClient, sm csi.Snapsh
 		if err != nil {
 			b.Fatal(err)
 		}
+		snaps = append(snaps, s.GetSnapshot().GetSnapshotId())
 		return s.GetSnapshot().GetSnapshotId()
 	}
 	write(1<<30, 1<<20, 1<<20)
