@@ -43,7 +43,7 @@ deps: ## install the Debian packages the tests and the demo need (as root; no-op
 # starts them first and the rest run beside them instead of after them.
 LONG_TEST_PKGS := ./tests/reliability/ ./tests/cluster/datasafety/ ./tests/cluster/multinode/
 test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests (as root: real mounts)
-	$(GO) test $(GOTEST_FLAGS) -race $(LONG_TEST_PKGS) ./...
+	$(GO) test $(GOTEST_FLAGS) -race -timeout 30m $(LONG_TEST_PKGS) ./...
 	$(MAKE) fuzz
 
 # Packages whose tests need root (real mounts, loop devices, btrfs, chown,
@@ -163,7 +163,7 @@ demo-sanity: build $(CSI_SANITY) ## run the driver in all mode (no Kubernetes) a
 # ---- End-to-end: a whole local cluster (tests/e2e, docs/e2e.md) ----------
 # The rest of Kubernetes, the CSI sidecars and snapshot-controller (built in
 # tests/tools/k8s too, so they reuse its compiled dependencies), the
-# stand-ins for node-driver-registrar and livenessprobe (tests/e2e/standins:
+# stand-ins for node-driver-registrar, livenessprobe and csi-snapshot-metadata (tests/e2e/standins:
 # the module proxy serves neither), the pause binary for the pause image and
 # the snapshot CRDs; cached in _output/ like `tools`.
 SIDECARS := csi-provisioner@github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
@@ -176,9 +176,9 @@ SNAPSHOT_CRDS := $(OUT)/tools/snapshot-crds
 E2E_CLUSTER := $(OUT)/e2e-cluster
 E2E_TOOLS := $(TOOLS)/etcd $(TOOLS)/kube-apiserver $(TOOLS)/kubectl $(TOOLS)/helm \
 	$(TOOLS)/kube-controller-manager $(TOOLS)/kube-scheduler $(TOOLS)/kubelet \
-	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/livenessprobe $(TOOLS)/pause $(TOOLS)/floor $(SNAPSHOT_CRDS)/.done
+	$(SIDECAR_BINS) $(TOOLS)/registrar $(TOOLS)/livenessprobe $(TOOLS)/snapshot-metadata $(TOOLS)/pause $(TOOLS)/floor $(SNAPSHOT_CRDS)/.done
 
-e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar and livenessprobe stand-ins, pause)
+e2e-tools: $(E2E_TOOLS) ## build the end-to-end cluster's binaries (Kubernetes, sidecars, registrar, livenessprobe and snapshot-metadata stand-ins, pause)
 
 $(SIDECAR_BINS) &: tests/tools/k8s/go.mod
 	cd tests/tools/k8s && for s in $(SIDECARS); do \
@@ -191,8 +191,8 @@ $(SNAPSHOT_CRDS)/.done: tests/tools/k8s/go.mod
 	  install -m 0644 $$d/config/crd/*storage.k8s.io_*.yaml $(SNAPSHOT_CRDS)/
 	touch $@
 
-$(TOOLS)/registrar $(TOOLS)/livenessprobe &: tests/e2e/standins/go.mod tests/e2e/standins/registrar/main.go tests/e2e/standins/livenessprobe/main.go
-	cd tests/e2e/standins && $(GO) build -o $(TOOLS)/registrar ./registrar && $(GO) build -o $(TOOLS)/livenessprobe ./livenessprobe
+$(TOOLS)/registrar $(TOOLS)/livenessprobe $(TOOLS)/snapshot-metadata &: tests/e2e/standins/go.mod tests/e2e/standins/registrar/main.go tests/e2e/standins/livenessprobe/main.go tests/e2e/standins/snapshot-metadata/main.go
+	cd tests/e2e/standins && $(GO) build -o $(TOOLS)/registrar ./registrar && $(GO) build -o $(TOOLS)/livenessprobe ./livenessprobe && $(GO) build -o $(TOOLS)/snapshot-metadata ./snapshot-metadata
 
 $(TOOLS)/floor: tests/e2e/floor/main.go
 	$(NOCGO) $(GO) build $(TRIM) -o $@ ./tests/e2e/floor

@@ -182,6 +182,13 @@ func Run(ctx context.Context, opts driver.Options) error {
 		if ranges != nil {
 			g.Go(ranges)
 		}
+		sms, err := PublishSnapshotMetadata(opts, cfg)
+		if err != nil {
+			return err
+		}
+		if sms != nil {
+			g.Go(func() error { sms(gctx); return nil })
+		}
 		if _, err := b.StartMover(gctx, cfg, opts.DriverName, moverLease()); err != nil {
 			return err
 		}

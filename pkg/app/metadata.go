@@ -82,3 +82,33 @@ func ServeControllerRanges(ctx context.Context, opts driver.Options, cfg *rest.C
 		}
 	}, nil
 }
+
+// SnapshotMetadataCertLifetime is the validity of the certificate the
+// controller makes for the external-snapshot-metadata sidecar (renewed with
+// a third of it left).
+const SnapshotMetadataCertLifetime = 365 * 24 * time.Hour
+
+// PublishSnapshotMetadata keeps, with --snapshot-metadata-address, the
+// SnapshotMetadataService and the sidecar's TLS Secret (cluster.
+// SnapshotMetadataEndpoint), checked every hour until ctx ends; nil func
+// without the flag or a namespace.
+func PublishSnapshotMetadata(opts driver.Options, cfg *rest.Config) (func(ctx context.Context), error) {
+	ns := Namespace(opts)
+	if opts.SnapshotMetadataAddress == "" || ns == "" {
+		return nil, nil
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	audience := opts.SnapshotMetadataAudience
+	if audience == "" {
+		audience = opts.DriverName
+	}
+	e := cluster.SnapshotMetadataEndpoint{
+		Driver: opts.DriverName, Namespace: ns, Secret: opts.SnapshotMetadataSecret,
+		Address: opts.SnapshotMetadataAddress, Audience: audience, Lifetime: SnapshotMetadataCertLifetime,
+		CertDir: opts.SnapshotMetadataCertDir,
+	}
+	return func(ctx context.Context) { e.Run(ctx, c, time.Hour) }, nil
+}

@@ -96,6 +96,16 @@ type Options struct {
 	// tracking); empty: the pod's ServiceAccount namespace, and outside a
 	// pod none (the SnapshotMetadata service is then not served).
 	Namespace string
+	// SnapshotMetadataAddress, when set, is the host:port of the
+	// external-snapshot-metadata sidecar's Service: the controller keeps
+	// the SnapshotMetadataService named after the driver pointing at it,
+	// with SnapshotMetadataAudience (default: the driver name), and the
+	// Secret SnapshotMetadataSecret in Namespace holding
+	// the sidecar's certificate for that host.
+	SnapshotMetadataAddress  string
+	SnapshotMetadataSecret   string
+	SnapshotMetadataAudience string
+	SnapshotMetadataCertDir  string // where the sidecar reads tls.crt, tls.key
 	// KubeletRoot, when set, confines staging and target paths below it
 	// (checkKubeletRoot). ApplyModeDefaults sets it in node mode.
 	KubeletRoot string
@@ -185,6 +195,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) *cliflag.NamedFlagSets {
 	cl.StringVar(&o.TransferAdvertise, "transfer-advertise-address", "", "node mode: host:port the other node plugins dial to reach --transfer-address (e.g. $(POD_IP):9811); default: --transfer-address when it names a host")
 	cl.DurationVar(&o.TransferCertLifetime, "transfer-cert-lifetime", 24*time.Hour, "validity of the node-to-node channel's certificates (a node plugin's, and the controller's for changed block tracking); a new key is made at start and at half this")
 	cl.StringVar(&o.Namespace, "namespace", "", "the driver's namespace, where the controller publishes its channel certificate in the ConfigMap localdir-controller-certificates (default: the pod's ServiceAccount namespace)")
+	cl.StringVar(&o.SnapshotMetadataAddress, "snapshot-metadata-address", "", "controller mode: host:port of the external-snapshot-metadata sidecar's Service (e.g. localdir-snapshot-metadata.localdir:6443); the controller then keeps the SnapshotMetadataService named after the driver pointing at it and the sidecar's TLS certificate in --snapshot-metadata-secret (default: off, neither is written)")
+	cl.StringVar(&o.SnapshotMetadataSecret, "snapshot-metadata-secret", "localdir-snapshot-metadata-tls", "controller mode: the Secret in --namespace that holds the sidecar's certificate (tls.crt, tls.key), renewed by the controller (it must exist: deploy/ ships it empty)")
+	cl.StringVar(&o.SnapshotMetadataAudience, "snapshot-metadata-audience", "", "controller mode: the audience backup tools' tokens must carry, published in the SnapshotMetadataService (default: the driver name)")
+	cl.StringVar(&o.SnapshotMetadataCertDir, "snapshot-metadata-cert-dir", "", "controller mode: a directory shared with the sidecar (an emptyDir) where the controller writes the Secret's tls.crt and tls.key whenever they change (default: none; the sidecar then mounts the Secret itself)")
 	cl.StringVar(&o.MetricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key (a kubernetes.io/tls Secret, e.g. cert-manager's) for the HTTPS /metrics server, reloaded when they change (default: a self-signed certificate made at start)")
 	node := fss.FlagSet(FlagsNode)
 	node.StringVar(&o.NodeID, "node-id", host, "this node's id, also the value of the "+TopologyKey+" topology key")
@@ -259,6 +273,9 @@ func (o *Options) Validate() error {
 	if err := o.validateTransfer(); err != nil {
 		return err
 	}
+	if err := o.validateSnapshotMetadata(); err != nil {
+		return err
+	}
 	if o.CapacityBytes < 0 || o.MaxVolumeBytes < 0 || o.DefaultVolumeBytes <= 0 || o.MaxVolumesPerNode < 0 {
 		return fmt.Errorf("sizes and counts must not be negative, --default-volume-size must be positive")
 	}
@@ -297,6 +314,22 @@ func (o *Options) validateTransfer() error {
 	}
 	if o.TransferCertLifetime < 10*time.Minute {
 		return fmt.Errorf("--transfer-cert-lifetime=%s: at least 10m", o.TransferCertLifetime)
+	}
+	return nil
+}
+
+// validateSnapshotMetadata checks --snapshot-metadata-address: a host the
+// sidecar's certificate can name, and a port.
+func (o *Options) validateSnapshotMetadata() error {
+	if o.SnapshotMetadataAddress == "" {
+		return nil
+	}
+	h, p, err := net.SplitHostPort(o.SnapshotMetadataAddress)
+	if err != nil || h == "" || p == "" {
+		return fmt.Errorf("--snapshot-metadata-address=%q: must be host:port, e.g. localdir-snapshot-metadata.localdir:6443", o.SnapshotMetadataAddress)
+	}
+	if o.SnapshotMetadataSecret == "" {
+		return fmt.Errorf("--snapshot-metadata-secret is empty: name the Secret that holds the sidecar's certificate")
 	}
 	return nil
 }

@@ -187,6 +187,7 @@ var accessKinds = map[string]bool{
 	"Namespace": true, "ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
 	"Role": true, "RoleBinding": true, "ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 	"ConfigMap": true, // the controller's certificates, which it may only update
+	"Secret":    true, // the snapshot metadata sidecar's certificate, which the controller may only update
 }
 
 // identitiesLocked renders and applies deploy/kubernetes' permissions on

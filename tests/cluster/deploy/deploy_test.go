@@ -63,6 +63,10 @@ const namespace = "localdir"
 // (attachRequired: false); the kustomize Deployment always has it.
 const attacherImage = "registry.k8s.io/sig-storage/csi-attacher"
 
+// snapshotMetadataImage is external-snapshot-metadata's sidecar, which the
+// chart leaves out with snapshotMetadata.enabled=false.
+const snapshotMetadataImage = "registry.k8s.io/sig-storage/csi-snapshot-metadata"
+
 type tools struct {
 	root, helmBin, kubectlBin string
 	kubeconfig                string
@@ -86,6 +90,7 @@ func TestDeploy(t *testing.T) {
 	t.Run("HelmServerDryRunAttachRequired", func(t *testing.T) {
 		tl.serverDryRun(t, d.hmAttach)
 	})
+	t.Run("HelmWithoutSnapshotMetadata", d.withoutSnapshotMetadata)
 	t.Run("HelmLint", d.helmLint)
 	t.Run("BothShipTheGeneratedCRDs", d.bothShipTheGeneratedCRDs)
 	t.Run("SameObjects", d.sameObjects)
@@ -144,6 +149,27 @@ func (tl *tools) render(t *testing.T, env *clustertest.Env) *rendered {
 	d.hm = tl.run(t, nil, tl.helmBin, helmArgs...)
 	d.hmAttach = tl.run(t, nil, tl.helmBin, append(helmArgs, "--set", "attachRequired=true")...)
 	return d
+}
+
+// withoutSnapshotMetadata: snapshotMetadata.enabled=false leaves out the
+// sidecar, its Service, Secret and permissions, and the controller's flag,
+// and what is left applies.
+func (d *rendered) withoutSnapshotMetadata(t *testing.T) {
+	out := d.tl.run(t, nil, d.tl.helmBin, "template", "localdir", d.chart, "--namespace", namespace, "--set", "snapshotMetadata.enabled=false")
+	for _, id := range objectIDs(t, out) {
+		if strings.Contains(id, "snapshot-metadata") {
+			t.Errorf("snapshotMetadata.enabled=false still renders %s", id)
+		}
+	}
+	for _, img := range images(t, out) {
+		if strings.HasPrefix(img, snapshotMetadataImage+":") {
+			t.Errorf("snapshotMetadata.enabled=false still runs %s", img)
+		}
+	}
+	if strings.Contains(string(out), "--snapshot-metadata-address") {
+		t.Error("snapshotMetadata.enabled=false still passes --snapshot-metadata-address")
+	}
+	d.tl.serverDryRun(t, out)
 }
 
 func (d *rendered) helmLint(t *testing.T) {
@@ -212,7 +238,7 @@ func (d *rendered) sameObjects(t *testing.T) {
 	}
 }
 
-// sameImages: kustomize pins the driver and its six sidecars by tag, helm
+// sameImages: kustomize pins the driver and its seven sidecars by tag, helm
 // with attachRequired=true renders the same images, and by default the
 // same without csi-attacher.
 func (d *rendered) sameImages(t *testing.T) {
@@ -232,9 +258,10 @@ func (d *rendered) sameImages(t *testing.T) {
 		"registry.k8s.io/sig-storage/csi-snapshotter",
 		"registry.k8s.io/sig-storage/csi-node-driver-registrar",
 		"registry.k8s.io/sig-storage/livenessprobe",
+		snapshotMetadataImage,
 	}
 	if diff := setDiff(want, repos); diff != "" {
-		t.Errorf("kustomize images are not the driver and its six sidecars:\n%s", diff)
+		t.Errorf("kustomize images are not the driver and its seven sidecars:\n%s", diff)
 	}
 	if diff := setDiff(kzImages, images(t, d.hmAttach)); diff != "" {
 		t.Errorf("kustomization.yaml images and helm values.yaml images (attachRequired=true) differ:\n%s", diff)

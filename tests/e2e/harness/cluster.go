@@ -198,7 +198,7 @@ func (c *Cluster) preflight() error {
 	}
 	var missing []string
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
-		"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "registrar", "livenessprobe", "pause", "helm"} {
+		"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "registrar", "livenessprobe", "snapshot-metadata", "pause", "helm"} {
 		if _, err := os.Stat(c.tool(b)); err != nil {
 			missing = append(missing, c.tool(b))
 		}
@@ -535,12 +535,22 @@ func (c *Cluster) nodeIPs() []net.IP {
 	return out
 }
 
+// SnapshotMetadataCRD is the SnapshotMetadataService CRD the tests install
+// (relative to the repository).
+const SnapshotMetadataCRD = "tests/cluster/snapshotmetadata/testdata/crd/snapshotmetadataservices.yaml"
+
 // startSnapshotController applies the snapshot CRDs and runs the
 // snapshot-controller: a cluster add-on, not part of localdir, run as a
 // process on the host (as the control plane is).
 func (c *Cluster) startSnapshotController(ctx context.Context) error {
 	crds := filepath.Join(c.Root, "_output", "tools", "snapshot-crds")
 	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", crds); err != nil {
+		return err
+	}
+	// The SnapshotMetadataService CRD of external-snapshot-metadata (the
+	// tests' own, written from its published API), so the controller
+	// publishes changed block tracking as in a cluster that has it.
+	if _, err := c.Kubectl(ctx, "", "apply", "--server-side", "-f", filepath.Join(c.Root, SnapshotMetadataCRD)); err != nil {
 		return err
 	}
 	_, err := c.start("snapshot-controller", nil, nil, c.tool("snapshot-controller"), "--kubeconfig="+c.Kubeconfig,

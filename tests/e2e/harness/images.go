@@ -297,7 +297,8 @@ const StandInLabel = "dev.localdir.e2e/stand-in"
 // DaemonSet run as they are: localdir's own (driverImage), the CSI sidecars
 // from the binaries `make e2e-tools` built out of their modules (entrypoint
 // /<name>, as in the real images), and the stand-ins for
-// csi-node-driver-registrar and livenessprobe (tests/e2e/standins),
+// csi-node-driver-registrar, livenessprobe and csi-snapshot-metadata
+// (tests/e2e/standins),
 // labelled StandInLabel. An image there the harness does not know is an
 // error, so a new one cannot go untested.
 func (c *Cluster) deployImages(ctx context.Context, dir string) ([]image, error) {
@@ -323,6 +324,8 @@ func (c *Cluster) deployImages(ctx context.Context, dir string) ([]image, error)
 			tool, standIn = "registrar", true
 		case name == "livenessprobe":
 			standIn = true
+		case name == "csi-snapshot-metadata":
+			tool, standIn = "snapshot-metadata", true
 		case name == "csi-provisioner" || name == "csi-attacher" || name == "csi-resizer" || name == "csi-snapshotter":
 		default:
 			return nil, fmt.Errorf("deploy/kubernetes/kustomization.yaml names image %s, which the end-to-end cluster cannot build (images.go)", im.Name)
