@@ -90,6 +90,9 @@ type sop struct {
 	done func()
 	// newVol and newSnap name the volume or snapshot a create makes.
 	newVol, newSnap string
+	// deletes is the id a delete removes: cut short, the node may have
+	// carried it out already, its reply lost.
+	deletes string
 }
 
 // csiClients are the CSI services the storm's calls go to: one all-mode
@@ -835,7 +838,7 @@ func (s *storm) opRepeatCreate(w *stormWorker, v *svol) *sop {
 }
 
 func (s *storm) opDelete(w *stormWorker, v *svol) *sop {
-	return &sop{what: "DeleteVolume " + v.name, want: codes.OK,
+	return &sop{what: "DeleteVolume " + v.name, want: codes.OK, deletes: v.id,
 		do: func(cx context.Context, p csiClients) error {
 			_, err := p.controller.DeleteVolume(cx, &csi.DeleteVolumeRequest{VolumeId: v.id})
 			return err
@@ -916,7 +919,7 @@ func (s *storm) opSnapshot(w *stormWorker, v *svol) *sop {
 }
 
 func (s *storm) opDeleteSnapshot(w *stormWorker, sn *ssnap) *sop {
-	return &sop{what: "DeleteSnapshot " + sn.name, want: codes.OK,
+	return &sop{what: "DeleteSnapshot " + sn.name, want: codes.OK, deletes: sn.id,
 		do: func(cx context.Context, p csiClients) error {
 			_, err := p.controller.DeleteSnapshot(cx, &csi.DeleteSnapshotRequest{SnapshotId: sn.id})
 			return err

@@ -217,6 +217,9 @@ func (s *nodeStorm) checkRecords() {
 	// What a record may belong to besides an acknowledged object: an
 	// acknowledged delete the node had not carried out, a create cut short.
 	maybe := map[string]bool{}
+	// What may lack its record although acknowledged: the object of a
+	// delete cut short, which the node carried out before the kill.
+	mayLack := map[string]bool{}
 	for _, w := range s.workers {
 		for _, id := range w.gone {
 			maybe[id] = true
@@ -226,6 +229,9 @@ func (s *nodeStorm) checkRecords() {
 		}
 		if op := w.pending; op != nil && op.newSnap != "" {
 			maybe[lcluster.SnapshotIDFor(op.newSnap)] = true
+		}
+		if op := w.pending; op != nil && op.deletes != "" {
+			mayLack[op.deletes] = true
 		}
 	}
 	// name of every record, by id.
@@ -238,13 +244,21 @@ func (s *nodeStorm) checkRecords() {
 	}
 	for _, v := range s.allVols() {
 		delete(recorded, v.id)
-		if r, ok := vols[v.id]; !ok || r.CapacityBytes < v.size || r.Name != v.name {
+		r, ok := vols[v.id]
+		if !ok && mayLack[v.id] {
+			continue
+		}
+		if !ok || r.CapacityBytes < v.size || r.Name != v.name {
 			t.Errorf("acknowledged volume %s (%s, %d bytes): the node's state file holds %+v", v.id, v.name, v.size, r)
 		}
 	}
 	for _, sn := range s.allSnaps() {
 		delete(recorded, sn.id)
-		if r, ok := snaps[sn.id]; !ok || r.SizeBytes != sn.size || r.SourceVolumeID != sn.src || r.Name != sn.name {
+		r, ok := snaps[sn.id]
+		if !ok && mayLack[sn.id] {
+			continue
+		}
+		if !ok || r.SizeBytes != sn.size || r.SourceVolumeID != sn.src || r.Name != sn.name {
 			t.Errorf("acknowledged snapshot %s (%s, %d bytes of %s): the node's state file holds %+v", sn.id, sn.name, sn.size, sn.src, r)
 		}
 	}
