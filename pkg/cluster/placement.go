@@ -38,6 +38,7 @@ func (b *ControllerBackend) nodeLock(node string) *sync.Mutex {
 // nodeRoom is what one node can still take, in bytes.
 type nodeRoom struct {
 	node      string
+	capacity  int64 // what all its volumes may reserve together (LocalNode status)
 	available int64 // min(capacity − Σ sizes of its LocalVolumes, free − headroom − placed since)
 	maxVolume int64 // 0: no cap
 	reason    string
@@ -155,7 +156,8 @@ func (b *ControllerBackend) room(_ context.Context, node string) (nodeRoom, erro
 	// what was placed or grown since.
 	pending := used - ln.Status.AllocatedBytes.Value()
 	free := ln.Status.FreeBytes.Value() - ln.Status.HeadroomBytes.Value() - pending
-	r.available = max(min(ln.Status.CapacityBytes.Value()-used, free), 0)
+	r.capacity = ln.Status.CapacityBytes.Value()
+	r.available = max(min(r.capacity-used, free), 0)
 	r.maxVolume = ln.Status.MaxVolumeBytes.Value()
 	if b.MaxVolumeBytes > 0 && (r.maxVolume == 0 || b.MaxVolumeBytes < r.maxVolume) {
 		r.maxVolume = b.MaxVolumeBytes
@@ -373,6 +375,17 @@ func (b *ControllerBackend) grow(ctx context.Context, lv *v1.LocalVolume, size i
 	r, err := b.room(ctx, lv.Spec.Node)
 	if err != nil {
 		return err
+	}
+	// Past the node's whole capacity or the volume cap: no retry can
+	// succeed (OUT_OF_RANGE, which Kubernetes marks infeasible so the user
+	// may ask for less); short of room now is RESOURCE_EXHAUSTED, retried.
+	switch {
+	case r.reason == "" && size > r.capacity:
+		return fmt.Errorf("%w: volume %s cannot grow to %d bytes on node %s: the node holds %d bytes in all (%d more available now)",
+			contract.ErrOutOfRange, lv.Name, size, lv.Spec.Node, r.capacity, r.available)
+	case r.reason == "" && r.maxVolume > 0 && size > r.maxVolume:
+		return fmt.Errorf("%w: volume %s cannot grow to %d bytes on node %s: volumes there are limited to %d bytes",
+			contract.ErrOutOfRange, lv.Name, size, lv.Spec.Node, r.maxVolume)
 	}
 	if need := size - lv.Spec.Size.Value(); r.reason != "" || need > r.available {
 		return fmt.Errorf("%w: node %s has %d bytes available, the expansion needs %d more %s", contract.ErrNoSpace, lv.Spec.Node, r.available, need, r.reason)

@@ -13,8 +13,10 @@ import (
 // ControllerExpandVolume grows a volume (backend ExpandVolume); an image or
 // block volume then needs NodeExpandVolume. A required_bytes the current size
 // meets, or only a limit_bytes it fits, succeeds with the current size;
-// volumes never shrink (OUT_OF_RANGE). No room is RESOURCE_EXHAUSTED:
-// OUT_OF_RANGE is kept for the per-volume maximum (case C23).
+// volumes never shrink (OUT_OF_RANGE). A size no retry can reach (above
+// the per-volume maximum, case C23, or above the node's whole capacity) is
+// OUT_OF_RANGE, which Kubernetes marks ControllerResizeInfeasible so the
+// user may lower the request; no room now is RESOURCE_EXHAUSTED, retried.
 func (s *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")

@@ -16,6 +16,7 @@ import (
 // Expand grows volume id to newSize (CSI ControllerExpandVolume): reserves,
 // commits the size, then grows the data; a smaller newSize changes nothing.
 // It returns the capacity. Errors: contract.ErrNotFound, contract.ErrNoSpace,
+// contract.ErrOutOfRange (newSize above the data root's capacity),
 // contract.ErrBusy.
 func (m *Store) Expand(id string, newSize int64) (int64, error) {
 	release, err := m.lockChange("an expansion", id)
@@ -34,6 +35,13 @@ func (m *Store) Expand(id string, newSize int64) (int64, error) {
 			return 0, mapNoSpace(err)
 		}
 		return v.CapacityBytes, nil
+	}
+	// Larger than the whole data root: no retry can succeed (OUT_OF_RANGE,
+	// which Kubernetes marks infeasible so the user may ask for less);
+	// short of room now is RESOURCE_EXHAUSTED, retried.
+	if ci, err := m.Capacity(); err == nil && newSize > ci.Total {
+		return 0, fmt.Errorf("%w: volume %s cannot grow to %d bytes on this node: its data root holds %d bytes in all (%d more available now)",
+			contract.ErrOutOfRange, id, newSize, ci.Total, ci.Available)
 	}
 	delta := newSize - v.CapacityBytes
 	if err := m.acct.reserve(id, delta); err != nil {

@@ -4,12 +4,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/localdir-csi/localdir/pkg/driver"
 	"github.com/localdir-csi/localdir/tests/csitest"
@@ -93,10 +95,12 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 }
 
 // TestC23ExpansionRespectsCapacity: C23 with --capacity 100Mi. A 60Mi
-// volume leaves 40Mi; expanding it to 150Mi is RESOURCE_EXHAUSTED (not
-// OUT_OF_RANGE: there is no per-volume maximum) and it stays 60Mi, on
-// record and (btrfs) in its quota; expanding to 90Mi succeeds and leaves
-// 10Mi.
+// volume leaves 40Mi; expanding it to 150Mi, more than the node holds in
+// all, is OUT_OF_RANGE naming the node's room (Kubernetes marks it
+// infeasible, so the user may ask for less; more than is left now but
+// within the node is RESOURCE_EXHAUSTED, in tests/reliability's
+// exhaustion test) and it stays 60Mi, on record and (btrfs) in its quota;
+// expanding to 90Mi succeeds and leaves 10Mi.
 func TestC23ExpansionRespectsCapacity(t *testing.T) {
 	for _, ec := range mountEngines {
 		t.Run(ec.name, func(t *testing.T) {
@@ -108,7 +112,10 @@ func TestC23ExpansionRespectsCapacity(t *testing.T) {
 			}
 			s, tgt := e.attach(id, false)
 			_, err := e.ctl().ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: csitest.Range(150*csitest.Mi, 0)})
-			csitest.CodeIs(t, err, codes.ResourceExhausted, "ControllerExpandVolume to 150Mi with 40Mi left")
+			csitest.CodeIs(t, err, codes.OutOfRange, "ControllerExpandVolume to 150Mi of a 100Mi node")
+			if msg := status.Convert(err).Message(); !strings.Contains(msg, "holds 104857600 bytes in all (41943040 more available now)") {
+				t.Errorf("ControllerExpandVolume to 150Mi: message %q does not name the node's room", msg)
+			}
 			if got := e.capacityOf(id); got != 60*csitest.Mi {
 				t.Errorf("capacity after the refused expansion: %d, want 60Mi", got)
 			}
