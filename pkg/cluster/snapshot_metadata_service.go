@@ -61,9 +61,9 @@ type SnapshotMetadataEndpoint struct {
 	Lifetime  time.Duration // of a certificate
 	// CertDir, when set, gets the Secret's tls.crt and tls.key after each
 	// pass: a directory the sidecar shares with the controller (an
-	// emptyDir), current within a second of the controller's start, where
-	// a mounted Secret lags by up to a minute and the sidecar would exit
-	// at its first start for want of a certificate.
+	// emptyDir), current within seconds of the controller's start, where
+	// a mounted Secret lags by up to a minute. A sidecar started before
+	// the first copy exits and is restarted by the kubelet.
 	CertDir string
 }
 

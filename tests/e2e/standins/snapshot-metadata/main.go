@@ -6,10 +6,11 @@
 // controller Deployment of deploy/.
 //
 // It does what the deployment around the real sidecar relies on, and
-// nothing of the backup API itself: like the real one it exits when the
-// certificate files cannot be loaded (the controller has not yet filled
-// the Secret) and when the driver does not advertise the SnapshotMetadata
-// service; it serves TLS on --port with the files' certificate (read again
+// nothing of the backup API itself: it exits when the certificate files
+// cannot be loaded within a minute (the real one exits at once and is
+// restarted by the kubelet; waiting keeps the tests' "no container ever
+// exited" check meaningful) and when the driver does not advertise the
+// SnapshotMetadata service; it serves TLS on --port with the files' certificate (read again
 // at each handshake, as the real one watches them) and answers the gRPC
 // health service there; GET /health on --http-endpoint answers 200.
 package main
@@ -45,8 +46,14 @@ func main() {
 		c, err := tls.LoadX509KeyPair(*certFile, *keyFile)
 		return &c, err
 	}
-	if _, err := load(); err != nil {
-		log.Fatalf("TLS certificate %s, key %s: %v", *certFile, *keyFile, err)
+	for start := time.Now(); ; time.Sleep(200 * time.Millisecond) {
+		_, err := load()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			log.Fatalf("TLS certificate %s, key %s: %v", *certFile, *keyFile, err)
+		}
 	}
 	if err := checkDriver(*csiAddr); err != nil {
 		log.Fatal(err)
