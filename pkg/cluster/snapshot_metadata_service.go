@@ -39,8 +39,8 @@ import (
 // right to create Secrets) holds a self-signed certificate for the
 // address's host, renewed once a third of its lifetime is left; the
 // object's caCert holds that certificate and, until they expire, the ones
-// it replaced, so a sidecar that has not yet seen the new Secret (the
-// kubelet refreshes mounted Secrets within about a minute) is still
+// it replaced, so a sidecar still serving a replaced one (each replica
+// copies the Secret into its pod's CertDir only at its next pass) is still
 // trusted. No CA key is kept anywhere.
 
 // SnapshotMetadataServiceGVK is the SnapshotMetadataService kind the
