@@ -229,7 +229,9 @@ func TestTransferTargetOutOfRoom(t *testing.T) {
 // the target.
 func TestTransferSourceNodeGone(t *testing.T) {
 	c := startTransferNodes(t, 500*mi, 500*mi)
-	cs, _ := blockSource(t, c, "src", 12*mi)
+	// 20 s of copying at 2 MiB/s: node-0 stops long before the copy could
+	// end, however slowly a loaded machine notices the first bytes.
+	cs, _ := blockSource(t, c, "src", 40*mi)
 	ctx := context.Background()
 	heartbeat := func(ago time.Duration) {
 		t.Helper()
