@@ -74,6 +74,12 @@ func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []
 	if err != nil {
 		return err
 	}
+	// Recorded before the mount: another stage of the volume (two PVs of
+	// one volume on this node) is then never taken for a publication that
+	// blocks unstaging (unpublishedFirst).
+	if err := pb.vols.PutStage(v.ID, stagingPath); err != nil {
+		return err
+	}
 	opts := flags
 	if v.FsType == "xfs" {
 		// A restore or clone carries its source's filesystem UUID, and XFS
@@ -229,7 +235,7 @@ func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error 
 		return err
 	}
 	if rw == "" {
-		return nil
+		return pb.vols.DeleteStage(v.ID, stagingPath)
 	}
 	staged, err := pb.mnt.HoldsFS(stagingPath, rw)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -243,6 +249,9 @@ func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error 
 			return err
 		}
 	}
+	if err := pb.vols.DeleteStage(v.ID, stagingPath); err != nil {
+		return err
+	}
 	if points, err := pb.mnt.FSMountPoints(rw); err != nil || len(points) > 0 {
 		if err == nil {
 			klog.V(2).InfoS("Image volume's filesystem still mounted elsewhere; its loop device stays", "volumeID", v.ID, "stagingPath", stagingPath, "mountedAt", points[0])
@@ -255,13 +264,21 @@ func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error 
 // unpublishedFirst refuses (contract.ErrPrecondition) to unstage volume id
 // while another mount still shows src, a publication the CO did not unpublish
 // that unstaging would leave on a device nobody can find again.
+// The volume's other recorded stages (an image volume staged at two paths)
+// show src too but are not publications.
 func (pb *Publisher) unpublishedFirst(id, src string) error {
 	points, err := pb.mnt.MountPoints(src)
 	if err != nil {
 		return err
 	}
-	if len(points) > 0 {
-		return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, id, points[0])
+	stages, err := pb.vols.StagingPaths(id)
+	if err != nil {
+		return err
+	}
+	for _, p := range points {
+		if !slices.ContainsFunc(stages, func(s string) bool { return mount.ResolveExisting(s) == mount.ResolveExisting(p) }) {
+			return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, id, p)
+		}
 	}
 	return nil
 }

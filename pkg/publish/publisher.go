@@ -40,6 +40,9 @@ type Volumes interface {
 	ImageDir() string
 	ApplySize(v *contract.Volume) error
 	Usage(v *contract.Volume) (used, inodes int64, err error)
+	PutStage(id, stagingPath string) error
+	DeleteStage(id, stagingPath string) error
+	StagingPaths(id string) ([]string, error)
 	PutPublication(p *state.Publication) error
 	DeletePublication(id, targetPath string) error
 	Publication(id, targetPath string) (*state.Publication, error)

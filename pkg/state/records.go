@@ -198,6 +198,38 @@ func (t *Tx) DeletePublication(volumeID, targetPath string) error {
 	return t.tx.Bucket(bucketPublications).Delete(publicationKey(volumeID, targetPath))
 }
 
+// Stage is an image volume staged at a staging path (NodeStageVolume),
+// until NodeUnstageVolume there.
+type Stage struct {
+	VolumeID    string `json:"volumeID"`
+	StagingPath string `json:"stagingPath"`
+}
+
+// PutStage records s.
+func (t *Tx) PutStage(s *Stage) error {
+	return put(t.tx.Bucket(bucketStages), string(publicationKey(s.VolumeID, s.StagingPath)), s)
+}
+
+// DeleteStage removes the stage of volumeID at stagingPath, if any.
+func (t *Tx) DeleteStage(volumeID, stagingPath string) error {
+	return t.tx.Bucket(bucketStages).Delete(publicationKey(volumeID, stagingPath))
+}
+
+// StagingPaths lists where volumeID is recorded as staged.
+func (t *Tx) StagingPaths(volumeID string) ([]string, error) {
+	var out []string
+	c := t.tx.Bucket(bucketStages).Cursor()
+	prefix := append([]byte(volumeID), 0)
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		s := &Stage{}
+		if err := json.Unmarshal(v, s); err != nil {
+			return nil, fmt.Errorf("%w: record %q: %v", ErrCorrupt, k, err)
+		}
+		out = append(out, s.StagingPath)
+	}
+	return out, nil
+}
+
 // Publications returns the publications of volumeID ("": of every
 // volume), in volume_id and target path order.
 func (t *Tx) Publications(volumeID string) ([]*Publication, error) {

@@ -35,7 +35,10 @@ var (
 	bucketSnapshots = []byte("snapshots") // snapshot_id → JSON Snapshot
 	// bucketPublications: volume_id NUL target_path → JSON Publication.
 	bucketPublications = []byte("publications")
-	keyVersion         = []byte("format")
+	// bucketStages: volume_id NUL staging_path → JSON Stage (image
+	// volumes), so a second stage of one volume is told from a publication.
+	bucketStages = []byte("stages")
+	keyVersion   = []byte("format")
 )
 
 // ErrCorrupt wraps every error that means the state file cannot be trusted.
@@ -175,7 +178,7 @@ func (s *Store) initBuckets(fresh bool) error {
 		}
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots, bucketPublications} {
+		for _, b := range [][]byte{bucketMeta, bucketVolumes, bucketSnapNames, bucketSnapshots, bucketPublications, bucketStages} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

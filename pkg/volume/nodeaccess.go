@@ -74,6 +74,23 @@ func (a *NodeAccess) Usage(v *contract.Volume) (used, inodes int64, err error) {
 	return eng.Usage(a.m.volDir(v.ID))
 }
 
+// PutStage records image volume id as staged at stagingPath.
+func (a *NodeAccess) PutStage(id, stagingPath string) error {
+	return a.m.st.Update(func(tx *state.Tx) error { return tx.PutStage(&state.Stage{VolumeID: id, StagingPath: stagingPath}) })
+}
+
+// DeleteStage removes that record; a missing one is fine.
+func (a *NodeAccess) DeleteStage(id, stagingPath string) error {
+	return a.m.st.Update(func(tx *state.Tx) error { return tx.DeleteStage(id, stagingPath) })
+}
+
+// StagingPaths lists where volume id is recorded as staged.
+func (a *NodeAccess) StagingPaths(id string) ([]string, error) {
+	var out []string
+	err := a.m.st.View(func(tx *state.Tx) (err error) { out, err = tx.StagingPaths(id); return err })
+	return out, err
+}
+
 // PutPublication records a publication (replacing the one of the same
 // volume and target path).
 func (a *NodeAccess) PutPublication(p *state.Publication) error {

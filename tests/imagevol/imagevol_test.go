@@ -493,3 +493,61 @@ func TestUnstageAtAnotherPathKeepsTheVolume(t *testing.T) {
 		})
 	}
 }
+
+// C54: one image volume staged at two staging paths (two PVs with the same
+// volumeHandle on one node: the kubelet stages each PV at its own path).
+// Both stages are the same filesystem on one loop device, a write through
+// one publication is read through the other at once, and after both
+// unpublishes each unstage answers OK (the other stage is not a
+// publication), in either order, leaving nothing mounted or attached. A
+// real publication still blocks its unstage.
+func TestTwoStagesOfOneVolume(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.fs, func(t *testing.T) {
+			in := startImageRoot(t, k.dataRoot)
+			a := stagePublish(t, in, createImage(t, in, "twice", k.fs, k.size, nil), k.fs)
+			b := &vol{id: a.id, staging: csitest.Mkdir(t, filepath.Join(in.Dir, "staging-b")), target: filepath.Join(in.Dir, "target-b")}
+			if _, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
+				VolumeId: b.id, StagingTargetPath: b.staging, VolumeCapability: csitest.MntCapFS(k.fs)}); err != nil {
+				t.Fatalf("second NodeStageVolume: %v", err)
+			}
+			if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
+				VolumeId: b.id, StagingTargetPath: b.staging, TargetPath: b.target, VolumeCapability: csitest.MntCapFS(k.fs)}); err != nil {
+				t.Fatalf("second NodePublishVolume: %v", err)
+			}
+			t.Cleanup(func() { unpublishUnstage(t, in, b) })
+			if devs := imageLoopDevs(t, in, a.id); len(devs) != 1 {
+				t.Fatalf("loop devices of an image staged twice: %v, want one", devs)
+			}
+			data := csitest.RandomBytes(54, 64<<10)
+			if err := os.WriteFile(filepath.Join(a.target, "shared"), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			csitest.AssertFileBytes(t, filepath.Join(b.target, "shared"), data)
+
+			// A publication still blocks the unstage of its stage.
+			_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: b.id, StagingTargetPath: b.staging})
+			csitest.MustCode(t, err, codes.FailedPrecondition, "NodeUnstageVolume of a stage still published")
+
+			for _, v := range []*vol{a, b} {
+				if _, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target}); err != nil {
+					t.Fatalf("NodeUnpublishVolume %s: %v", v.target, err)
+				}
+			}
+			// B first (the later stage), then A.
+			for _, v := range []*vol{b, a} {
+				_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+				csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume "+v.staging+" with the volume staged elsewhere too")
+				v.done = true
+			}
+			for _, p := range []string{a.staging, b.staging, a.target, b.target} {
+				if ms := csitest.MountsUnder(t, p); len(ms) != 0 {
+					t.Errorf("still mounted at %s: %v", p, ms)
+				}
+			}
+			if devs := imageLoopDevs(t, in, a.id); len(devs) != 0 {
+				t.Errorf("loop devices after both unstages: %v, want none", devs)
+			}
+		})
+	}
+}
