@@ -4,25 +4,24 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 )
 
 // The CSIDriver's preventPodSchedulingIfMissing: with the node plugin kept
-// off a node by the DaemonSet's node selector (the node's
-// kubernetes.io/os label changed), a pod using a localdir PVC is never
-// scheduled there: a new one lands on the node that has the plugin; one
-// whose volume lives there (the PV's node affinity names that node) stays
-// Pending with the scheduler's reason, not ContainerCreating on a node
-// that cannot mount it.
+// off a node by the DaemonSet's node affinity, a pod using a localdir PVC
+// is never scheduled there: a new one lands on the node that has the
+// plugin; one whose volume lives there (the PV's node affinity names that
+// node) stays Pending with the scheduler's reason, not ContainerCreating
+// on a node that cannot mount it.
 func TestNoPodWhereThePluginIsMissing(t *testing.T) {
 	needCluster(t)
 	ctx := context.Background()
@@ -30,12 +29,7 @@ func TestNoPodWhereThePluginIsMissing(t *testing.T) {
 		t.Fatalf("needs two nodes, the cluster has %d", len(cl.Nodes))
 	}
 	off := cl.Nodes[len(cl.Nodes)-1].Name
-	label := func(v string) {
-		patch := fmt.Sprintf(`{"metadata":{"labels":{"kubernetes.io/os":%q}}}`, v)
-		if _, err := kc.CoreV1().Nodes().Patch(ctx, off, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dsClient := kc.AppsV1().DaemonSets("localdir")
 	registered := func() (bool, error) {
 		n, err := kc.StorageV1().CSINodes().Get(ctx, off, metav1.GetOptions{})
 		if err != nil {
@@ -55,13 +49,44 @@ func TestNoPodWhereThePluginIsMissing(t *testing.T) {
 	waitPodRunning(t, ns, "writer", 2*time.Minute)
 	deletePod(t, ns, "writer")
 
-	label("none")
+	// The node is excluded in the DaemonSet, not by changing a node label
+	// (the kubelet puts kubernetes.io/os back within seconds). OnDelete
+	// keeps the other nodes' plugins running through the template change;
+	// the DaemonSet controller still removes the pod of the excluded node.
+	orig, err := dsClient.Get(ctx, "localdir-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exclude := orig.DeepCopy()
+	exclude.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+	exclude.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{off}}},
+		}}},
+	}}
+	if _, err := dsClient.Update(ctx, exclude, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		label("linux")
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := dsClient.Get(ctx, "localdir-node", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Spec.Template = orig.Spec.Template
+			cur.Spec.UpdateStrategy = orig.Spec.UpdateStrategy
+			_, err = dsClient.Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("restoring DaemonSet localdir-node: %v", err)
+		}
 		waitFor(t, "the node plugin on "+off+" registered again", 3*time.Minute, registered)
-		waitFor(t, "every node plugin Ready", 2*time.Minute, func() (bool, error) {
-			ds, err := kc.AppsV1().DaemonSets("localdir").Get(ctx, "localdir-node", metav1.GetOptions{})
-			return err == nil && int(ds.Status.NumberReady) == len(cl.Nodes), err
+		waitFor(t, "every node plugin up to date and Ready", 3*time.Minute, func() (bool, error) {
+			ds, err := dsClient.Get(ctx, "localdir-node", metav1.GetOptions{})
+			return err == nil && ds.Status.ObservedGeneration >= ds.Generation &&
+				int(ds.Status.UpdatedNumberScheduled) == len(cl.Nodes) &&
+				int(ds.Status.NumberReady) == len(cl.Nodes), err
 		})
 	})
 	waitFor(t, "the node plugin on "+off+" gone from its CSINode", 2*time.Minute, func() (bool, error) {
