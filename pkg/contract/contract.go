@@ -63,7 +63,16 @@ const (
 
 // KnownParameters lists every StorageClass parameter the driver accepts
 // (besides the csi.storage.k8s.io/ ones), for docs and tests.
-var KnownParameters = []string{ParamDirMode, ParamTransferBandwidth}
+var KnownParameters = []string{ParamDirMode, ParamTransferBandwidth, ParamEncryption}
+
+// ParamEncryption encrypts a volume at rest: EncryptionFscrypt (an ext4
+// image volume's data directory, with the key of the StorageClass's
+// node-stage Secret) or "none" (the default).
+const ParamEncryption = "encryption"
+
+// EncryptionFscrypt is the ParamEncryption value for the kernel's
+// filesystem encryption (pkg/publish/fscrypt).
+const EncryptionFscrypt = "fscrypt"
 
 // ParamTransferBandwidth caps the bytes per second of one restore or clone
 // copied from another node (a quantity, "100Mi"; "0" or absent: no cap).
@@ -92,6 +101,8 @@ type Params struct {
 	// TransferBandwidth is ParamTransferBandwidth in bytes per second (0:
 	// no cap).
 	TransferBandwidth uint64
+	// Encryption is ParamEncryption: EncryptionFscrypt, or "" for none.
+	Encryption string
 }
 
 // ParseParams validates StorageClass parameters (a request's or a record's).
@@ -118,11 +129,44 @@ func ParseParams(p map[string]string) (Params, error) {
 				return vp, err
 			}
 			vp.TransferBandwidth = n
+		case ParamEncryption:
+			switch v {
+			case EncryptionFscrypt:
+				vp.Encryption = v
+			case "none":
+			default:
+				return vp, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want %q or \"none\"", k, v, EncryptionFscrypt)
+			}
 		default:
 			return vp, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, and the %s* ones the provisioner adds); remove it from the StorageClass", k, strings.Join(KnownParameters, ", "), ReservedPrefix)
 		}
 	}
 	return vp, nil
+}
+
+// Encrypted reports whether volume parameters p (a record's, so valid) ask
+// for encryption at rest.
+func Encrypted(p map[string]string) bool { return p[ParamEncryption] == EncryptionFscrypt }
+
+// CheckEncryption refuses (INVALID_ARGUMENT, before anything is made)
+// encryption on a volume that cannot have it: only the data directory of
+// an ext4 image volume is encrypted; xfs and btrfs have no fscrypt here, a
+// raw block volume has no filesystem of the driver's.
+func CheckEncryption(p Params, accessType AccessType, fsType string) error {
+	if p.Encryption == "" {
+		return nil
+	}
+	switch {
+	case accessType == AccessBlock:
+		return status.Errorf(codes.InvalidArgument, "parameter %s=%s: a raw block volume cannot be encrypted by the driver (its filesystem is the pod's); use volumeMode Filesystem with csi.storage.k8s.io/fstype ext4", ParamEncryption, p.Encryption)
+	case fsType != "ext4":
+		what := "a directory volume (no csi.storage.k8s.io/fstype)"
+		if fsType != "" {
+			what = "fs_type " + fsType + " (no fscrypt for it in the node's kernel)"
+		}
+		return status.Errorf(codes.InvalidArgument, "parameter %s=%s needs an ext4 image volume (csi.storage.k8s.io/fstype: ext4); the request asks for %s", ParamEncryption, p.Encryption, what)
+	}
+	return nil
 }
 
 // Mutable parameters: what a VolumeAttributesClass may set, in CreateVolume

@@ -79,6 +79,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
+	if err := contract.CheckEncryption(params, accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities())); err != nil {
+		return nil, err
+	}
 	if err := contract.CheckMutableKind("", accessTypeOf(req.GetVolumeCapabilities()), fsTypeOf(req.GetVolumeCapabilities()), req.GetMutableParameters()); err != nil {
 		return nil, contract.ToStatus(err)
 	}

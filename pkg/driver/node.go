@@ -88,7 +88,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := s.checkVolumeCap(req.GetVolumeId(), c); err != nil {
 		return nil, err
 	}
-	err := s.d.pub.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags())
+	err := s.d.pub.Stage(req.GetVolumeId(), req.GetStagingTargetPath(), accessTypeOf([]*csi.VolumeCapability{c}), c.GetMount().GetMountFlags(), req.GetSecrets())
 	return &csi.NodeStageVolumeResponse{}, contract.ToStatus(err)
 }
 

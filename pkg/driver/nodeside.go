@@ -54,7 +54,7 @@ type Snapshots interface {
 // Publisher is the node side the Node service drives; pkg/publish's
 // Publisher implements it.
 type Publisher interface {
-	Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error
+	Stage(id, stagingPath string, accessType contract.AccessType, flags []string, secrets map[string]string) error
 	Unstage(ctx context.Context, id, stagingPath string) error
 	Publish(id string, o contract.PublishOptions) error
 	PublishEphemeral(spec contract.CreateSpec, o contract.PublishOptions) error

@@ -209,7 +209,7 @@ func (f *Fake) InUse(dir string) (bool, error) {
 
 // FormatAndMount implements Interface: the first call for dev "formats"
 // it (Formatted); the mount shows dev.
-func (f *Fake) FormatAndMount(dev, target, fsType string, options []string) error {
+func (f *Fake) FormatAndMount(dev, target, fsType string, options, _ []string) error {
 	if isMnt, err := f.IsMountPoint(target); err != nil || isMnt {
 		if err != nil {
 			return err

@@ -15,9 +15,9 @@ import (
 )
 
 // FormatAndMount implements Interface with mount-utils' SafeFormatAndMount:
-// mkfs only on a device blkid finds blank (ext4 with -m0), else fsck, then
-// mount(8).
-func (mt *Mounter) FormatAndMount(dev, target, fsType string, options []string) error {
+// mkfs only on a device blkid finds blank (ext4 with -m0, then
+// formatOptions), else fsck, then mount(8).
+func (mt *Mounter) FormatAndMount(dev, target, fsType string, options, formatOptions []string) error {
 	isMnt, err := mt.IsMountPoint(target)
 	if err != nil {
 		return fmt.Errorf("check mount point %s: %w", target, err)
@@ -29,7 +29,7 @@ func (mt *Mounter) FormatAndMount(dev, target, fsType string, options []string) 
 	if err := growExtOffline(sfm, dev); err != nil {
 		return err
 	}
-	if err := sfm.FormatAndMount(dev, target, fsType, options); err != nil {
+	if err := sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, formatOptions); err != nil {
 		return fmt.Errorf("format (when blank) and mount %s as %s on %s: %w", dev, fsType, target, err)
 	}
 	return nil

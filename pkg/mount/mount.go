@@ -50,9 +50,10 @@ type Interface interface {
 	// device node) or a part of it: who else holds it.
 	MountPoints(src string) ([]string, error)
 	// FormatAndMount mounts dev's fsType filesystem at target, formatting dev
-	// only when it holds none; a repeat is success, any other mount there
-	// contract.ErrExists, another filesystem on dev an error.
-	FormatAndMount(dev, target, fsType string, options []string) error
+	// only when it holds none (mkfs gets formatOptions as well); a repeat is
+	// success, any other mount there contract.ErrExists, another filesystem
+	// on dev an error.
+	FormatAndMount(dev, target, fsType string, options, formatOptions []string) error
 	// HoldsFS reports whether p is a mount point of the filesystem on the
 	// block device dev (os.ErrNotExist when p does not exist).
 	HoldsFS(p, dev string) (bool, error)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/publish/fscrypt"
 	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 )
@@ -25,7 +26,9 @@ import (
 // again succeeds; another volume, other flags or a foreign mount there is
 // contract.ErrExists. Errors also: contract.ErrNotFound, contract.ErrInvalid,
 // contract.ErrPrecondition (the other access type), contract.ErrBusy.
-func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessType, flags []string) error {
+// secrets are the node-stage Secret's, which an encrypted volume's key
+// comes from (unlockImage); they are never logged or stored.
+func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessType, flags []string, secrets map[string]string) error {
 	unlock, err := pb.vols.Lock(id)
 	if err != nil {
 		return err
@@ -45,6 +48,11 @@ func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessTyp
 	if err := matchAccess(v, accessType); err != nil {
 		return err
 	}
+	if contract.Encrypted(v.Parameters) {
+		if err := fscrypt.CheckSecret(secrets); err != nil {
+			return fmt.Errorf("volume %s: %w", v.ID, err)
+		}
+	}
 	mf, err := mount.ParseFlags(flags)
 	if err != nil {
 		return err
@@ -56,19 +64,26 @@ func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessTyp
 	case v.AccessType == contract.AccessBlock:
 		return pb.stageBlock(id, stagingPath)
 	case v.FsType != "":
-		return pb.stageImage(v, stagingPath, flags)
+		return pb.stageImage(v, stagingPath, flags, secrets)
 	}
 	return pb.mnt.Bind(mount.Bind{Source: pb.vols.DataPath(v), Target: stagingPath, Flags: mf})
 }
 
 // stageImage attaches image volume v's read-write loop device and mounts its
 // filesystem at stagingPath (formatted at its first stage, grown when smaller
-// than its device); a device this call attached is detached if that fails.
-func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []string) error {
+// than its device) and unlocks an encrypted one; a mount or device this call
+// made is undone if that fails.
+func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []string, secrets map[string]string) error {
 	img := pb.vols.ImagePath(v.ID)
 	had, err := loop.FindMode(img, false)
 	if err != nil {
 		return err
+	}
+	wasStaged := false
+	if had != "" {
+		if wasStaged, err = pb.mnt.HoldsFS(stagingPath, had); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	dev, err := loop.Attach(img)
 	if err != nil {
@@ -86,7 +101,12 @@ func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []
 		// refuses to mount a second filesystem with a UUID already mounted.
 		opts = append(slices.Clone(flags), "nouuid")
 	}
-	if err := pb.mnt.FormatAndMount(dev, stagingPath, v.FsType, opts); err != nil {
+	var formatOpts []string
+	encrypted := contract.Encrypted(v.Parameters)
+	if encrypted {
+		formatOpts = encryptFormatOptions
+	}
+	if err := pb.mnt.FormatAndMount(dev, stagingPath, v.FsType, opts, formatOpts); err != nil {
 		if had == "" {
 			if derr := loop.Detach(img); derr != nil {
 				klog.ErrorS(derr, "Could not detach the loop device of a failed stage", "image", img)
@@ -97,13 +117,42 @@ func (pb *Publisher) stageImage(v *contract.Volume, stagingPath string, flags []
 	if err := pb.mnt.ResizeFS(dev, stagingPath); err != nil {
 		return err
 	}
+	if encrypted {
+		err = pb.unlockImage(v, stagingPath, secrets)
+	} else if v.FsType == "ext4" {
+		err = refuseEncrypted(v, stagingPath)
+	}
+	if err != nil {
+		if !wasStaged {
+			pb.undoStage(v, stagingPath, had == "")
+		}
+		return err
+	}
 	if mode, ok := imageDirMode(v); ok && !slices.Contains(flags, "ro") {
-		if err := engine.ChmodRoot(stagingPath, mode); err != nil {
+		if err := engine.ChmodRoot(publishedRoot(v, stagingPath), mode); err != nil {
 			return err
 		}
 	}
 	klog.V(2).InfoS("Image volume staged", "volumeID", v.ID, "device", dev, "fsType", v.FsType, "stagingPath", stagingPath)
 	return nil
+}
+
+// undoStage unmounts what a failed stage of image volume v mounted at
+// stagingPath, forgets that stage and, with detach, detaches the loop device
+// the stage attached; failures are logged (the stage's error is returned).
+func (pb *Publisher) undoStage(v *contract.Volume, stagingPath string, detach bool) {
+	if err := pb.mnt.Unmount(stagingPath); err != nil {
+		klog.ErrorS(err, "Could not unmount a failed stage", "volumeID", v.ID, "stagingPath", stagingPath)
+		return
+	}
+	if err := pb.vols.DeleteStage(v.ID, stagingPath); err != nil {
+		klog.ErrorS(err, "Could not forget a failed stage", "volumeID", v.ID, "stagingPath", stagingPath)
+	}
+	if detach {
+		if err := loop.Detach(pb.vols.ImagePath(v.ID)); err != nil {
+			klog.ErrorS(err, "Could not detach the loop device of a failed stage", "volumeID", v.ID)
+		}
+	}
 }
 
 // stagedImage reports whether image volume v is staged at stagingPath:
@@ -245,6 +294,19 @@ func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error 
 		if err := pb.unpublishedFirst(v.ID, stagingPath); err != nil {
 			return err
 		}
+		if contract.Encrypted(v.Parameters) {
+			// The key goes with the filesystem's last mount: another stage
+			// of the volume (two PVs of it) still uses it.
+			points, err := pb.mnt.FSMountPoints(rw)
+			if err != nil {
+				return err
+			}
+			if len(points) <= 1 {
+				if err := lockImage(v, stagingPath); err != nil {
+					return err
+				}
+			}
+		}
 		if err := pb.mnt.Unmount(stagingPath); err != nil {
 			return err
 		}
@@ -320,8 +382,9 @@ func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) erro
 	src := pb.vols.DataPath(v)
 	staged, err := pb.mnt.Shows(o.StagingPath, src)
 	if v.FsType != "" {
-		// The root of its filesystem, as mounted at the staging path.
-		src = o.StagingPath
+		// The root of its filesystem (an encrypted one's data directory),
+		// as mounted at the staging path.
+		src = publishedRoot(v, o.StagingPath)
 		staged, err = pb.stagedImage(v, o.StagingPath)
 	}
 	if err != nil || !staged {
@@ -335,7 +398,11 @@ func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) erro
 	if err := pb.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
 		return err
 	}
-	return pb.mnt.Bind(mount.Bind{Source: src, From: o.StagingPath, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
+	from := o.StagingPath
+	if v.FsType != "" {
+		from = src
+	}
+	return pb.mnt.Bind(mount.Bind{Source: src, From: from, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
 }
 
 // onlyAt enforces SINGLE_NODE_SINGLE_WRITER: srcs (the volume's directory or

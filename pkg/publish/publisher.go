@@ -137,6 +137,16 @@ func (pb *Publisher) ApplyMutable(v *contract.Volume, mut contract.Mutable, merg
 		if err != nil {
 			return err
 		}
+		if contract.Encrypted(v.Parameters) {
+			// Its publications show the data directory, not the root:
+			// chmod that through a stage.
+			if mounts, err = pb.vols.StagingPaths(v.ID); err != nil {
+				return err
+			}
+			for i, sp := range mounts {
+				mounts[i] = publishedRoot(v, sp)
+			}
+		}
 		if len(mounts) > 0 {
 			if err := engine.ChmodRoot(mounts[0], *mut.DirMode); err != nil {
 				return fmt.Errorf("volume %s: %w", v.ID, err)

@@ -1,0 +1,129 @@
+package publish
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/klog/v2"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/publish/fscrypt"
+)
+
+// An encrypted image volume (contract.ParamEncryption) is an ext4
+// filesystem made with the encrypt feature whose root holds the salt of its
+// key (fscrypt.SaltFile) and the data directory, EncryptedDataDir, which
+// carries a v2 policy and is what the pods see. The root itself cannot be
+// encrypted (the kernel refuses a policy on a filesystem's root). The key
+// is added to the filesystem at every stage and removed when its last mount
+// goes; the kernel drops the filesystem's keyring with it in any case.
+
+// EncryptedDataDir is the directory of an encrypted image volume's
+// filesystem that its publications show.
+const EncryptedDataDir = "data"
+
+// encryptFormatOptions are mkfs.ext4's options for an encrypted volume.
+var encryptFormatOptions = []string{"-O", "encrypt"}
+
+// publishedRoot is the directory of image volume v's filesystem, staged at
+// stagingPath, that a publication shows.
+func publishedRoot(v *contract.Volume, stagingPath string) string {
+	if contract.Encrypted(v.Parameters) {
+		return filepath.Join(stagingPath, EncryptedDataDir)
+	}
+	return stagingPath
+}
+
+// unlockImage adds the key of encrypted volume v, derived from secrets and
+// the salt on its filesystem (staged at stagingPath; made at its first
+// stage), and encrypts its data directory with it when that is new.
+// Errors: contract.ErrInvalid when the key does not unlock the volume (its
+// data directory has another key's policy) or the Secret is unusable;
+// contract.ErrPrecondition when the filesystem cannot encrypt (a restore of
+// an unencrypted volume) or its data directory is not encrypted. A key this
+// call added is removed again when it fails.
+func (pb *Publisher) unlockImage(v *contract.Volume, stagingPath string, secrets map[string]string) error {
+	salt, err := fscrypt.NewSalt(stagingPath)
+	if err != nil {
+		return err
+	}
+	key, err := fscrypt.Key(secrets, salt)
+	if err != nil {
+		return err
+	}
+	id, err := fscrypt.AddKey(stagingPath, key)
+	clear(key)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.ID, err)
+	}
+	data := filepath.Join(stagingPath, EncryptedDataDir)
+	err = os.Mkdir(data, 0o777)
+	switch {
+	case err == nil:
+		err = fscrypt.SetPolicy(data, id)
+	case errors.Is(err, os.ErrExist):
+		err = checkPolicy(v, data, id)
+	}
+	if err != nil {
+		if _, rerr := fscrypt.RemoveKey(stagingPath, id); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove the encryption key of a failed stage", "volumeID", v.ID)
+		}
+		return err
+	}
+	klog.V(2).InfoS("Encrypted volume unlocked", "volumeID", v.ID, "keyIdentifier", id)
+	return nil
+}
+
+// checkPolicy verifies that the existing data directory of volume v is
+// encrypted with key id.
+func checkPolicy(v *contract.Volume, data string, id fscrypt.Identifier) error {
+	have, ok, err := fscrypt.Policy(data)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return fmt.Errorf("%w: volume %s: its data directory is not encrypted (was it restored from an unencrypted volume?); restore it with a StorageClass without %s", contract.ErrPrecondition, v.ID, contract.ParamEncryption)
+	case have != id:
+		return fmt.Errorf("%w: the node-stage Secret's key does not unlock volume %s (it gives key identifier %s; the volume is encrypted with %s): use the Secret the volume (or the volume it was restored or cloned from) was made with", contract.ErrInvalid, v.ID, id, have)
+	}
+	return nil
+}
+
+// refuseEncrypted refuses (contract.ErrPrecondition) to stage volume v
+// without encryption when its filesystem, staged at stagingPath, holds an
+// encrypted volume's data: a restore or clone of an encrypted volume into a
+// StorageClass without encryption.
+func refuseEncrypted(v *contract.Volume, stagingPath string) error {
+	if _, err := os.Lstat(filepath.Join(stagingPath, fscrypt.SaltFile)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return fmt.Errorf("%w: volume %s holds the data of an encrypted volume (restored or cloned from one); use a StorageClass with %s: %s and the same node-stage Secret", contract.ErrPrecondition, v.ID, contract.ParamEncryption, contract.EncryptionFscrypt)
+}
+
+// lockImage removes the key of encrypted volume v from its filesystem,
+// staged at stagingPath, before that last mount goes. A key still in use
+// by open files is "incompletely removed" and goes when they close.
+func lockImage(v *contract.Volume, stagingPath string) error {
+	id, ok, err := fscrypt.Policy(filepath.Join(stagingPath, EncryptedDataDir))
+	if err != nil || !ok {
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+		return err
+	}
+	busy, err := fscrypt.RemoveKey(stagingPath, id)
+	if err != nil {
+		return err
+	}
+	if busy {
+		klog.InfoS("Encryption key removed while files of the volume are still open; they lock when closed", "volumeID", v.ID, "keyIdentifier", id)
+		return nil
+	}
+	klog.V(2).InfoS("Encrypted volume locked", "volumeID", v.ID, "keyIdentifier", id)
+	return nil
+}

@@ -1,0 +1,206 @@
+package imagevol
+
+import (
+	"bytes"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/localdir-csi/localdir/pkg/publish"
+	"github.com/localdir-csi/localdir/pkg/publish/fscrypt"
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/testdriver"
+	"github.com/localdir-csi/localdir/tests/testfs"
+)
+
+var encrypted = map[string]string{"encryption": "fscrypt"}
+
+func createWith(in *testdriver.Instance, t *testing.T, name string, params map[string]string, c *csi.VolumeCapability, src *csi.VolumeContentSource) (string, error) {
+	t.Helper()
+	r, err := in.Controller.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+		Name: name, CapacityRange: csitest.Range(64*mib, 0), Parameters: params,
+		VolumeCapabilities: []*csi.VolumeCapability{c}, VolumeContentSource: src,
+	})
+	return r.GetVolume().GetVolumeId(), err
+}
+
+// stageWith stages image volume id at a new staging path with secrets.
+func stageWith(t *testing.T, in *testdriver.Instance, id, name string, secrets map[string]string) (string, error) {
+	t.Helper()
+	staging := csitest.Mkdir(t, filepath.Join(in.Dir, "staging-"+name))
+	_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.MntCapFS("ext4"), Secrets: secrets,
+	})
+	return staging, err
+}
+
+// assertUntouched fails unless a refused stage left nothing behind: no
+// mount at staging, no loop device on the volume's image.
+func assertUntouched(t *testing.T, in *testdriver.Instance, id, staging, what string) {
+	t.Helper()
+	if ms := csitest.MountsUnder(t, staging); len(ms) != 0 {
+		t.Errorf("%s: still mounted at %s: %v", what, staging, ms[0].Mountpoint)
+	}
+	if devs := imageLoopDevs(t, in, id); len(devs) != 0 {
+		t.Errorf("%s: loop devices left on the image: %v", what, devs)
+	}
+}
+
+// An encrypted ext4 image volume (StorageClass encryption: fscrypt, the key
+// from the node-stage Secret): refused where it cannot be, before anything
+// is made; a pod writes through it and the image never holds the
+// plaintext; a stage without the Secret or with another key is refused
+// and leaves nothing mounted or attached; a restore of its snapshot and a
+// clone open with the same Secret only, and not in a class without
+// encryption; after the last unstage its files are ciphertext.
+func TestEncryptedImageVolume(t *testing.T) {
+	in := startImageRoot(t, testfs.Ext4)
+	key := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(7, 32))}
+	other := map[string]string{fscrypt.SecretPassphrase: "not the volume's passphrase"}
+
+	// Refusals that make nothing.
+	for _, tc := range []struct {
+		name string
+		c    *csi.VolumeCapability
+	}{{"xfs", csitest.MntCapFS("xfs")}, {"block", csitest.BlkCap()}, {"dir", csitest.MntCap()}} {
+		_, err := createWith(in, t, "enc-"+tc.name, encrypted, tc.c, nil)
+		csitest.MustCode(t, err, codes.InvalidArgument, "CreateVolume encrypted "+tc.name)
+	}
+	_, err := createWith(in, t, "enc-bad", map[string]string{"encryption": "luks"}, csitest.MntCapFS("ext4"), nil)
+	csitest.MustCode(t, err, codes.InvalidArgument, "CreateVolume encryption=luks")
+	if l, err := in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{}); err != nil || len(l.GetEntries()) != 0 {
+		t.Fatalf("volumes after the refused creates: %d, %v", len(l.GetEntries()), err)
+	}
+
+	id, err := createWith(in, t, "enc", encrypted, csitest.MntCapFS("ext4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging, err := stageWith(t, in, id, "nosecret", nil)
+	csitest.MustCode(t, err, codes.InvalidArgument, "NodeStageVolume without the Secret")
+	assertUntouched(t, in, id, staging, "a stage without the Secret")
+
+	v := &vol{id: id, target: filepath.Join(in.Dir, "target-enc")}
+	if v.staging, err = stageWith(t, in, id, "enc", key); err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
+		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.MntCapFS("ext4")}); err != nil {
+		t.Fatalf("NodePublishVolume: %v", err)
+	}
+	t.Cleanup(func() { unpublishUnstage(t, in, v) })
+	marker := bytes.Repeat([]byte("localdir-plaintext-marker "), 4096)
+	if err := os.WriteFile(filepath.Join(v.target, "secret-notes"), marker, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if names := csitest.DirNames(t, v.target); !slices.Equal(names, []string{"secret-notes"}) {
+		t.Fatalf("the pod sees %q; want its own file only (not the filesystem's root)", names)
+	}
+	dataDir := filepath.Join(v.staging, publish.EncryptedDataDir)
+	kid, ok, err := fscrypt.Policy(dataDir)
+	if err != nil || !ok {
+		t.Fatalf("the published directory has no encryption policy: %v", err)
+	}
+	if st, err := fscrypt.Status(v.staging, kid); err != nil || st != fscrypt.KeyPresent {
+		t.Fatalf("key status while staged: %s, %v", st, err)
+	}
+
+	// Another key on a second stage: refused, the first stage unharmed.
+	staging, err = stageWith(t, in, id, "otherkey", other)
+	csitest.MustCode(t, err, codes.InvalidArgument, "NodeStageVolume with another key")
+	if ms := csitest.MountsUnder(t, staging); len(ms) != 0 {
+		t.Errorf("a stage with another key left a mount at %s", staging)
+	}
+	csitest.AssertFileBytes(t, filepath.Join(v.target, "secret-notes"), marker)
+
+	// A snapshot, restored and cloned: the same Secret opens them.
+	if err := syncFS(v.target); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "enc-snap", SourceVolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+	for _, src := range []struct {
+		name string
+		src  *csi.VolumeContentSource
+	}{{"restore", csitest.FromSnapshot(sid)}, {"clone", csitest.FromVolume(id)}} {
+		rid, err := createWith(in, t, "enc-"+src.name, encrypted, csitest.MntCapFS("ext4"), src.src)
+		if err != nil {
+			t.Fatalf("%s: %v", src.name, err)
+		}
+		staging, err := stageWith(t, in, rid, src.name+"-otherkey", other)
+		csitest.MustCode(t, err, codes.InvalidArgument, src.name+" staged with another key")
+		assertUntouched(t, in, rid, staging, src.name+" staged with another key")
+		if !strings.Contains(err.Error(), "does not unlock") {
+			t.Errorf("%s with another key: %v; want it to say the key does not unlock the volume", src.name, err)
+		}
+		r := stagePublishWith(t, in, rid, src.name, key)
+		csitest.AssertFileBytes(t, filepath.Join(r.target, "secret-notes"), marker)
+		unpublishUnstage(t, in, r)
+
+		plain, err := createWith(in, t, "plain-"+src.name, nil, csitest.MntCapFS("ext4"), src.src)
+		if err != nil {
+			t.Fatalf("%s without encryption: %v", src.name, err)
+		}
+		staging, err = stageWith(t, in, plain, "plain-"+src.name, nil)
+		csitest.MustCode(t, err, codes.FailedPrecondition, src.name+" into a class without encryption, staged")
+		assertUntouched(t, in, plain, staging, src.name+" into a class without encryption")
+	}
+
+	// Locked after the last unstage: the image holds neither the file's
+	// name nor its contents, and mounted again its names are ciphertext.
+	unpublishUnstage(t, in, v)
+	img := imagePath(in, id)
+	raw, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(raw, marker[:64]) || bytes.Contains(raw, []byte("secret-notes")) {
+		t.Fatal("the image file holds the plaintext")
+	}
+	mnt := csitest.Mkdir(t, filepath.Join(in.Dir, "inspect"))
+	if out, err := exec.Command("mount", "-o", "loop,ro", img, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount the image: %v: %s", err, out)
+	}
+	defer func() { mustRun(t, "umount", mnt) }()
+	if st, err := fscrypt.Status(mnt, kid); err != nil || st != fscrypt.KeyAbsent {
+		t.Errorf("key status after unstage: %s, %v; want absent", st, err)
+	}
+	names := csitest.DirNames(t, filepath.Join(mnt, publish.EncryptedDataDir))
+	if len(names) != 1 || names[0] == "secret-notes" {
+		t.Errorf("names in the locked volume: %q; want one encrypted name", names)
+	}
+}
+
+func stagePublishWith(t *testing.T, in *testdriver.Instance, id, name string, secrets map[string]string) *vol {
+	t.Helper()
+	v := &vol{id: id, target: filepath.Join(in.Dir, "target-"+name)}
+	var err error
+	if v.staging, err = stageWith(t, in, id, name, secrets); err != nil {
+		t.Fatalf("NodeStageVolume %s: %v", name, err)
+	}
+	if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
+		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.MntCapFS("ext4")}); err != nil {
+		t.Fatalf("NodePublishVolume %s: %v", name, err)
+	}
+	t.Cleanup(func() { unpublishUnstage(t, in, v) })
+	return v
+}
+
+func syncFS(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
