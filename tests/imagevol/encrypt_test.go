@@ -59,7 +59,7 @@ func assertUntouched(t *testing.T, in *testdriver.Instance, id, staging, what st
 // plaintext; a stage without the Secret or with another key is refused
 // and leaves nothing mounted or attached; a restore of its snapshot and a
 // clone open with the same Secret only, and not in a class without
-// encryption; after the last unstage its files are ciphertext.
+// encryption, and grow; after the last unstage its files are ciphertext.
 func TestEncryptedImageVolume(t *testing.T) {
 	in := startImageRoot(t, testfs.Ext4)
 	key := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(7, 32))}
@@ -143,8 +143,14 @@ func TestEncryptedImageVolume(t *testing.T) {
 		if !strings.Contains(err.Error(), "does not unlock") {
 			t.Errorf("%s with another key: %v; want it to say the key does not unlock the volume", src.name, err)
 		}
+		// Grown while not staged (offline: an online ext4 resize needs
+		// CAP_SYS_RESOURCE, which a test process may lack), at the stage.
+		expand(t, in, rid, "ext4", 128*mib)
 		r := stagePublishWith(t, in, rid, src.name, key)
 		csitest.AssertFileBytes(t, filepath.Join(r.target, "secret-notes"), marker)
+		if total := statfsTotal(t, r.target); total < 100*mib {
+			t.Errorf("%s grown to 128 MiB: the filesystem holds %d bytes", src.name, total)
+		}
 		unpublishUnstage(t, in, r)
 
 		plain, err := createWith(in, t, "plain-"+src.name, nil, csitest.MntCapFS("ext4"), src.src)
