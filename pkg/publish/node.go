@@ -379,12 +379,13 @@ func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) erro
 	if v.AccessType == contract.AccessBlock {
 		return pb.publishBlock(id, o)
 	}
-	src := pb.vols.DataPath(v)
+	src, from := pb.vols.DataPath(v), o.StagingPath
 	staged, err := pb.mnt.Shows(o.StagingPath, src)
 	if v.FsType != "" {
 		// The root of its filesystem (an encrypted one's data directory),
-		// as mounted at the staging path.
+		// as mounted at the staging path, is bound itself.
 		src = publishedRoot(v, o.StagingPath)
+		from = src
 		staged, err = pb.stagedImage(v, o.StagingPath)
 	}
 	if err != nil || !staged {
@@ -397,10 +398,6 @@ func (pb *Publisher) publish(v *contract.Volume, o contract.PublishOptions) erro
 	}
 	if err := pb.mnt.PrepareDir(o.TargetPath, "target_path", true); err != nil {
 		return err
-	}
-	from := o.StagingPath
-	if v.FsType != "" {
-		from = src
 	}
 	return pb.mnt.Bind(mount.Bind{Source: src, From: from, Target: o.TargetPath, Flags: mf, ReadOnly: o.ReadOnly})
 }

@@ -133,19 +133,20 @@ func (pb *Publisher) Detach(image string) error { return loop.Detach(image) }
 // image volume's filesystem root, the I/O limits to its pods' cgroups.
 func (pb *Publisher) ApplyMutable(v *contract.Volume, mut contract.Mutable, merged map[string]string) error {
 	if mut.DirMode != nil && v.FsType != "" {
-		mounts, err := imageMounts(pb.vols.ImagePath(v.ID))
-		if err != nil {
-			return err
-		}
+		var mounts []string
+		var err error
 		if contract.Encrypted(v.Parameters) {
 			// Its publications show the data directory, not the root:
 			// chmod that through a stage.
-			if mounts, err = pb.vols.StagingPaths(v.ID); err != nil {
-				return err
-			}
+			mounts, err = pb.vols.StagingPaths(v.ID)
 			for i, sp := range mounts {
 				mounts[i] = publishedRoot(v, sp)
 			}
+		} else {
+			mounts, err = imageMounts(pb.vols.ImagePath(v.ID))
+		}
+		if err != nil {
+			return err
 		}
 		if len(mounts) > 0 {
 			if err := engine.ChmodRoot(mounts[0], *mut.DirMode); err != nil {

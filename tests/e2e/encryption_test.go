@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/e2e/harness"
 )
 
@@ -57,13 +58,12 @@ func keySecret(t *testing.T, ns, name string) {
 }
 
 // imageAttached reports whether a loop device is attached to the image
-// file named name (<volume id>.img), by the backing files in sysfs.
+// file named name (<volume id>.img), by the backing files in sysfs (the
+// kernel names them as seen from the node's mount namespace: a suffix).
 func imageAttached(t *testing.T, name string) bool {
 	t.Helper()
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err == nil && strings.HasSuffix(strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)"), "/"+name) {
+	for _, file := range csitest.Loops(t) {
+		if strings.HasSuffix(strings.TrimSuffix(file, " (deleted)"), "/"+name) {
 			return true
 		}
 	}

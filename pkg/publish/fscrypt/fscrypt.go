@@ -36,7 +36,7 @@ import (
 const (
 	// SecretKey is a key of at least MinKeyBytes random bytes, in hex
 	// (openssl rand -hex 32): CSI secrets are strings, which gRPC requires
-	// to be UTF-8, so raw bytes could not reach the driver.
+	// to be UTF-8, so a key of raw bytes cannot be passed.
 	SecretKey = "key"
 	// SecretPassphrase is a passphrase of at least MinPassphraseBytes,
 	// stretched with Argon2id.
