@@ -5,7 +5,10 @@ package bench
 //
 //	BenchmarkFio/disk   the machine's disk (TMPDIR's filesystem) as the data
 //	                    root: the data root itself, a directory volume, ext4
-//	                    and xfs image volumes and a raw block volume
+//	                    and xfs image volumes and a raw block volume, and
+//	                    bare-loop, an ext4 on a loop device the benchmark
+//	                    attaches itself (direct I/O), without localdir: the
+//	                    kernel's loop path, the ceiling of image volumes
 //	BenchmarkFio/btrfs  a loop-backed btrfs data root (engine btrfs): itself
 //	                    and a directory volume (a subvolume with a qgroup)
 //	BenchmarkFio/xfs    a loop-backed XFS data root with reflink: itself and
@@ -49,6 +52,7 @@ type fioTarget struct {
 	cap  *csi.VolumeCapability // nil: the data root's filesystem itself
 	path string                // where fio runs, once set up
 	size int64                 // the volume's capacity (0: fioVolSize)
+	bare bool                  // not a volume: an ext4 on a direct-I/O loop device of the benchmark's own
 }
 
 func BenchmarkFio(b *testing.B) {
@@ -70,7 +74,8 @@ func BenchmarkFio(b *testing.B) {
 		targets          []*fioTarget
 	}{
 		{"disk", "", "dir", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol},
-			{name: "image-ext4", cap: csitest.MntCapFS("ext4")}, {name: "image-xfs", cap: csitest.MntCapFS("xfs")}, {name: "block", cap: csitest.BlkCap()}}},
+			{name: "image-ext4", cap: csitest.MntCapFS("ext4")}, {name: "image-xfs", cap: csitest.MntCapFS("xfs")}, {name: "block", cap: csitest.BlkCap()},
+			{name: "bare-loop", bare: true}}},
 		{"btrfs", testfs.Btrfs, "btrfs", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol}}},
 		{"xfs", testfs.XFSReflink, "dir", []*fioTarget{{name: "data-root"}, {name: "dir", cap: dirVol}}},
 	} {
@@ -158,10 +163,13 @@ func report(b *testing.B, target, metric string, v, base float64, setBase *float
 }
 
 // publishForFio returns where fio runs for t: a directory on the data
-// root's filesystem, or the target path of a volume the driver created,
+// root's filesystem, a bare loop-backed ext4, or the target path of a volume the driver created,
 // staged and published (unpublished, unstaged and deleted at cleanup).
 func publishForFio(b *testing.B, in *testdriver.Instance, t *fioTarget) string {
 	b.Helper()
+	if t.bare {
+		return testfs.NewDirect(b, testfs.Ext4, fioVolSize)
+	}
 	if t.cap == nil {
 		d := filepath.Join(filepath.Dir(in.Opts.DataRoot), "fio-data-root")
 		mkdirs(b, d)
