@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -296,4 +297,28 @@ func FillUntilFull(t testing.TB, dir string, limit int64) (int64, error) {
 		}
 	}
 	return n, nil
+}
+
+// WriteSeq replaces path with a file holding n: written to path.tmp,
+// fsynced, renamed over path. (Truncating path in place would let a cut
+// between the truncation and the write show an empty file: a state the
+// writer did pass through, but not a number.)
+func WriteSeq(path string, n int) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(strconv.Itoa(n)); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

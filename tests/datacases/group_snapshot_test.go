@@ -31,30 +31,6 @@ func inUse(t *testing.T, in *testdriver.Instance, dir, name, fsType string) (str
 	return forPod(t, in, dir, name, csitest.MntCapFS(fsType), "", nil)
 }
 
-// writeSeq replaces path with a file holding n: written to path.tmp,
-// fsynced, renamed over path. (Truncating path in place would let a cut
-// between the truncation and the write show an empty file: a state the
-// writer did pass through, but not a number.)
-func writeSeq(path string, n int) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.WriteString(strconv.Itoa(n)); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
 // seqIn mounts the ext4 image of snapshot data at img read-only (a loop
 // device) and reads the number its writer left in seq.
 func seqIn(t *testing.T, img, mnt string) int {
@@ -109,10 +85,10 @@ func TestGroupSnapshotWriteOrder(t *testing.T) {
 				return
 			default:
 			}
-			if werr = writeSeq(filepath.Join(pubA, "seq"), i); werr != nil {
+			if werr = csitest.WriteSeq(filepath.Join(pubA, "seq"), i); werr != nil {
 				return
 			}
-			if werr = writeSeq(filepath.Join(pubB, "seq"), i); werr != nil {
+			if werr = csitest.WriteSeq(filepath.Join(pubB, "seq"), i); werr != nil {
 				return
 			}
 		}

@@ -3,12 +3,16 @@ package imagevol
 import (
 	"bytes"
 	"encoding/hex"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -209,4 +213,114 @@ func syncFS(p string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// A volume group snapshot of two encrypted ext4 image volumes in use, each
+// unlocked by its own Secret, taken while a writer writes the same number
+// to the first, then to the second (each write synced): the members freeze
+// together as unencrypted ones do, so in every group the second holds the
+// first's number or the one before; each member's restore opens with its
+// volume's Secret only; no file under the data root holds the plaintext.
+func TestEncryptedGroupSnapshot(t *testing.T) {
+	in := startImageRoot(t, testfs.Ext4)
+	gc := csi.NewGroupControllerClient(in.Conn)
+	marker := bytes.Repeat([]byte("localdir-group-plaintext "), 2048)
+	var ids []string
+	var vols []*vol
+	var keys []map[string]string
+	for i, name := range []string{"first", "second"} {
+		id, err := createWith(in, t, "enc-"+name, encrypted, csitest.MntCapFS("ext4"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(uint64(20+i), 32))}
+		v := stagePublishWith(t, in, id, name, key)
+		if err := os.WriteFile(filepath.Join(v.target, "notes"), marker, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ids, vols, keys = append(ids, id), append(vols, v), append(keys, key)
+	}
+
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			for _, v := range vols {
+				if err := csitest.WriteSeq(filepath.Join(v.target, "seq"), i); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+	}()
+	var groups []*csi.VolumeGroupSnapshot
+	for i := range 4 {
+		time.Sleep(30 * time.Millisecond)
+		r, err := gc.CreateVolumeGroupSnapshot(csitest.Ctx(t), &csi.CreateVolumeGroupSnapshotRequest{
+			Name: fmt.Sprintf("enc-g%d", i), SourceVolumeIds: []string{ids[1], ids[0]}})
+		if err != nil {
+			close(stop)
+			<-done
+			t.Fatal(err)
+		}
+		groups = append(groups, r.GetGroupSnapshot())
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("the writer, after the group snapshots: %v", err)
+	}
+
+	for gi, g := range groups {
+		seq := make([]int, len(ids))
+		for _, s := range g.GetSnapshots() {
+			m := slices.Index(ids, s.GetSourceVolumeId())
+			name := fmt.Sprintf("g%d-%d", gi, m)
+			rid, err := createWith(in, t, "enc-"+name, encrypted, csitest.MntCapFS("ext4"), csitest.FromSnapshot(s.GetSnapshotId()))
+			if err != nil {
+				t.Fatalf("restore %s: %v", name, err)
+			}
+			staging, err := stageWith(t, in, rid, name+"-otherkey", keys[1-m])
+			csitest.MustCode(t, err, codes.InvalidArgument, name+" staged with the other member's key")
+			assertUntouched(t, in, rid, staging, name+" staged with the other member's key")
+			r := stagePublishWith(t, in, rid, name, keys[m])
+			csitest.AssertFileBytes(t, filepath.Join(r.target, "notes"), marker)
+			b, err := os.ReadFile(filepath.Join(r.target, "seq"))
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if seq[m], err = strconv.Atoi(string(b)); err != nil {
+				t.Fatalf("%s: seq %q", name, b)
+			}
+			unpublishUnstage(t, in, r)
+		}
+		if seq[1] != seq[0] && seq[1] != seq[0]-1 {
+			t.Errorf("group %d: the first volume holds %d, the second %d; want the second to hold the first's number or the one before", gi, seq[0], seq[1])
+		}
+	}
+
+	for _, v := range vols {
+		unpublishUnstage(t, in, v)
+	}
+	err := filepath.WalkDir(in.Opts.DataRoot, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, marker[:64]) {
+			t.Errorf("%s holds the plaintext", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
