@@ -55,7 +55,7 @@ func BenchmarkSnapshotMetadata(b *testing.B) {
 			b.Skip(err)
 		}
 		for range b.N {
-			hp := launchHostPath(b, bin, "--enable-snapshot-metadata", "--snapshot-metadata-block-type=VARIABLE_LENGTH")
+			hp := launchHostPath(b, bin, "", "--enable-snapshot-metadata", "--snapshot-metadata-block-type=VARIABLE_LENGTH")
 			benchCBT(b, "host-path ext4", csi.NewControllerClient(hp.conn), csi.NewSnapshotMetadataClient(hp.conn),
 				func(id string) string { return filepath.Join(hp.stateDir, id) },
 				func() int64 { return rchar(b, strconv.Itoa(hp.proc.Cmd.Process.Pid)) })
