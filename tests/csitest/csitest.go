@@ -305,20 +305,29 @@ func FillUntilFull(t testing.TB, dir string, limit int64) (int64, error) {
 // writer did pass through, but not a number.)
 func WriteSeq(path string, n int) error {
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err := WriteSynced(tmp, []byte(strconv.Itoa(n))); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// WriteSynced writes data to the file p (created or truncated), 1 MiB per
+// write, and fsyncs it before closing it; it returns the first error
+// (write, fsync or close), which tests of quota limits look at.
+func WriteSynced(p string, data []byte) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteString(strconv.Itoa(n)); err != nil {
-		f.Close()
-		return err
+	for off := 0; off < len(data); off += int(Mi) {
+		if _, err := f.Write(data[off:min(off+int(Mi), len(data))]); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
 		return err
 	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return f.Close()
 }

@@ -192,11 +192,11 @@ func TestRestoreAndCloneLarger(t *testing.T) {
 				assertFile(t, filepath.Join(tgt, "data"), data)
 				if ec.engine == "btrfs" {
 					// 10Mi + 16Mi = 26Mi: past the source's 16Mi, within 32Mi.
-					if err := writeFile(filepath.Join(tgt, "more"), csitest.RandomBytes(23, int(16*csitest.Mi))); err != nil {
+					if err := csitest.WriteSynced(filepath.Join(tgt, "more"), csitest.RandomBytes(23, int(16*csitest.Mi))); err != nil {
 						t.Errorf("%s: writing past the source's size into the 32Mi volume: %v", name, err)
 					}
 					syncfs(t, tgt)
-					if err := writeFile(filepath.Join(tgt, "too-much"), csitest.RandomBytes(24, int(10*csitest.Mi))); !isQuotaErr(err) {
+					if err := csitest.WriteSynced(filepath.Join(tgt, "too-much"), csitest.RandomBytes(24, int(10*csitest.Mi))); !isQuotaErr(err) {
 						t.Errorf("%s: writing 36Mi into a 32Mi btrfs volume: err = %v, want EDQUOT or ENOSPC", name, err)
 					}
 				}
@@ -282,7 +282,7 @@ func TestOnlineExpandBtrfs(t *testing.T) {
 	a := csitest.RandomBytes(27, int(12*csitest.Mi))
 	mustWrite(t, filepath.Join(tgt, "a"), a)
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "b"), csitest.RandomBytes(28, int(8*csitest.Mi))); !isQuotaErr(err) {
+	if err := csitest.WriteSynced(filepath.Join(tgt, "b"), csitest.RandomBytes(28, int(8*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 20Mi into a 16Mi btrfs volume through its target: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	if err := unix.Unlink(filepath.Join(tgt, "b")); err != nil {
@@ -302,11 +302,11 @@ func TestOnlineExpandBtrfs(t *testing.T) {
 	}
 	e.assertPublished(id, tgt, false)
 	b := csitest.RandomBytes(29, int(12*csitest.Mi))
-	if err := writeFile(filepath.Join(tgt, "b"), b); err != nil {
+	if err := csitest.WriteSynced(filepath.Join(tgt, "b"), b); err != nil {
 		t.Errorf("writing 24Mi into the volume grown to 32Mi: %v", err)
 	}
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "c"), csitest.RandomBytes(30, int(12*csitest.Mi))); !isQuotaErr(err) {
+	if err := csitest.WriteSynced(filepath.Join(tgt, "c"), csitest.RandomBytes(30, int(12*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 36Mi into the 32Mi volume: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	assertFile(t, filepath.Join(tgt, "a"), a)

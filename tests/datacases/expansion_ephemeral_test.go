@@ -67,7 +67,7 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 	assertFile(t, filepath.Join(tgt, "keep"), keep)
 	// Still 8Mi: 6Mi + 4Mi does not fit.
 	syncfs(t, tgt)
-	if err := writeFile(filepath.Join(tgt, "more"), csitest.RandomBytes(32, int(4*csitest.Mi))); !isQuotaErr(err) {
+	if err := csitest.WriteSynced(filepath.Join(tgt, "more"), csitest.RandomBytes(32, int(4*csitest.Mi))); !isQuotaErr(err) {
 		t.Errorf("writing 10Mi into the 8Mi volume: err = %v, want EDQUOT or ENOSPC", err)
 	}
 	_ = unix.Unlink(filepath.Join(tgt, "more"))
@@ -78,7 +78,7 @@ func TestC22ExpansionEdgeCases(t *testing.T) {
 		if nresp.GetCapacityBytes() != 16*csitest.Mi {
 			t.Errorf("NodeExpandVolume: capacity %d, want 16Mi", nresp.GetCapacityBytes())
 		}
-		if err := writeFile(filepath.Join(tgt, "more"), csitest.RandomBytes(32, int(8*csitest.Mi))); err != nil {
+		if err := csitest.WriteSynced(filepath.Join(tgt, "more"), csitest.RandomBytes(32, int(8*csitest.Mi))); err != nil {
 			t.Errorf("writing 14Mi after the node expansion to 16Mi: %v (the quota was not raised)", err)
 		}
 		if got := e.capacityOf(id); got != 16*csitest.Mi {
@@ -125,7 +125,7 @@ func TestC23ExpansionRespectsCapacity(t *testing.T) {
 			if ec.engine == "btrfs" {
 				mustWrite(t, filepath.Join(tgt, "a"), csitest.RandomBytes(33, int(50*csitest.Mi)))
 				syncfs(t, tgt)
-				if err := writeFile(filepath.Join(tgt, "b"), csitest.RandomBytes(34, int(20*csitest.Mi))); !isQuotaErr(err) {
+				if err := csitest.WriteSynced(filepath.Join(tgt, "b"), csitest.RandomBytes(34, int(20*csitest.Mi))); !isQuotaErr(err) {
 					t.Errorf("writing 70Mi after the refused expansion: err = %v, want EDQUOT or ENOSPC (quota still 60Mi)", err)
 				}
 				_ = unix.Unlink(filepath.Join(tgt, "b"))
@@ -142,7 +142,7 @@ func TestC23ExpansionRespectsCapacity(t *testing.T) {
 				t.Errorf("capacity after expanding to 90Mi: %d", got)
 			}
 			if ec.engine == "btrfs" {
-				if err := writeFile(filepath.Join(tgt, "b"), csitest.RandomBytes(34, int(20*csitest.Mi))); err != nil {
+				if err := csitest.WriteSynced(filepath.Join(tgt, "b"), csitest.RandomBytes(34, int(20*csitest.Mi))); err != nil {
 					t.Errorf("writing 70Mi into the volume grown to 90Mi: %v", err)
 				}
 			}

@@ -448,30 +448,9 @@ func assertBytes(t testing.TB, what string, got, want []byte) {
 	}
 }
 
-// writeFile writes data to p and fsyncs it, returning the first error
-// (write, fsync or close) instead of failing: callers test quota limits.
-func writeFile(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	for off := 0; off < len(data); off += int(csitest.Mi) {
-		end := min(off+int(csitest.Mi), len(data))
-		if _, err := f.Write(data[off:end]); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
 func mustWrite(t testing.TB, p string, data []byte) {
 	t.Helper()
-	if err := writeFile(p, data); err != nil {
+	if err := csitest.WriteSynced(p, data); err != nil {
 		t.Fatalf("write %d bytes to %s: %v", len(data), p, err)
 	}
 }

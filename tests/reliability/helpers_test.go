@@ -34,19 +34,7 @@ func writeSyncedWithDir(t testing.TB, p string, data []byte) {
 }
 
 func writeSyncedWithDirErr(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := csitest.WriteSynced(p, data); err != nil {
 		return err
 	}
 	d, err := os.Open(filepath.Dir(p))
