@@ -37,15 +37,19 @@ func publishedRoot(v *contract.Volume, stagingPath string) string {
 }
 
 // unlockImage adds the key of encrypted volume v, derived from secrets and
-// the salt on its filesystem (staged at stagingPath; made at its first
-// stage), and encrypts its data directory with it when that is new.
-// Errors: contract.ErrInvalid when the key does not unlock the volume (its
-// data directory has another key's policy) or the Secret is unusable;
-// contract.ErrPrecondition when the filesystem cannot encrypt (a restore of
-// an unencrypted volume) or its data directory is not encrypted. A key this
-// call added is removed again when it fails.
+// the salt on its filesystem (staged at stagingPath), and encrypts its data
+// directory with it when that is new. At the first stage the salt is new:
+// it is written only once its key has been added, so a stage refused
+// before (a filesystem that cannot encrypt) leaves the volume as it was;
+// the data directory is made and encrypted after, and one a crash left
+// empty without its policy gets it. Errors: contract.ErrInvalid when the
+// key does not unlock the volume (its data directory has another key's
+// policy) or the Secret is unusable; contract.ErrPrecondition when the
+// filesystem cannot encrypt (a restore of an unencrypted volume) or its
+// data directory holds unencrypted files. A key this call added is removed
+// again when it fails.
 func (pb *Publisher) unlockImage(v *contract.Volume, stagingPath string, secrets map[string]string) error {
-	salt, err := fscrypt.NewSalt(stagingPath)
+	salt, fresh, err := fscrypt.Salt(stagingPath)
 	if err != nil {
 		return err
 	}
@@ -59,12 +63,16 @@ func (pb *Publisher) unlockImage(v *contract.Volume, stagingPath string, secrets
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	data := filepath.Join(stagingPath, EncryptedDataDir)
-	err = os.Mkdir(data, 0o777)
-	switch {
-	case err == nil:
-		err = fscrypt.SetPolicy(data, id)
-	case errors.Is(err, os.ErrExist):
-		err = checkPolicy(v, data, id)
+	if fresh {
+		err = fscrypt.WriteSalt(stagingPath, salt)
+	}
+	if err == nil {
+		if err = os.Mkdir(data, 0o777); errors.Is(err, os.ErrExist) {
+			err = nil
+		}
+	}
+	if err == nil {
+		err = encryptData(v, data, id)
 	}
 	if err != nil {
 		if _, rerr := fscrypt.RemoveKey(stagingPath, id); rerr != nil {
@@ -76,15 +84,20 @@ func (pb *Publisher) unlockImage(v *contract.Volume, stagingPath string, secrets
 	return nil
 }
 
-// checkPolicy verifies that the existing data directory of volume v is
-// encrypted with key id.
-func checkPolicy(v *contract.Volume, data string, id fscrypt.Identifier) error {
+// encryptData verifies that the data directory of volume v is encrypted
+// with key id, or encrypts it when it has no policy and is empty.
+func encryptData(v *contract.Volume, data string, id fscrypt.Identifier) error {
 	have, ok, err := fscrypt.Policy(data)
 	switch {
 	case err != nil:
 		return err
 	case !ok:
-		return fmt.Errorf("%w: volume %s: its data directory is not encrypted (was it restored from an unencrypted volume?); restore it with a StorageClass without %s", contract.ErrPrecondition, v.ID, contract.ParamEncryption)
+		if err := fscrypt.SetPolicy(data, id); err != nil {
+			if errors.Is(err, contract.ErrPrecondition) {
+				return fmt.Errorf("%w: volume %s: its data directory holds unencrypted files (was it restored from an unencrypted volume?); restore it with a StorageClass without %s", contract.ErrPrecondition, v.ID, contract.ParamEncryption)
+			}
+			return err
+		}
 	case have != id:
 		return fmt.Errorf("%w: the node-stage Secret's key does not unlock volume %s (it gives key identifier %s; the volume is encrypted with %s): use the Secret the volume (or the volume it was restored or cloned from) was made with", contract.ErrInvalid, v.ID, id, have)
 	}
@@ -93,14 +106,19 @@ func checkPolicy(v *contract.Volume, data string, id fscrypt.Identifier) error {
 
 // refuseEncrypted refuses (contract.ErrPrecondition) to stage volume v
 // without encryption when its filesystem, staged at stagingPath, holds an
-// encrypted volume's data: a restore or clone of an encrypted volume into a
-// StorageClass without encryption.
+// encrypted volume's data (a restore or clone of an encrypted volume into a
+// StorageClass without encryption): a data directory with a policy, which
+// a pod of an unencrypted volume cannot make (its filesystem has no encrypt
+// feature), whatever files it creates.
 func refuseEncrypted(v *contract.Volume, stagingPath string) error {
-	if _, err := os.Lstat(filepath.Join(stagingPath, fscrypt.SaltFile)); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
+	_, ok, err := fscrypt.Policy(filepath.Join(stagingPath, EncryptedDataDir))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
 		return err
+	case !ok:
+		return nil
 	}
 	return fmt.Errorf("%w: volume %s holds the data of an encrypted volume (restored or cloned from one); use a StorageClass with %s: %s and the same node-stage Secret", contract.ErrPrecondition, v.ID, contract.ParamEncryption, contract.EncryptionFscrypt)
 }

@@ -324,3 +324,90 @@ func TestEncryptedGroupSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// What a stage leaves behind, and what it trusts:
+//   - a pod of an unencrypted volume may create files named like the salt
+//     and the data directory: the volume still stages (only a data
+//     directory with a policy marks encrypted data);
+//   - a restore of an unencrypted snapshot into an encrypted class is
+//     refused at the stage and its image is left as it was (no salt
+//     written), so it still restores into an unencrypted class;
+//   - an encrypted volume whose data directory a crash left empty without
+//     its policy (made, not yet encrypted) gets the policy at the next stage.
+func TestEncryptedStageLeavesNothingBehind(t *testing.T) {
+	in := startImageRoot(t, testfs.Ext4)
+	key := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(31, 32))}
+	mnt := csitest.Mkdir(t, filepath.Join(in.Dir, "inspect"))
+	namesIn := func(img string) []string {
+		t.Helper()
+		mustRun(t, "mount", "-o", "loop,ro", img, mnt)
+		defer mustRun(t, "umount", mnt)
+		return csitest.DirNames(t, mnt)
+	}
+
+	plain, err := createWith(in, t, "plain", nil, csitest.MntCapFS("ext4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := stagePublishWith(t, in, plain, "plain", nil)
+	if err := os.WriteFile(filepath.Join(p.target, "notes"), []byte("plain"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncFS(p.target); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "plain-snap", SourceVolumeId: plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := csitest.FromSnapshot(snap.GetSnapshot().GetSnapshotId())
+	if err := os.WriteFile(filepath.Join(p.target, fscrypt.SaltFile), []byte("a pod's file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(p.target, publish.EncryptedDataDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	unpublishUnstage(t, in, p)
+	stagePublishWith(t, in, plain, "plain-again", nil)
+
+	enc, err := createWith(in, t, "plain-into-enc", encrypted, csitest.MntCapFS("ext4"), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := namesIn(imagePath(in, enc))
+	staging, err := stageWith(t, in, enc, "plain-into-enc", key)
+	csitest.MustCode(t, err, codes.FailedPrecondition, "an unencrypted restore staged in an encrypted class")
+	assertUntouched(t, in, enc, staging, "an unencrypted restore staged in an encrypted class")
+	if after := namesIn(imagePath(in, enc)); !slices.Equal(after, before) {
+		t.Fatalf("the refused stage changed the restore's root: %q, before %q", after, before)
+	}
+	back, err := createWith(in, t, "plain-into-enc-into-plain", nil, csitest.MntCapFS("ext4"), csitest.FromVolume(enc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	csitest.AssertFileBytes(t, filepath.Join(stagePublishWith(t, in, back, "back", nil).target, "notes"), []byte("plain"))
+
+	// Made, not yet encrypted: the state a crash between the two leaves.
+	v, err := createWith(in, t, "enc", encrypted, csitest.MntCapFS("ext4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := stagePublishWith(t, in, v, "enc", key)
+	unpublishUnstage(t, in, e)
+	mustRun(t, "mount", "-o", "loop", imagePath(in, v), mnt)
+	data := filepath.Join(mnt, publish.EncryptedDataDir)
+	if err := os.Remove(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(data, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "umount", mnt)
+	e = stagePublishWith(t, in, v, "enc-again", key)
+	if _, ok, err := fscrypt.Policy(filepath.Join(e.staging, publish.EncryptedDataDir)); err != nil || !ok {
+		t.Fatalf("the data directory left without a policy has none after the stage: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(e.target, "f"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

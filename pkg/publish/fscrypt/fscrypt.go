@@ -7,11 +7,11 @@
 //
 // A volume's master key is never the user's secret itself: it is derived
 // from the node-stage Secret (Key) and a random salt kept on the volume's
-// filesystem next to its data directory (ReadSalt, NewSalt). A snapshot,
+// filesystem next to its data directory (Salt, WriteSalt). A snapshot,
 // restore or clone carries the salt with the data, so the same Secret
-// unlocks every copy; two volumes given the same Secret still get
-// different master keys, and so different key identifiers, so on one
-// filesystem one volume's key never unlocks another.
+// unlocks every copy, and every copy has its source's master key; two
+// volumes made apart and given the same Secret get different master keys,
+// and so different key identifiers.
 package fscrypt
 
 import (
@@ -21,9 +21,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"unicode/utf8"
 	"unsafe"
 
 	"golang.org/x/crypto/argon2"
@@ -38,21 +41,33 @@ const (
 	// (openssl rand -hex 32): CSI secrets are strings, which gRPC requires
 	// to be UTF-8, so a key of raw bytes cannot be passed.
 	SecretKey = "key"
-	// SecretPassphrase is a passphrase of at least MinPassphraseBytes,
-	// stretched with Argon2id.
+	// SecretPassphrase is a passphrase of at least MinPassphraseChars
+	// characters, stretched with Argon2id. It is used byte for byte, as
+	// stored: nothing is trimmed.
 	SecretPassphrase = "passphrase"
 	// MinKeyBytes is the shortest raw key accepted.
 	MinKeyBytes = 32
-	// MinPassphraseBytes is the shortest passphrase accepted.
-	MinPassphraseBytes = 12
+	// MinPassphraseChars is the shortest passphrase accepted, in
+	// characters (UTF-8).
+	MinPassphraseChars = 12
 )
 
 // Argon2id cost of a passphrase (RFC 9106's second recommended option:
-// 1 pass over 64 MiB, 4 lanes), paid once per stage.
+// 1 pass over 64 MiB, 4 lanes), paid once per stage. At most
+// MaxConcurrentPassphrases run at once in a process, so that a node
+// staging many passphrase volumes together (after a reboot) stays within
+// its memory limit; the others wait.
 const (
 	argonTime    = 1
 	argonMemKiB  = 64 * 1024
 	argonThreads = 4
+
+	MaxConcurrentPassphrases = 2
+)
+
+var (
+	argonSlots = make(chan struct{}, MaxConcurrentPassphrases)
+	argonKey   = argon2.IDKey // replaced by tests that count concurrent runs
 )
 
 // masterKeyBytes is the size of a derived master key: FSCRYPT_MAX_KEY_SIZE,
@@ -82,7 +97,11 @@ func Key(secrets map[string]string, salt []byte) ([]byte, error) {
 	}
 	ikm, _ := hex.DecodeString(strings.TrimSpace(secrets[SecretKey]))
 	if pass, ok := secrets[SecretPassphrase]; ok {
-		ikm = argon2.IDKey([]byte(pass), salt, argonTime, argonMemKiB, argonThreads, masterKeyBytes)
+		argonSlots <- struct{}{}
+		p := []byte(pass)
+		ikm = argonKey(p, salt, argonTime, argonMemKiB, argonThreads, masterKeyBytes)
+		clear(p)
+		<-argonSlots
 	}
 	defer clear(ikm)
 	return hkdf.Key(sha512.New, ikm, salt, "localdir.csi.dev fscrypt master key v1", masterKeyBytes)
@@ -105,28 +124,37 @@ func CheckSecret(secrets map[string]string) error {
 		if len(b) < MinKeyBytes {
 			return fmt.Errorf("%w: the node-stage Secret's %q holds %d bytes; an encryption key needs at least %d random bytes (%d hex digits)", contract.ErrInvalid, SecretKey, len(b), MinKeyBytes, 2*MinKeyBytes)
 		}
-	case hasPass && len(pass) < MinPassphraseBytes:
-		return fmt.Errorf("%w: the node-stage Secret's %q has %d bytes; a passphrase needs at least %d", contract.ErrInvalid, SecretPassphrase, len(pass), MinPassphraseBytes)
-	case !hasRaw && !hasPass:
+	case hasPass && utf8.RuneCountInString(pass) < MinPassphraseChars:
+		return fmt.Errorf("%w: the node-stage Secret's %q has %d characters; a passphrase needs at least %d", contract.ErrInvalid, SecretPassphrase, utf8.RuneCountInString(pass), MinPassphraseChars)
+	case !hasRaw && !hasPass && len(secrets) == 0:
 		return fmt.Errorf("%w: an encrypted volume needs the StorageClass's node-stage Secret (csi.storage.k8s.io/node-stage-secret-name and -namespace) with %q or %q; the request has none", contract.ErrInvalid, SecretKey, SecretPassphrase)
+	case !hasRaw && !hasPass:
+		return fmt.Errorf("%w: the node-stage Secret has neither %q nor %q (it has %s); keys are case-sensitive", contract.ErrInvalid, SecretKey, SecretPassphrase, strings.Join(slices.Sorted(maps.Keys(secrets)), ", "))
 	}
 	return nil
 }
 
-// NewSalt writes a new random salt into dir's SaltFile (made durable), and
-// returns it; an existing one is returned unchanged (ReadSalt).
-func NewSalt(dir string) ([]byte, error) {
-	if s, err := ReadSalt(dir); err == nil || !errors.Is(err, os.ErrNotExist) {
-		return s, err
+// Salt returns dir's salt (ReadSalt) or, when it has none, a new random
+// one (fresh), which is not written: WriteSalt keeps it once the key it
+// gives has been added, so a stage that fails leaves nothing behind.
+func Salt(dir string) (salt []byte, fresh bool, err error) {
+	if salt, err := ReadSalt(dir); err == nil || !errors.Is(err, os.ErrNotExist) {
+		return salt, false, err
 	}
-	salt := make([]byte, SaltBytes)
+	salt = make([]byte, SaltBytes)
 	if _, err := rand.Read(salt); err != nil {
-		return nil, err
+		return nil, false, err
 	}
+	return salt, true, nil
+}
+
+// WriteSalt writes salt into dir's SaltFile, durably (written to a
+// temporary file, synced, renamed, the directory synced).
+func WriteSalt(dir string, salt []byte) error {
 	tmp := filepath.Join(dir, SaltFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	_, err = f.Write(salt)
 	if err == nil {
@@ -143,9 +171,9 @@ func NewSalt(dir string) ([]byte, error) {
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return nil, fmt.Errorf("write the encryption salt in %s: %w", dir, err)
+		return fmt.Errorf("write the encryption salt in %s: %w", dir, err)
 	}
-	return salt, nil
+	return nil
 }
 
 // ReadSalt reads dir's SaltFile. Errors: os.ErrNotExist when there is none;

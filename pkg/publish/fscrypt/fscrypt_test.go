@@ -3,11 +3,15 @@ package fscrypt
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 )
@@ -50,12 +54,18 @@ func umount(t *testing.T, mnt string) {
 func TestEncryptLockUnlock(t *testing.T) {
 	mnt, img := encryptFS(t, "encrypt")
 	secret := map[string]string{SecretKey: strings.Repeat("6b", 40)}
-	salt, err := NewSalt(mnt)
-	if err != nil {
+	salt, fresh, err := Salt(mnt)
+	if err != nil || !fresh {
+		t.Fatalf("Salt of a new filesystem: fresh %v, %v", fresh, err)
+	}
+	if _, err := os.Lstat(filepath.Join(mnt, SaltFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Salt wrote the salt file (%v); only WriteSalt may", err)
+	}
+	if err := WriteSalt(mnt, salt); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := NewSalt(mnt); err != nil || !bytes.Equal(again, salt) {
-		t.Fatalf("NewSalt again: %x, %v; want the first salt %x", again, err, salt)
+	if again, fresh, err := Salt(mnt); err != nil || fresh || !bytes.Equal(again, salt) {
+		t.Fatalf("Salt again: %x (fresh %v), %v; want the written salt %x", again, fresh, err, salt)
 	}
 	key, err := Key(secret, salt)
 	if err != nil {
@@ -213,6 +223,8 @@ func TestKeyDerivation(t *testing.T) {
 		{"short key", map[string]string{SecretKey: "0123456789abcdef0123456789abcdef"}},
 		{"key not hex", map[string]string{SecretKey: strings.Repeat("zz", MinKeyBytes)}},
 		{"short passphrase", map[string]string{SecretPassphrase: "short-pass"}},
+		{"11 characters in 22 bytes", map[string]string{SecretPassphrase: strings.Repeat("é", 11)}},
+		{"Key, not key", map[string]string{"Key": long}},
 		{"both", map[string]string{SecretKey: long, SecretPassphrase: "a long enough passphrase"}},
 	} {
 		_, err := Key(tc.secrets, salt)
@@ -226,10 +238,51 @@ func TestKeyDerivation(t *testing.T) {
 			}
 		}
 	}
+	if _, err := Key(map[string]string{"Key": long}, salt); err == nil || !strings.Contains(err.Error(), "it has Key") {
+		t.Errorf("a Secret with Key only: %v; want the error to name the keys it has", err)
+	}
+	if _, err := Key(map[string]string{SecretPassphrase: strings.Repeat("é", 12)}, salt); err != nil {
+		t.Errorf("a passphrase of 12 characters: %v", err)
+	}
 	a, _ := Key(map[string]string{SecretKey: long}, salt)
 	b, _ := Key(map[string]string{SecretKey: long}, salt)
 	c, _ := Key(map[string]string{SecretKey: long}, bytes.Repeat([]byte{2}, SaltBytes))
 	if len(a) != masterKeyBytes || !bytes.Equal(a, b) || bytes.Equal(a, c) || bytes.Contains(a, bytes.Repeat([]byte{0x5a}, 4)) {
 		t.Fatalf("derived keys: len %d, stable %v, salted %v", len(a), bytes.Equal(a, b), !bytes.Equal(a, c))
+	}
+}
+
+// Passphrases stretched at once (64 MiB of Argon2id memory each) are at
+// most MaxConcurrentPassphrases, however many stages ask together; every
+// one of them gets its key.
+func TestPassphrasesStretchedFewAtATime(t *testing.T) {
+	var running, peak atomic.Int32
+	real := argonKey
+	argonKey = func(p, salt []byte, passes, mem uint32, threads uint8, n uint32) []byte {
+		now := running.Add(1)
+		for old := peak.Load(); now > old && !peak.CompareAndSwap(old, now); old = peak.Load() {
+		}
+		defer running.Add(-1)
+		time.Sleep(20 * time.Millisecond)              // long enough for the callers to overlap
+		return real(p, salt, passes, 1024, threads, n) // 1 MiB: the count is what is tested
+	}
+	t.Cleanup(func() { argonKey = real })
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Go(func() {
+			_, err := Key(map[string]string{SecretPassphrase: fmt.Sprintf("passphrase number %d", i)}, make([]byte, SaltBytes))
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := peak.Load(); p > MaxConcurrentPassphrases || p < 1 {
+		t.Fatalf("%d passphrases stretched at once; want at most %d", p, MaxConcurrentPassphrases)
 	}
 }
