@@ -106,8 +106,9 @@ func encryptData(v *contract.Volume, data string, id fscrypt.Identifier) error {
 
 // refuseEncrypted refuses (contract.ErrPrecondition) to stage volume v
 // without encryption when its filesystem, staged at stagingPath, holds an
-// encrypted volume's data (a restore or clone of an encrypted volume into a
-// StorageClass without encryption): a data directory with a policy, which
+// encrypted volume's data (CreateVolume refuses such a restore or clone
+// already; this holds for an image changed by other means): a data
+// directory with a policy, which
 // a pod of an unencrypted volume cannot make (its filesystem has no encrypt
 // feature), whatever files it creates.
 func refuseEncrypted(v *contract.Volume, stagingPath string) error {

@@ -1,9 +1,12 @@
 package volume
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -235,11 +238,51 @@ func (m *Store) holdSource(spec contract.CreateSpec) (string, func(), error) {
 	if err == nil {
 		err = checkSource(kind, id, accessType, fsType, size, spec)
 	}
+	if err == nil && fsType == "ext4" {
+		err = checkSourceEncryption(kind, id, p, spec)
+	}
 	if err != nil {
 		release()
 		return "", nop, err
 	}
 	return p, release, nil
+}
+
+// ext4 superblock fields (at byte 1024 of the image): its magic number
+// and the incompatible feature that marks a filesystem made to encrypt.
+const (
+	ext4SuperblockOffset = 1024
+	ext4MagicAt          = 0x38
+	ext4Magic            = 0xEF53
+	ext4IncompatAt       = 0x60
+	ext4IncompatEncrypt  = 0x10000
+)
+
+// checkSourceEncryption refuses (contract.ErrInvalid) a restore or clone
+// whose class asks for encryption when its ext4 source image holds an
+// unencrypted filesystem, or the other way round: the stage could never
+// succeed. A source never staged holds no filesystem and fits either.
+func checkSourceEncryption(kind, id, image string, spec contract.CreateSpec) error {
+	f, err := os.Open(image)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, ext4SuperblockOffset); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if binary.LittleEndian.Uint16(sb[ext4MagicAt:]) != ext4Magic {
+		return nil
+	}
+	encrypted := binary.LittleEndian.Uint32(sb[ext4IncompatAt:])&ext4IncompatEncrypt != 0
+	switch want := contract.Encrypted(spec.Parameters); {
+	case encrypted && !want:
+		return fmt.Errorf("%w: source %s %s holds an encrypted volume's data; restore or clone it with a StorageClass with %s: %s and the node-stage Secret it was made with", contract.ErrInvalid, kind, id, contract.ParamEncryption, contract.EncryptionFscrypt)
+	case !encrypted && want:
+		return fmt.Errorf("%w: source %s %s holds unencrypted data, which an encrypted volume cannot take; restore or clone it with a StorageClass without %s", contract.ErrInvalid, kind, id, contract.ParamEncryption)
+	}
+	return nil
 }
 
 func checkSource(kind, id string, accessType contract.AccessType, fsType string, size int64, spec contract.CreateSpec) error {

@@ -157,13 +157,11 @@ func TestEncryptedImageVolume(t *testing.T) {
 		}
 		unpublishUnstage(t, in, r)
 
-		plain, err := createWith(in, t, "plain-"+src.name, nil, csitest.MntCapFS("ext4"), src.src)
-		if err != nil {
-			t.Fatalf("%s without encryption: %v", src.name, err)
-		}
-		staging, err = stageWith(t, in, plain, "plain-"+src.name, nil)
-		csitest.MustCode(t, err, codes.FailedPrecondition, src.name+" into a class without encryption, staged")
-		assertUntouched(t, in, plain, staging, src.name+" into a class without encryption")
+		_, err = createWith(in, t, "plain-"+src.name, nil, csitest.MntCapFS("ext4"), src.src)
+		csitest.MustCode(t, err, codes.InvalidArgument, src.name+" into a class without encryption")
+	}
+	if l, err := in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{}); err != nil || len(l.GetEntries()) != 3 {
+		t.Fatalf("volumes after the refused restore and clone: %d, %v; want the source, its restore and its clone", len(l.GetEntries()), err)
 	}
 
 	// Locked after the last unstage: the image holds neither the file's
@@ -325,13 +323,15 @@ func TestEncryptedGroupSnapshot(t *testing.T) {
 	}
 }
 
-// What a stage leaves behind, and what it trusts:
+// What a create and a stage refuse, leave behind and trust:
 //   - a pod of an unencrypted volume may create files named like the salt
 //     and the data directory: the volume still stages (only a data
 //     directory with a policy marks encrypted data);
 //   - a restore of an unencrypted snapshot into an encrypted class is
-//     refused at the stage and its image is left as it was (no salt
-//     written), so it still restores into an unencrypted class;
+//     INVALID_ARGUMENT at CreateVolume; a clone of an encrypted volume
+//     never staged (no filesystem yet) fits any class;
+//   - an encrypted volume whose filesystem cannot encrypt is refused at the
+//     stage and its image is left as it was (no salt written);
 //   - an encrypted volume whose data directory a crash left empty without
 //     its policy (made, not yet encrypted) gets the policy at the next stage.
 func TestEncryptedStageLeavesNothingBehind(t *testing.T) {
@@ -370,22 +370,26 @@ func TestEncryptedStageLeavesNothingBehind(t *testing.T) {
 	unpublishUnstage(t, in, p)
 	stagePublishWith(t, in, plain, "plain-again", nil)
 
-	enc, err := createWith(in, t, "plain-into-enc", encrypted, csitest.MntCapFS("ext4"), src)
+	_, err = createWith(in, t, "plain-into-enc", encrypted, csitest.MntCapFS("ext4"), src)
+	csitest.MustCode(t, err, codes.InvalidArgument, "an unencrypted snapshot restored into an encrypted class")
+	fresh, err := createWith(in, t, "fresh-enc", encrypted, csitest.MntCapFS("ext4"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := namesIn(imagePath(in, enc))
-	staging, err := stageWith(t, in, enc, "plain-into-enc", key)
-	csitest.MustCode(t, err, codes.FailedPrecondition, "an unencrypted restore staged in an encrypted class")
-	assertUntouched(t, in, enc, staging, "an unencrypted restore staged in an encrypted class")
-	if after := namesIn(imagePath(in, enc)); !slices.Equal(after, before) {
-		t.Fatalf("the refused stage changed the restore's root: %q, before %q", after, before)
+	if _, err := createWith(in, t, "fresh-enc-into-plain", nil, csitest.MntCapFS("ext4"), csitest.FromVolume(fresh)); err != nil {
+		t.Fatalf("a clone of an encrypted volume never staged into a class without encryption: %v", err)
 	}
-	back, err := createWith(in, t, "plain-into-enc-into-plain", nil, csitest.MntCapFS("ext4"), csitest.FromVolume(enc))
-	if err != nil {
-		t.Fatal(err)
+
+	// A filesystem that cannot encrypt under an encrypted volume (made
+	// here by hand: CreateVolume lets no such restore through).
+	mustRun(t, "mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "^encrypt", imagePath(in, fresh))
+	before := namesIn(imagePath(in, fresh))
+	staging, err := stageWith(t, in, fresh, "cannot-encrypt", key)
+	csitest.MustCode(t, err, codes.FailedPrecondition, "an encrypted volume whose filesystem cannot encrypt")
+	assertUntouched(t, in, fresh, staging, "an encrypted volume whose filesystem cannot encrypt")
+	if after := namesIn(imagePath(in, fresh)); !slices.Equal(after, before) {
+		t.Fatalf("the refused stage changed the filesystem's root: %q, before %q", after, before)
 	}
-	csitest.AssertFileBytes(t, filepath.Join(stagePublishWith(t, in, back, "back", nil).target, "notes"), []byte("plain"))
 
 	// Made, not yet encrypted: the state a crash between the two leaves.
 	v, err := createWith(in, t, "enc", encrypted, csitest.MntCapFS("ext4"), nil)
