@@ -3,7 +3,9 @@ package imagevol
 import (
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -186,6 +188,43 @@ func TestEncryptedImageVolume(t *testing.T) {
 	names := csitest.DirNames(t, filepath.Join(mnt, publish.EncryptedDataDir))
 	if len(names) != 1 || names[0] == "secret-notes" {
 		t.Errorf("names in the locked volume: %q; want one encrypted name", names)
+	}
+
+	// Nor does the data root's device, read raw once its filesystem is
+	// synced: no plaintext in a snapshot, restore, clone or freed block.
+	root := csitest.MountsAt(t, filepath.Dir(in.Opts.DataRoot))
+	if len(root) != 1 || !strings.HasPrefix(root[0].Source, "/dev/loop") {
+		t.Fatalf("the data root's filesystem: %v; want one loop device", root)
+	}
+	testfs.Sync(t, in.Opts.DataRoot)
+	if at := findIn(t, root[0].Source, marker[:64]); at >= 0 {
+		t.Fatalf("the data root's device %s holds the plaintext at byte %d", root[0].Source, at)
+	}
+}
+
+// findIn returns the offset of the first occurrence of pat in the file or
+// device p, or -1.
+func findIn(t *testing.T, p string, pat []byte) int64 {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4<<20+len(pat))
+	var off int64
+	for {
+		n, err := f.ReadAt(buf, off)
+		if i := bytes.Index(buf[:n], pat); i >= 0 {
+			return off + int64(i)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return -1
+			}
+			t.Fatal(err)
+		}
+		off += int64(n - len(pat))
 	}
 }
 
