@@ -106,11 +106,10 @@ func encryptData(v *contract.Volume, data string, id fscrypt.Identifier) error {
 
 // refuseEncrypted refuses (contract.ErrPrecondition) to stage volume v
 // without encryption when its filesystem, staged at stagingPath, holds an
-// encrypted volume's data (CreateVolume refuses such a restore or clone
-// already; this holds for an image changed by other means): a data
-// directory with a policy, which
-// a pod of an unencrypted volume cannot make (its filesystem has no encrypt
-// feature), whatever files it creates.
+// encrypted volume's data: a data directory with a policy, which a pod of
+// an unencrypted volume cannot make (its filesystem has no encrypt
+// feature), whatever files it creates. CreateVolume refuses such a restore
+// or clone already; this holds for an image changed by other means.
 func refuseEncrypted(v *contract.Volume, stagingPath string) error {
 	_, ok, err := fscrypt.Policy(filepath.Join(stagingPath, EncryptedDataDir))
 	switch {
