@@ -326,8 +326,10 @@ func (pb *Publisher) unstageImage(v *contract.Volume, stagingPath string) error 
 // unpublishedFirst refuses (contract.ErrPrecondition) to unstage volume id
 // while another mount still shows src, a publication the CO did not unpublish
 // that unstaging would leave on a device nobody can find again.
-// The volume's other recorded stages (an image volume staged at two paths)
-// show src too but are not publications.
+// The volume's other recorded stages (an image volume staged at two paths:
+// two PVs of it) show src too but are not publications, and neither are the
+// publications recorded as made from those other stages: they stay on the
+// filesystem those stages keep mounted.
 func (pb *Publisher) unpublishedFirst(id, src string) error {
 	points, err := pb.mnt.MountPoints(src)
 	if err != nil {
@@ -337,8 +339,24 @@ func (pb *Publisher) unpublishedFirst(id, src string) error {
 	if err != nil {
 		return err
 	}
+	pubs, err := pb.vols.Publications(id)
+	if err != nil {
+		return err
+	}
+	self := mount.ResolveExisting(src)
+	elsewhere := map[string]bool{}
+	for _, s := range stages {
+		if r := mount.ResolveExisting(s); r != self {
+			elsewhere[r] = true
+		}
+	}
+	for _, p := range pubs {
+		if p.StagingPath != "" && elsewhere[mount.ResolveExisting(p.StagingPath)] {
+			elsewhere[mount.ResolveExisting(p.TargetPath)] = true
+		}
+	}
 	for _, p := range points {
-		if !slices.ContainsFunc(stages, func(s string) bool { return mount.ResolveExisting(s) == mount.ResolveExisting(p) }) {
+		if r := mount.ResolveExisting(p); r != self && !elsewhere[r] {
 			return fmt.Errorf("%w: volume %s is still published at %q; unpublish it first", contract.ErrPrecondition, id, p)
 		}
 	}

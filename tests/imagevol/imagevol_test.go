@@ -497,25 +497,36 @@ func TestUnstageAtAnotherPathKeepsTheVolume(t *testing.T) {
 // C54: one image volume staged at two staging paths (two PVs with the same
 // volumeHandle on one node: the kubelet stages each PV at its own path).
 // Both stages are the same filesystem on one loop device, a write through
-// one publication is read through the other at once, and after both
-// unpublishes each unstage answers OK (the other stage is not a
-// publication), in either order, leaving nothing mounted or attached. A
-// real publication still blocks its unstage.
+// one publication is read through the other at once, and a publication
+// still blocks the unstage of its own stage. When one pod ends, its
+// unstage answers OK while the other pod (published from the other stage)
+// goes on reading; in either order, the last unstage leaves nothing
+// mounted or attached.
 func TestTwoStagesOfOneVolume(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.fs, func(t *testing.T) {
 			in := startImageRoot(t, k.dataRoot)
-			a := stagePublish(t, in, createImage(t, in, "twice", k.fs, k.size, nil), k.fs)
-			b := &vol{id: a.id, staging: csitest.Mkdir(t, filepath.Join(in.Dir, "staging-b")), target: filepath.Join(in.Dir, "target-b")}
-			if _, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
-				VolumeId: b.id, StagingTargetPath: b.staging, VolumeCapability: csitest.MntCapFS(k.fs)}); err != nil {
-				t.Fatalf("second NodeStageVolume: %v", err)
+			id := createImage(t, in, "twice", k.fs, k.size, nil)
+			// Two PVs of it, each staged at its own path and published to
+			// its own pod, as the kubelet does.
+			var a, b *vol
+			for _, pv := range []struct {
+				name string
+				v    **vol
+			}{{"a", &a}, {"b", &b}} {
+				v := &vol{id: id, staging: csitest.Mkdir(t, filepath.Join(in.Dir, "staging-"+pv.name)), target: filepath.Join(in.Dir, "target-"+pv.name)}
+				if _, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
+					VolumeId: id, StagingTargetPath: v.staging, VolumeCapability: csitest.MntCapFS(k.fs)}); err != nil {
+					t.Fatalf("NodeStageVolume %s: %v", pv.name, err)
+				}
+				if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
+					VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.MntCapFS(k.fs),
+					VolumeContext: map[string]string{"csi.storage.k8s.io/pod.uid": "pod-" + pv.name}}); err != nil {
+					t.Fatalf("NodePublishVolume %s: %v", pv.name, err)
+				}
+				t.Cleanup(func() { unpublishUnstage(t, in, v) })
+				*pv.v = v
 			}
-			if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
-				VolumeId: b.id, StagingTargetPath: b.staging, TargetPath: b.target, VolumeCapability: csitest.MntCapFS(k.fs)}); err != nil {
-				t.Fatalf("second NodePublishVolume: %v", err)
-			}
-			t.Cleanup(func() { unpublishUnstage(t, in, b) })
 			if devs := imageLoopDevs(t, in, a.id); len(devs) != 1 {
 				t.Fatalf("loop devices of an image staged twice: %v, want one", devs)
 			}
@@ -529,16 +540,23 @@ func TestTwoStagesOfOneVolume(t *testing.T) {
 			_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: b.id, StagingTargetPath: b.staging})
 			csitest.MustCode(t, err, codes.FailedPrecondition, "NodeUnstageVolume of a stage still published")
 
-			for _, v := range []*vol{a, b} {
+			// Each pod ends on its own (ext4: B's first, xfs: A's first):
+			// the first unstage answers OK while the other stage's
+			// publication (the other pod) goes on reading.
+			order := []*vol{b, a}
+			if k.fs == "xfs" {
+				order = []*vol{a, b}
+			}
+			for _, v := range order {
 				if _, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target}); err != nil {
 					t.Fatalf("NodeUnpublishVolume %s: %v", v.target, err)
 				}
-			}
-			// B first (the later stage), then A.
-			for _, v := range []*vol{b, a} {
 				_, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
 				csitest.MustCode(t, err, codes.OK, "NodeUnstageVolume "+v.staging+" with the volume staged elsewhere too")
 				v.done = true
+				if v == order[0] {
+					csitest.AssertFileBytes(t, filepath.Join(order[1].target, "shared"), data)
+				}
 			}
 			for _, p := range []string{a.staging, b.staging, a.target, b.target} {
 				if ms := csitest.MountsUnder(t, p); len(ms) != 0 {
