@@ -51,7 +51,7 @@ test: deps verify tools ## everything: unit, case, csi-sanity and cluster tests 
 # they fail, never skip, without it, so make unit leaves them out and
 # make test (as root) runs them. Naming a package that no longer exists makes
 # make unit fail rather than quietly run more or less than it says.
-ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/publish/loop ./pkg/publish/cgroup ./pkg/transfer ./pkg/publish/fscrypt
+ROOT_ONLY_PKGS := ./pkg/volume/engine ./pkg/publish/loop ./pkg/publish/cgroup ./pkg/transfer ./pkg/volume/fscrypt
 
 # UNPRIVILEGED_PKGS are the tests outside pkg/ that make unit runs too:
 # csi-sanity over mount.Fake and the dir engine on a temporary directory.

@@ -69,6 +69,9 @@ func OpenNode(opts driver.Options, mounter mount.Interface) (*Node, error) {
 	if err := store.Recover(pub); err != nil {
 		return nil, errors.Join(err, store.Close())
 	}
+	if err := pub.LockUnused(); err != nil {
+		klog.ErrorS(err, "Could not lock every unstaged encrypted directory volume")
+	}
 	klog.InfoS("Data root ready", "dataRoot", store.Root(), "engine", store.Engine(), "leftovers", len(store.Leftovers()))
 	return &Node{Store: store, Publisher: pub}, nil
 }

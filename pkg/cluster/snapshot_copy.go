@@ -211,7 +211,7 @@ func (r *LocalSnapshotReconciler) copy(ctx context.Context, cp *v1.LocalSnapshot
 	}
 	body, err := r.Transfer.Pull(ctx, ls.Spec.Node, ln.Status.Transfer.Address, ln.Status.Transfer.Certificate, cp.Name, base)
 	if err != nil {
-		if errors.Is(err, contract.ErrNotFound) || errors.Is(err, contract.ErrInvalid) {
+		if errors.Is(err, contract.ErrNotFound) || errors.Is(err, contract.ErrInvalid) || errors.Is(err, contract.ErrPrecondition) {
 			return fail(err)
 		}
 		return again(err)

@@ -129,7 +129,7 @@ const sourceGoneAfter = 10 * time.Minute
 
 // pull creates lv's volume from the data on node spec.contentSource.node.
 // A failure the source or the data rules out for good (not found, does not
-// fit, no room here) fails the volume; any other (the network, a node
+// fit, no room here, data that cannot leave its node) fails the volume; any other (the network, a node
 // plugin restarting, a stream cut short or not matching its digest, a
 // refusal while a key rotation is published) is recorded in
 // status.transfer and retried after transferRetry, until the source node
@@ -183,7 +183,7 @@ func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (l
 	r.event(lv, "Normal", "TransferStarted", "copying the data of %s from node %s (attempt %d)", sourceName(cs), cs.Node, t.Attempts)
 	body, err := r.Transfer.Pull(ctx, cs.Node, ln.Status.Transfer.Address, ln.Status.Transfer.Certificate, lv.Name, "")
 	if err != nil {
-		if errors.Is(err, contract.ErrNotFound) || errors.Is(err, contract.ErrInvalid) {
+		if errors.Is(err, contract.ErrNotFound) || errors.Is(err, contract.ErrInvalid) || errors.Is(err, contract.ErrPrecondition) {
 			return fail(err)
 		}
 		return again(err)

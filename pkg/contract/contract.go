@@ -66,12 +66,13 @@ const (
 var KnownParameters = []string{ParamDirMode, ParamTransferBandwidth, ParamEncryption}
 
 // ParamEncryption encrypts a volume at rest: EncryptionFscrypt (an ext4
-// image volume's data directory, with the key of the StorageClass's
-// node-stage Secret) or "none" (the default).
+// image volume's data directory, or a directory volume's directory on an
+// ext4 data root with the encrypt feature, with the key of the
+// StorageClass's node-stage Secret) or "none" (the default).
 const ParamEncryption = "encryption"
 
 // EncryptionFscrypt is the ParamEncryption value for the kernel's
-// filesystem encryption (pkg/publish/fscrypt).
+// filesystem encryption (pkg/volume/fscrypt).
 const EncryptionFscrypt = "fscrypt"
 
 // ParamTransferBandwidth caps the bytes per second of one restore or clone
@@ -149,9 +150,10 @@ func ParseParams(p map[string]string) (Params, error) {
 func Encrypted(p map[string]string) bool { return p[ParamEncryption] == EncryptionFscrypt }
 
 // CheckEncryption refuses (INVALID_ARGUMENT, before anything is made)
-// encryption on a volume that cannot have it: only the data directory of
-// an ext4 image volume is encrypted; xfs and btrfs have no fscrypt here, a
-// raw block volume has no filesystem of the driver's.
+// encryption on a volume that cannot have it: the data directory of an
+// ext4 image volume, or a directory volume (whose data root the node
+// checks: ext4 with the encrypt feature), is encrypted; xfs and btrfs have
+// no fscrypt here, a raw block volume has no filesystem of the driver's.
 func CheckEncryption(p Params, accessType AccessType, fsType string) error {
 	if p.Encryption == "" {
 		return nil
@@ -159,12 +161,8 @@ func CheckEncryption(p Params, accessType AccessType, fsType string) error {
 	switch {
 	case accessType == AccessBlock:
 		return status.Errorf(codes.InvalidArgument, "parameter %s=%s: a raw block volume cannot be encrypted by the driver (its filesystem is the pod's); use volumeMode Filesystem with csi.storage.k8s.io/fstype ext4", ParamEncryption, p.Encryption)
-	case fsType != "ext4":
-		what := "a directory volume (no csi.storage.k8s.io/fstype)"
-		if fsType != "" {
-			what = "fs_type " + fsType + " (no fscrypt for it in the node's kernel)"
-		}
-		return status.Errorf(codes.InvalidArgument, "parameter %s=%s needs an ext4 image volume (csi.storage.k8s.io/fstype: ext4); the request asks for %s", ParamEncryption, p.Encryption, what)
+	case fsType != "" && fsType != "ext4":
+		return status.Errorf(codes.InvalidArgument, "parameter %s=%s needs an ext4 image volume (csi.storage.k8s.io/fstype: ext4) or a directory volume on an ext4 data root made with the encrypt feature; the request asks for fs_type %s, which has no fscrypt in the node's kernel", ParamEncryption, p.Encryption, fsType)
 	}
 	return nil
 }

@@ -70,6 +70,11 @@ type Volume struct {
 	CreatedAt time.Time
 	// Node is the node id holding the volume (controller side only).
 	Node string
+	// KeySalt is the salt an encrypted directory volume's key is derived
+	// with (pkg/volume/fscrypt), its source's for a restore or clone, so
+	// that the same Secret unlocks every copy; nil for any other volume
+	// (an image volume keeps its salt in its filesystem). Not secret.
+	KeySalt []byte
 }
 
 // Snapshot is one CSI snapshot as the backends hand it to the CSI services.
@@ -100,6 +105,9 @@ type Snapshot struct {
 	// Copy marks a node's record of a snapshot cut on another node and
 	// received from it (node side only).
 	Copy bool
+	// KeySalt is the source's Volume.KeySalt: set for a snapshot of an
+	// encrypted directory volume.
+	KeySalt []byte
 }
 
 // Image reports whether the volume's data is an image file (raw block, or
@@ -108,3 +116,7 @@ func (v *Volume) Image() bool { return v.AccessType == AccessBlock || v.FsType !
 
 // Image reports whether the snapshot's data is an image file.
 func (s *Snapshot) Image() bool { return s.AccessType == AccessBlock || s.FsType != "" }
+
+// EncryptedDir reports whether v is an encrypted directory volume: its
+// directory carries an fscrypt policy once first staged.
+func (v *Volume) EncryptedDir() bool { return !v.Image() && Encrypted(v.Parameters) }

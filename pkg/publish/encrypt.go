@@ -9,7 +9,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
-	"github.com/localdir-csi/localdir/pkg/publish/fscrypt"
+	"github.com/localdir-csi/localdir/pkg/mount"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 )
 
 // An encrypted image volume (contract.ParamEncryption) is an ext4
@@ -144,4 +145,155 @@ func lockImage(v *contract.Volume, stagingPath string) error {
 	}
 	klog.V(2).InfoS("Encrypted volume locked", "volumeID", v.ID, "keyIdentifier", id)
 	return nil
+}
+
+// An encrypted directory volume (pkg/volume's encrypt.go) has its key on
+// the data root's keyring, which every volume on that filesystem shares,
+// and copies of a volume share its key. Keys of different volumes are kept
+// apart by their identifiers: a directory's policy names the one key that
+// opens it, and a key unlocks only the directories whose policy names it.
+// A key is removed at the unstage that leaves no staged volume encrypted
+// with it (keyInUse); keyMu orders that against the stages.
+
+// stageEncryptedDir adds the key of encrypted directory volume v, derived
+// from secrets and its KeySalt, encrypts its directory with it at the
+// first stage (when it is empty and has no policy), and bind-mounts the
+// directory at stagingPath. A key this call added, not used by another
+// staged volume, is removed again when it fails. Errors as unlockImage's.
+func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, mf mount.Flags, secrets map[string]string) error {
+	key, err := fscrypt.Key(secrets, v.KeySalt)
+	if err != nil {
+		return err
+	}
+	defer clear(key)
+	dir := pb.vols.DataPath(v)
+	pb.keyMu.Lock()
+	defer pb.keyMu.Unlock()
+	id, err := fscrypt.AddKey(dir, key)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.ID, err)
+	}
+	if err = encryptData(v, dir, id); err == nil {
+		err = pb.mnt.Bind(mount.Bind{Source: dir, Target: stagingPath, Flags: mf})
+	}
+	if err != nil {
+		if rerr := pb.removeUnusedKey(id); rerr != nil {
+			klog.ErrorS(rerr, "Could not remove the encryption key of a failed stage", "volumeID", v.ID)
+		}
+		return err
+	}
+	klog.V(2).InfoS("Encrypted directory volume unlocked", "volumeID", v.ID, "keyIdentifier", id)
+	return nil
+}
+
+// unstageEncryptedDir unmounts encrypted directory volume v's stage at
+// stagingPath and removes its key unless a staged volume still uses it.
+func (pb *Publisher) unstageEncryptedDir(v *contract.Volume, stagingPath string) error {
+	pb.keyMu.Lock()
+	defer pb.keyMu.Unlock()
+	if err := pb.mnt.Unmount(stagingPath); err != nil {
+		return err
+	}
+	return pb.lockDir(v)
+}
+
+// lockDir removes the key of encrypted directory volume v unless a staged
+// volume (v itself staged elsewhere too) uses it; keyMu is held.
+func (pb *Publisher) lockDir(v *contract.Volume) error {
+	dir := pb.vols.DataPath(v)
+	id, ok, err := fscrypt.Policy(dir)
+	if err != nil || !ok {
+		return err
+	}
+	return pb.removeUnusedKey(id)
+}
+
+// removeUnusedKey removes key id from the keyring of the data root unless
+// a staged volume uses it; keyMu is held. The ioctl goes through the data
+// root's directory: an fd on a directory encrypted with the key would keep
+// it busy ("incompletely removed").
+func (pb *Publisher) removeUnusedKey(id fscrypt.Identifier) error {
+	used, err := pb.usedKeys()
+	if err != nil {
+		return err
+	}
+	if used[id] {
+		klog.V(2).InfoS("Encryption key kept: a staged volume uses it", "keyIdentifier", id)
+		return nil
+	}
+	busy, err := fscrypt.RemoveKey(pb.root, id)
+	if err != nil {
+		return err
+	}
+	if busy {
+		klog.InfoS("Encryption key removed while files encrypted with it are still open; they lock when closed", "keyIdentifier", id)
+	} else {
+		klog.V(2).InfoS("Encryption key removed", "keyIdentifier", id)
+	}
+	return nil
+}
+
+// usedKeys returns the identifiers of the keys of the mounted (staged or
+// published) encrypted directory volumes.
+func (pb *Publisher) usedKeys() (map[fscrypt.Identifier]bool, error) {
+	vols, err := pb.vols.EncryptedDirs()
+	if err != nil {
+		return nil, err
+	}
+	used := map[fscrypt.Identifier]bool{}
+	for _, v := range vols {
+		p := pb.vols.DataPath(v)
+		mounted, err := pb.mnt.InUse(p)
+		if err != nil {
+			return nil, err
+		}
+		if !mounted {
+			continue
+		}
+		id, ok, err := fscrypt.Policy(p)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			used[id] = true
+		}
+	}
+	return used, nil
+}
+
+// LockUnused removes from the data root's keyring the keys of encrypted
+// directory volumes that no staged volume uses: what a process killed
+// between adding a key and mounting, or between unmounting and removing
+// it, left. Run at start, before the node serves.
+func (pb *Publisher) LockUnused() error {
+	pb.keyMu.Lock()
+	defer pb.keyMu.Unlock()
+	vols, err := pb.vols.EncryptedDirs()
+	if err != nil {
+		return err
+	}
+	used, err := pb.usedKeys()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range vols {
+		dir := pb.vols.DataPath(v)
+		id, ok, err := fscrypt.Policy(dir)
+		if err != nil || !ok || used[id] {
+			errs = append(errs, err)
+			continue
+		}
+		used[id] = true // removed once
+		if st, err := fscrypt.Status(dir, id); err != nil || st == fscrypt.KeyAbsent {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := fscrypt.RemoveKey(pb.root, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		klog.V(2).InfoS("Encryption key of an unstaged volume removed at start", "volumeID", v.ID, "keyIdentifier", id)
+	}
+	return errors.Join(errs...)
 }

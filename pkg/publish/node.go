@@ -12,9 +12,9 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/mount"
-	"github.com/localdir-csi/localdir/pkg/publish/fscrypt"
 	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 )
 
 // Staged and published state is read from the mount table (Config.Mounter),
@@ -65,6 +65,8 @@ func (pb *Publisher) Stage(id, stagingPath string, accessType contract.AccessTyp
 		return pb.stageBlock(id, stagingPath)
 	case v.FsType != "":
 		return pb.stageImage(v, stagingPath, flags, secrets)
+	case v.EncryptedDir():
+		return pb.stageEncryptedDir(v, stagingPath, mf, secrets)
 	}
 	return pb.mnt.Bind(mount.Bind{Source: pb.vols.DataPath(v), Target: stagingPath, Flags: mf})
 }
@@ -235,6 +237,8 @@ func (pb *Publisher) Unstage(ctx context.Context, id, stagingPath string) error 
 		return pb.unstageBlock(v, stagingPath)
 	case v.FsType != "":
 		return pb.unstageImage(v, stagingPath)
+	case v.EncryptedDir():
+		return pb.unstageEncryptedDir(v, stagingPath)
 	}
 	return pb.mnt.Unmount(stagingPath)
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/moby/sys/mountinfo"
 
@@ -34,6 +35,7 @@ type Volumes interface {
 	Lock(keys ...string) (func(), error)
 	LockWait(ctx context.Context, id string) (func(), error)
 	HoldRead(id, what string) (func(), error)
+	EncryptedDirs() ([]*contract.Volume, error)
 	Root() string
 	DataPath(v *contract.Volume) string
 	ImagePath(id string) string
@@ -68,6 +70,11 @@ type Publisher struct {
 	cg     *cgroup.Hierarchy // pod cgroups (nil: Config.CgroupRoot is "")
 	ioKick chan struct{}     // wakes RunIOLimits
 	pods   pods
+	// keyMu serializes the stages and unstages of encrypted directory
+	// volumes: their keys are shared on the data root's keyring, and an
+	// unstage must not remove a key between another stage's adding it and
+	// its mount (encrypt.go).
+	keyMu sync.Mutex
 }
 
 // New returns the node side of the volumes vols.

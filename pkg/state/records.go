@@ -29,6 +29,8 @@ type volumeJSON struct {
 	Engine            contract.Engine   `json:"engine,omitempty"`
 	CreatedAt         time.Time         `json:"createdAt"`
 	Node              string            `json:"-"`
+	// KeySalt: added after format 2; only encrypted directory volumes.
+	KeySalt []byte `json:"keySalt,omitempty"`
 }
 
 // snapshotJSON is how a contract.Snapshot is stored.
@@ -47,6 +49,8 @@ type snapshotJSON struct {
 	Nodes           []string `json:"-"`
 	// Copy: received from the node the snapshot was cut on.
 	Copy bool `json:"copy,omitempty"`
+	// KeySalt: added after format 2; only of encrypted directory volumes.
+	KeySalt []byte `json:"keySalt,omitempty"`
 }
 
 // Tx is one transaction over the records.

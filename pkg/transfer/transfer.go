@@ -269,6 +269,8 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 				code = http.StatusConflict
 			case errors.Is(err, contract.ErrInvalid), errors.Is(err, contract.ErrOutOfRange):
 				code = http.StatusUnprocessableEntity
+			case errors.Is(err, contract.ErrPrecondition):
+				code = http.StatusPreconditionFailed
 			}
 			http.Error(w, err.Error(), code)
 			return
@@ -340,7 +342,8 @@ type Client struct {
 // whose published certificate is certPEM. Errors: contract.ErrNotFound (the
 // peer holds no such source), contract.ErrRefused, contract.ErrBusy (the source is
 // being changed: retry), contract.ErrInvalid (the source does not fit the
-// volume), or a network error (retry).
+// volume), contract.ErrPrecondition (the source cannot leave its node: an
+// encrypted directory volume's), or a network error (retry).
 func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID, base string) (io.ReadCloser, error) {
 	tr, err := c.transport(node, address, certPEM)
 	if err != nil {
@@ -384,6 +387,8 @@ func (c *Client) Pull(ctx context.Context, node, address, certPEM, volumeID, bas
 		return nil, fmt.Errorf("%w: %s", contract.ErrBusy, why)
 	case http.StatusUnprocessableEntity:
 		return nil, fmt.Errorf("%w: %s", contract.ErrInvalid, why)
+	case http.StatusPreconditionFailed:
+		return nil, fmt.Errorf("%w: %s", contract.ErrPrecondition, why)
 	}
 	return nil, fmt.Errorf("%s (HTTP %d)", why, resp.StatusCode)
 }

@@ -46,7 +46,12 @@ func (m *Store) Create(spec contract.CreateSpec) (*contract.Volume, error) {
 		return nil, err
 	}
 	defer releaseSrc()
+	salt, err := m.keySaltFor(spec)
+	if err != nil {
+		return nil, err
+	}
 	return m.make(spec, func(v *contract.Volume, tmp string) error {
+		v.KeySalt = salt // recorded with the data it encrypts
 		return m.writeData(v, tmp, srcPath, spec.DirMode)
 	})
 }
@@ -190,6 +195,10 @@ func (m *Store) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint3
 		if err == nil {
 			err = preallocate(tmp, v.CapacityBytes)
 		}
+	case v.EncryptedDir() && v.SourceSnapshotID != "":
+		err = m.copyEncrypted("snapshot "+v.SourceSnapshotID, srcPath, tmp, true)
+	case v.EncryptedDir() && srcPath != "":
+		err = m.copyEncrypted("volume "+v.SourceVolumeID, srcPath, tmp, false)
 	case v.SourceSnapshotID != "":
 		err = m.eng.Restore(srcPath, tmp, v.CapacityBytes)
 	case srcPath != "":

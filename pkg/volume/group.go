@@ -94,7 +94,7 @@ func (sn *Snapshots) CreateGroupWithIDs(name string, sourceIDs, snapshotIDs []st
 	var dsts []string
 	for _, v := range vols {
 		s := &contract.Snapshot{ID: memberID[v.ID], Name: memberName(gid, v.ID), SourceVolumeID: v.ID, SizeBytes: v.CapacityBytes,
-			AccessType: v.AccessType, FsType: v.FsType, Engine: v.Engine, CreatedAt: now, GroupSnapshotID: gid}
+			AccessType: v.AccessType, FsType: v.FsType, Engine: v.Engine, CreatedAt: now, GroupSnapshotID: gid, KeySalt: v.KeySalt}
 		g.Snapshots = append(g.Snapshots, s)
 		dsts = append(dsts, m.snapPath(s))
 	}

@@ -34,6 +34,18 @@ func (a *NodeAccess) Create(spec contract.CreateSpec) (*contract.Volume, error) 
 // Delete is Store.Delete.
 func (a *NodeAccess) Delete(id string) error { return a.m.Delete(id) }
 
+// EncryptedDirs returns the encrypted directory volumes.
+func (a *NodeAccess) EncryptedDirs() ([]*contract.Volume, error) {
+	all, _, err := a.m.List("", 0)
+	var out []*contract.Volume
+	for _, v := range all {
+		if v.EncryptedDir() {
+			out = append(out, v)
+		}
+	}
+	return out, err
+}
+
 // Root is Store.Root.
 func (a *NodeAccess) Root() string { return a.m.root }
 

@@ -97,6 +97,7 @@ func (sn *Snapshots) Create(spec contract.SnapshotSpec) (*contract.Snapshot, err
 		FsType:         v.FsType,
 		Engine:         v.Engine,
 		CreatedAt:      time.Now().UTC(),
+		KeySalt:        v.KeySalt,
 	}
 	if err := m.land(landing{
 		what:  "snapshot",
@@ -136,9 +137,12 @@ func (sn *Snapshots) cutSnapshot(v *contract.Volume, tmp string, copyImage func(
 		return err
 	}
 	var err error
-	if v.Image() {
+	switch {
+	case v.Image():
 		err = copyImage(v, tmp)
-	} else {
+	case v.EncryptedDir():
+		err = m.copyEncrypted("volume "+v.ID, m.volDir(v.ID), tmp, false)
+	default:
 		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
 	}
 	if err != nil {

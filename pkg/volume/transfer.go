@@ -26,6 +26,9 @@ import (
 // contract.ErrNotFound, contract.ErrInvalid, contract.ErrOutOfRange,
 // contract.ErrBusy, or the stream's.
 func (m *Store) Send(spec contract.CreateSpec, w io.Writer) (engine.StreamStats, error) {
+	if err := m.staysHere(spec); err != nil {
+		return engine.StreamStats{}, err
+	}
 	path, release, err := m.sendSource(spec)
 	if err != nil {
 		return engine.StreamStats{}, err
@@ -46,6 +49,22 @@ func (m *Store) Send(spec contract.CreateSpec, w io.Writer) (engine.StreamStats,
 			"sourceVolume", spec.SourceVolumeID, "bytes", st.Bytes, "entries", st.Entries)
 	}
 	return st, err
+}
+
+// staysHere refuses (contract.ErrPrecondition) to send an encrypted
+// directory volume or its snapshot: its files are read and written with
+// its key, which the receiving node does not have before a stage.
+func (m *Store) staysHere(spec contract.CreateSpec) error {
+	what, salt := "", []byte(nil)
+	if s, err := m.snaps.Get(spec.SourceSnapshotID); err == nil {
+		what, salt = "snapshot "+s.ID, s.KeySalt
+	} else if v, err := m.Get(spec.SourceVolumeID); err == nil {
+		what, salt = "volume "+v.ID, v.KeySalt
+	}
+	if salt == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is an encrypted directory volume's and cannot leave its node; restore or clone it on that node, or use an encrypted image volume (csi.storage.k8s.io/fstype: ext4), whose ciphertext moves between nodes", contract.ErrPrecondition, what)
 }
 
 // sendBase returns the image of spec.BaseSnapshotID, read-held until its

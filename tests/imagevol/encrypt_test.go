@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/localdir-csi/localdir/pkg/publish"
-	"github.com/localdir-csi/localdir/pkg/publish/fscrypt"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
@@ -37,12 +37,19 @@ func createWith(in *testdriver.Instance, t *testing.T, name string, params map[s
 	return r.GetVolume().GetVolumeId(), err
 }
 
-// stageWith stages image volume id at a new staging path with secrets.
+// stageWith stages ext4 image volume id at a new staging path with secrets.
 func stageWith(t *testing.T, in *testdriver.Instance, id, name string, secrets map[string]string) (string, error) {
+	t.Helper()
+	return stageCap(t, in, id, name, csitest.MntCapFS("ext4"), secrets)
+}
+
+// stageCap stages volume id, of capability c, at a new staging path with
+// secrets.
+func stageCap(t *testing.T, in *testdriver.Instance, id, name string, c *csi.VolumeCapability, secrets map[string]string) (string, error) {
 	t.Helper()
 	staging := csitest.Mkdir(t, filepath.Join(in.Dir, "staging-"+name))
 	_, err := in.Node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.MntCapFS("ext4"), Secrets: secrets,
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: c, Secrets: secrets,
 	})
 	return staging, err
 }
@@ -230,13 +237,18 @@ func findIn(t *testing.T, p string, pat []byte) int64 {
 
 func stagePublishWith(t *testing.T, in *testdriver.Instance, id, name string, secrets map[string]string) *vol {
 	t.Helper()
+	return stagePublishCap(t, in, id, name, csitest.MntCapFS("ext4"), secrets)
+}
+
+func stagePublishCap(t *testing.T, in *testdriver.Instance, id, name string, c *csi.VolumeCapability, secrets map[string]string) *vol {
+	t.Helper()
 	v := &vol{id: id, target: filepath.Join(in.Dir, "target-"+name)}
 	var err error
-	if v.staging, err = stageWith(t, in, id, name, secrets); err != nil {
+	if v.staging, err = stageCap(t, in, id, name, c, secrets); err != nil {
 		t.Fatalf("NodeStageVolume %s: %v", name, err)
 	}
 	if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
-		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: csitest.MntCapFS("ext4")}); err != nil {
+		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: c}); err != nil {
 		t.Fatalf("NodePublishVolume %s: %v", name, err)
 	}
 	t.Cleanup(func() { unpublishUnstage(t, in, v) })

@@ -17,7 +17,8 @@ const (
 	Btrfs      = "btrfs"       // mkfs.btrfs, quotas (qgroups) enabled
 	XFSReflink = "xfs-reflink" // mkfs.xfs -m reflink=1
 	Ext4       = "ext4"
-	Tmpfs      = "tmpfs" // no loop device; size-limited tmpfs
+	Ext4Crypt  = "ext4-encrypt" // mkfs.ext4 -O encrypt: fscrypt works on it
+	Tmpfs      = "tmpfs"        // no loop device; size-limited tmpfs
 )
 
 // New mounts a fresh filesystem of the given kind and size (bytes) and
@@ -68,6 +69,8 @@ func newFS(t testing.TB, kind string, size int64, direct bool) string {
 		run(t, "mkfs.xfs", "-q", "-f", "-m", "reflink=1", img)
 	case Ext4:
 		run(t, "mkfs.ext4", "-q", "-F", img)
+	case Ext4Crypt:
+		run(t, "mkfs.ext4", "-q", "-F", "-O", "encrypt", img)
 	default:
 		t.Fatalf("unknown filesystem kind %q", kind)
 	}

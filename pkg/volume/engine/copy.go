@@ -36,7 +36,18 @@ func CopyTree(src, dst string) (CopyStats, error) { return copyTree(src, dst, fa
 // as CopyTree does for a live volume (case C34).
 func CopySnapshotTree(src, dst string) (CopyStats, error) { return copyTree(src, dst, true) }
 
+// CopyTreeInto is CopyTree (CopySnapshotTree with strict) into dst, an
+// empty directory that exists: one the caller prepared, such as one with
+// an encryption policy that every entry copied into it inherits.
+func CopyTreeInto(src, dst string, strict bool) (CopyStats, error) {
+	return copyTreeAt(src, dst, strict, false)
+}
+
 func copyTree(src, dst string, strict bool) (CopyStats, error) {
+	return copyTreeAt(src, dst, strict, true)
+}
+
+func copyTreeAt(src, dst string, strict, mkdir bool) (CopyStats, error) {
 	var st CopyStats
 	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -47,8 +58,10 @@ func copyTree(src, dst string, strict bool) (CopyStats, error) {
 	if err := unix.Fstat(sfd, &root); err != nil {
 		return st, err
 	}
-	if err := unix.Mkdir(dst, 0o700); err != nil {
-		return st, fmt.Errorf("mkdir %s: %w", dst, err)
+	if mkdir {
+		if err := unix.Mkdir(dst, 0o700); err != nil {
+			return st, fmt.Errorf("mkdir %s: %w", dst, err)
+		}
 	}
 	dfd, err := unix.Open(dst, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -141,11 +141,17 @@ func Salt(dir string) (salt []byte, fresh bool, err error) {
 	if salt, err := ReadSalt(dir); err == nil || !errors.Is(err, os.ErrNotExist) {
 		return salt, false, err
 	}
-	salt = make([]byte, SaltBytes)
+	salt, err = NewSalt()
+	return salt, err == nil, err
+}
+
+// NewSalt returns a new random salt of SaltBytes.
+func NewSalt() ([]byte, error) {
+	salt := make([]byte, SaltBytes)
 	if _, err := rand.Read(salt); err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	return salt, true, nil
+	return salt, nil
 }
 
 // WriteSalt writes salt into dir's SaltFile, durably (written to a
@@ -290,6 +296,18 @@ func Status(mnt string, id Identifier) (KeyStatus, error) {
 		return 0, fmt.Errorf("encryption key status on the filesystem at %s: %w", mnt, err)
 	}
 	return KeyStatus(arg.Status), nil
+}
+
+// Supported reports whether the filesystem that holds dir can encrypt:
+// contract.ErrInvalid when it cannot (no encrypt feature, a filesystem
+// without fscrypt), asked with FS_IOC_GET_ENCRYPTION_KEY_STATUS, which
+// ext4 answers only with the feature.
+func Supported(dir string) error {
+	_, err := Status(dir, Identifier{})
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTTY) {
+		return fmt.Errorf("%w: the filesystem of %s cannot encrypt: fscrypt needs ext4 made with the encrypt feature (mkfs.ext4 -O encrypt, or tune2fs -O encrypt while unmounted)", contract.ErrInvalid, dir)
+	}
+	return err
 }
 
 // Policy returns the identifier of the key of dir's v2 policy

@@ -1,0 +1,118 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
+)
+
+// An encrypted directory volume (contract.Volume.EncryptedDir) lives on an
+// ext4 data root made with the encrypt feature. Its directory is made
+// plain and empty; its first stage, which has the node-stage Secret, sets a
+// v2 policy on it with the key derived from the Secret and the record's
+// KeySalt (pkg/publish). Every file in it is then encrypted, and readable
+// only while that key is in the data root's keyring: between a stage and
+// the last unstage of a volume encrypted with it. Snapshots, restores and
+// clones carry the salt, so the same Secret unlocks them all and they have
+// their source's key; they are copied file by file (the kernel offers no
+// copy of ciphertext), so they need that key present: copyEncrypted.
+
+// keySaltFor returns the KeySalt of the volume spec creates, checked
+// against its source: nil unless it is an encrypted directory volume; for
+// a restore or clone the source's (held by the caller), else a new one.
+// Errors (contract.ErrInvalid): a data root that cannot encrypt, a source
+// encrypted while the new volume is not, or the other way round.
+func (m *Store) keySaltFor(spec contract.CreateSpec) ([]byte, error) {
+	want := spec.FsType == "" && spec.AccessType == contract.AccessMount && contract.Encrypted(spec.Parameters)
+	if want {
+		if m.eng.Name() != engine.Dir {
+			return nil, fmt.Errorf("%w: parameter %s=%s: a directory volume on a %s data root cannot be encrypted (fscrypt needs ext4 made with the encrypt feature); use csi.storage.k8s.io/fstype: ext4 for an encrypted image volume", contract.ErrInvalid, contract.ParamEncryption, contract.EncryptionFscrypt, m.eng.Name())
+		}
+		if err := fscrypt.Supported(m.volRoot); err != nil {
+			return nil, fmt.Errorf("%w; or use csi.storage.k8s.io/fstype: ext4 for an encrypted image volume", err)
+		}
+	}
+	var salt []byte
+	kind, id := "", ""
+	switch {
+	case spec.SourceSnapshotID != "":
+		s, err := m.snaps.Get(spec.SourceSnapshotID)
+		if err != nil {
+			return nil, err
+		}
+		if s.Image() {
+			return nil, nil // checkSourceEncryption's
+		}
+		salt, kind, id = s.KeySalt, "snapshot", s.ID
+	case spec.SourceVolumeID != "":
+		v, err := m.Get(spec.SourceVolumeID)
+		if err != nil {
+			return nil, err
+		}
+		if v.Image() {
+			return nil, nil
+		}
+		salt, kind, id = v.KeySalt, "volume", v.ID
+	case want:
+		return fscrypt.NewSalt()
+	default:
+		return nil, nil
+	}
+	switch {
+	case salt != nil && !want:
+		return nil, fmt.Errorf("%w: source %s %s holds an encrypted volume's data; restore or clone it with a StorageClass with %s: %s and the node-stage Secret it was made with", contract.ErrInvalid, kind, id, contract.ParamEncryption, contract.EncryptionFscrypt)
+	case salt == nil && want:
+		return nil, fmt.Errorf("%w: source %s %s holds unencrypted data, which an encrypted volume cannot take; restore or clone it with a StorageClass without %s", contract.ErrInvalid, kind, id, contract.ParamEncryption)
+	}
+	return salt, nil
+}
+
+// copyEncrypted copies the tree of encrypted directory volume or snapshot
+// what (for errors) at src to dst, which must not exist, with the policy
+// of src: a src never staged has none and is copied as it is (empty).
+// Reading and writing the files needs src's key in the data root's
+// keyring: contract.ErrPrecondition when it is absent, or goes during the
+// copy. strict: src must not change (a snapshot; CopySnapshotTree).
+func (m *Store) copyEncrypted(what, src, dst string, strict bool) error {
+	id, ok, err := fscrypt.Policy(src)
+	switch {
+	case err != nil:
+		return err
+	case !ok && strict:
+		_, err = engine.CopySnapshotTree(src, dst)
+		return err
+	case !ok:
+		_, err = engine.CopyTree(src, dst)
+		return err
+	}
+	st, err := fscrypt.Status(src, id)
+	if err != nil {
+		return err
+	}
+	if st != fscrypt.KeyPresent {
+		return m.keyAbsent(what, id)
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	if err := fscrypt.SetPolicy(dst, id); err != nil {
+		return err
+	}
+	if _, err := engine.CopyTreeInto(src, dst, strict); err != nil {
+		if errors.Is(err, unix.ENOKEY) {
+			return m.keyAbsent(what, id)
+		}
+		return err
+	}
+	return nil
+}
+
+func (m *Store) keyAbsent(what string, id fscrypt.Identifier) error {
+	return fmt.Errorf("%w: %s is encrypted (key identifier %s) and its key is not on this node now: a copy of an encrypted directory volume (snapshot, restore, clone) reads its files, which needs the key, present only while a volume encrypted with it is staged here; retry while a pod uses the volume (or a restore or clone of it)", contract.ErrPrecondition, what, id)
+}

@@ -1,0 +1,225 @@
+package imagevol
+
+import (
+	"bytes"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
+	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/testfs"
+)
+
+// An encrypted directory volume on an ext4 data root made with the encrypt
+// feature: its directory gets its policy at the first stage, which needs
+// the Secret; two volumes given one Secret have different keys; a second
+// stage with another key is refused; a snapshot, its restore and a clone
+// (taken while the key is on the node) have the source's key, and open
+// with the same Secret only; a key leaves the keyring at the unstage that
+// leaves no staged volume encrypted with it, and the directories are then
+// ciphertext; copies without the key are refused and make nothing; the
+// data root's device never holds the plaintext; locked volumes are
+// deleted.
+func TestEncryptedDirectoryVolume(t *testing.T) {
+	in := startImageRoot(t, testfs.Ext4Crypt)
+	key := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(11, 32))}
+	other := map[string]string{fscrypt.SecretPassphrase: "not the volume's passphrase"}
+	dirCap := csitest.MntCap()
+	volDir := func(id string) string { return filepath.Join(in.Opts.DataRoot, "volumes", id) }
+	policy := func(id string) (fscrypt.Identifier, bool) {
+		t.Helper()
+		kid, ok, err := fscrypt.Policy(volDir(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kid, ok
+	}
+	status := func(kid fscrypt.Identifier) fscrypt.KeyStatus {
+		t.Helper()
+		st, err := fscrypt.Status(in.Opts.DataRoot, kid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	create := func(name string, params map[string]string, src *csi.VolumeContentSource) string {
+		t.Helper()
+		id, err := createWith(in, t, name, params, dirCap, src)
+		if err != nil {
+			t.Fatalf("CreateVolume %s: %v", name, err)
+		}
+		return id
+	}
+	countSnapshots := func() int {
+		t.Helper()
+		l, err := in.Controller.ListSnapshots(csitest.Ctx(t), &csi.ListSnapshotsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l.GetEntries())
+	}
+
+	a := create("a", encrypted, nil)
+	if _, ok := policy(a); ok {
+		t.Fatal("a new encrypted directory volume has a policy before its first stage (which has the key)")
+	}
+	staging, err := stageCap(t, in, a, "a-nosecret", dirCap, nil)
+	csitest.MustCode(t, err, codes.InvalidArgument, "NodeStageVolume without the Secret")
+	if ms := csitest.MountsAt(t, staging); len(ms) != 0 {
+		t.Fatalf("a stage without the Secret mounted %s", staging)
+	}
+	va := stagePublishCap(t, in, a, "a", dirCap, key)
+	marker := bytes.Repeat([]byte("localdir-dir-plaintext-marker "), 4096)
+	if err := os.WriteFile(filepath.Join(va.target, "secret-notes"), marker, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ka, ok := policy(a)
+	if !ok || status(ka) != fscrypt.KeyPresent {
+		t.Fatalf("staged: policy %v, key %s; want a policy whose key is present", ok, status(ka))
+	}
+
+	// Another volume given the same Secret: another key.
+	b := create("b", encrypted, nil)
+	vb := stagePublishCap(t, in, b, "b", dirCap, key)
+	if err := os.WriteFile(filepath.Join(vb.target, "b-notes"), []byte("b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if kb, _ := policy(b); kb == ka {
+		t.Fatal("two volumes made apart with one Secret have the same key")
+	}
+
+	// A second stage of a with another key: refused, the first unharmed.
+	staging, err = stageCap(t, in, a, "a-otherkey", dirCap, other)
+	csitest.MustCode(t, err, codes.InvalidArgument, "NodeStageVolume with another key")
+	if ms := csitest.MountsAt(t, staging); len(ms) != 0 {
+		t.Fatalf("a stage with another key mounted %s", staging)
+	}
+	csitest.AssertFileBytes(t, filepath.Join(va.target, "secret-notes"), marker)
+
+	// Snapshot, restore, clone while the key is here: the source's key.
+	snap, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "a-snap", SourceVolumeId: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+	r := create("r", encrypted, csitest.FromSnapshot(sid))
+	c := create("c", encrypted, csitest.FromVolume(a))
+	var vr *vol
+	for _, id := range []string{r, c} {
+		if kid, ok := policy(id); !ok || kid != ka {
+			t.Fatalf("copy %s: policy %v, same key as its source %v; want the source's", id, ok, kid == ka)
+		}
+		staging, err := stageCap(t, in, id, "otherkey-"+id, dirCap, other)
+		csitest.MustCode(t, err, codes.InvalidArgument, "a copy staged with another key")
+		if !strings.Contains(err.Error(), "does not unlock") {
+			t.Errorf("a copy staged with another key: %v; want it to say the key does not unlock the volume", err)
+		}
+		if ms := csitest.MountsAt(t, staging); len(ms) != 0 {
+			t.Fatalf("a copy staged with another key mounted %s", staging)
+		}
+	}
+	vr = stagePublishCap(t, in, r, "r", dirCap, key)
+	csitest.AssertFileBytes(t, filepath.Join(vr.target, "secret-notes"), marker)
+	vc := stagePublishCap(t, in, c, "c", dirCap, key)
+	csitest.AssertFileBytes(t, filepath.Join(vc.target, "secret-notes"), marker)
+	unpublishUnstage(t, in, vc)
+
+	// Between encrypted and unencrypted classes: refused.
+	_, err = createWith(in, t, "plain-r", nil, dirCap, csitest.FromSnapshot(sid))
+	csitest.MustCode(t, err, codes.InvalidArgument, "a restore into a class without encryption")
+	p := create("p", nil, nil)
+	vp := stagePublishCap(t, in, p, "p", dirCap, nil)
+	if _, ok := policy(p); ok {
+		t.Fatal("an unencrypted directory volume got a policy")
+	}
+	unpublishUnstage(t, in, vp)
+	_, err = createWith(in, t, "p-into-enc", encrypted, dirCap, csitest.FromVolume(p))
+	csitest.MustCode(t, err, codes.InvalidArgument, "a clone of an unencrypted volume into an encrypted class")
+
+	// The key leaves with the last stage that uses it.
+	kb, _ := policy(b)
+	unpublishUnstage(t, in, vb)
+	if st := status(kb); st != fscrypt.KeyAbsent {
+		t.Fatalf("b's key after its unstage: %s; want absent", st)
+	}
+	if names := csitest.DirNames(t, volDir(b)); len(names) != 1 || names[0] == "b-notes" {
+		t.Fatalf("names in locked b: %q; want one encrypted name", names)
+	}
+	if st := status(ka); st != fscrypt.KeyPresent {
+		t.Fatalf("a's key after b's unstage: %s; want present", st)
+	}
+	unpublishUnstage(t, in, va)
+	if st := status(ka); st != fscrypt.KeyPresent {
+		t.Fatalf("a's key after a's unstage while its restore is staged: %s; want present (the restore uses it)", st)
+	}
+	csitest.AssertFileBytes(t, filepath.Join(vr.target, "secret-notes"), marker)
+	unpublishUnstage(t, in, vr)
+	if st := status(ka); st != fscrypt.KeyAbsent {
+		t.Fatalf("a's key after the last unstage: %s; want absent", st)
+	}
+	names := csitest.DirNames(t, volDir(a))
+	if len(names) != 1 || names[0] == "secret-notes" {
+		t.Fatalf("names in locked a: %q; want one encrypted name", names)
+	}
+	if _, err := os.ReadFile(filepath.Join(volDir(a), names[0])); err == nil {
+		t.Fatal("a locked volume's file reads")
+	}
+
+	// Copies without the key: refused, nothing made.
+	_, err = in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "a-locked", SourceVolumeId: a})
+	csitest.MustCode(t, err, codes.FailedPrecondition, "CreateSnapshot of a locked volume")
+	if n := countSnapshots(); n != 1 {
+		t.Fatalf("%d snapshots after the refused one; want 1", n)
+	}
+	for _, src := range []*csi.VolumeContentSource{csitest.FromSnapshot(sid), csitest.FromVolume(a)} {
+		_, err = createWith(in, t, "locked-copy", encrypted, dirCap, src)
+		csitest.MustCode(t, err, codes.FailedPrecondition, "a restore or clone of a locked volume")
+	}
+	l, err := in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
+	if err != nil || len(l.GetEntries()) != 5 {
+		t.Fatalf("volumes after the refused copies: %d, %v; want a, b, r, c, p", len(l.GetEntries()), err)
+	}
+	if leftovers, _ := filepath.Glob(filepath.Join(in.Opts.DataRoot, "*", ".creating*")); len(leftovers) != 0 {
+		t.Fatalf("the refused copies left %q", leftovers)
+	}
+
+	// Grown while locked; a restart finds it locked and it opens again.
+	if _, err := in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{
+		VolumeId: a, CapacityRange: csitest.Range(128*mib, 0)}); err != nil {
+		t.Fatalf("ControllerExpandVolume of a locked volume: %v", err)
+	}
+	va = stagePublishCap(t, in, a, "a-again", dirCap, key)
+	csitest.AssertFileBytes(t, filepath.Join(va.target, "secret-notes"), marker)
+	unpublishUnstage(t, in, va)
+
+	// No plaintext on the data root's device, read raw once synced.
+	root := csitest.MountsAt(t, filepath.Dir(in.Opts.DataRoot))
+	if len(root) != 1 || !strings.HasPrefix(root[0].Source, "/dev/loop") {
+		t.Fatalf("the data root's filesystem: %v; want one loop device", root)
+	}
+	testfs.Sync(t, in.Opts.DataRoot)
+	if at := findIn(t, root[0].Source, marker[:64]); at >= 0 {
+		t.Fatalf("the data root's device %s holds the plaintext at byte %d", root[0].Source, at)
+	}
+
+	// Locked volumes and snapshots are deleted.
+	if _, err := in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{a, b, r, c} {
+		if _, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatalf("DeleteVolume of locked %s: %v", id, err)
+		}
+		csitest.AssertGone(t, volDir(id))
+	}
+	if left := csitest.DirNames(t, filepath.Join(in.Opts.DataRoot, "snapshots")); !slices.Equal(left, []string{}) && len(left) != 0 {
+		t.Fatalf("snapshot data left: %q", left)
+	}
+}
