@@ -75,6 +75,10 @@ type Volume struct {
 	// that the same Secret unlocks every copy; nil for any other volume
 	// (an image volume keeps its salt in its filesystem). Not secret.
 	KeySalt []byte
+	// FillFrom is the snapshot an encrypted directory volume restored
+	// while its key was not on the node is filled from at its first
+	// stage, which has the key; "" once filled, and for any other volume.
+	FillFrom string
 }
 
 // Snapshot is one CSI snapshot as the backends hand it to the CSI services.

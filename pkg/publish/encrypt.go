@@ -157,8 +157,9 @@ func lockImage(v *contract.Volume, stagingPath string) error {
 
 // stageEncryptedDir adds the key of encrypted directory volume v, derived
 // from secrets and its KeySalt, encrypts its directory with it at the
-// first stage (when it is empty and has no policy), and bind-mounts the
-// directory at stagingPath. A key this call added, not used by another
+// first stage (when it is empty and has no policy; a restore made while
+// the key was not on the node is filled then: FillPending), and
+// bind-mounts the directory at stagingPath. A key this call added, not used by another
 // staged volume, is removed again when it fails. Errors as unlockImage's.
 func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, mf mount.Flags, secrets map[string]string) error {
 	key, err := fscrypt.Key(secrets, v.KeySalt)
@@ -173,7 +174,16 @@ func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, m
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
-	if err = encryptData(v, dir, id); err == nil {
+	if v.FillFrom != "" {
+		var filled *contract.Volume
+		if filled, err = pb.vols.FillPending(v, id); err == nil {
+			v = filled
+		}
+	}
+	if err == nil {
+		err = encryptData(v, dir, id)
+	}
+	if err == nil {
 		err = pb.mnt.Bind(mount.Bind{Source: dir, Target: stagingPath, Flags: mf})
 	}
 	if err != nil {

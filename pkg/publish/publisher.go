@@ -23,6 +23,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/publish/loop"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 )
 
 // Volumes is what the node side needs of the volumes (pkg/volume's Store).
@@ -36,6 +37,7 @@ type Volumes interface {
 	LockWait(ctx context.Context, id string) (func(), error)
 	HoldRead(id, what string) (func(), error)
 	EncryptedDirs() ([]*contract.Volume, error)
+	FillPending(v *contract.Volume, id fscrypt.Identifier) (*contract.Volume, error)
 	Root() string
 	DataPath(v *contract.Volume) string
 	ImagePath(id string) string

@@ -29,8 +29,10 @@ type volumeJSON struct {
 	Engine            contract.Engine   `json:"engine,omitempty"`
 	CreatedAt         time.Time         `json:"createdAt"`
 	Node              string            `json:"-"`
-	// KeySalt: added after format 2; only encrypted directory volumes.
-	KeySalt []byte `json:"keySalt,omitempty"`
+	// KeySalt, FillFrom: added after format 2; only encrypted directory
+	// volumes.
+	KeySalt  []byte `json:"keySalt,omitempty"`
+	FillFrom string `json:"fillFrom,omitempty"`
 }
 
 // snapshotJSON is how a contract.Snapshot is stored.

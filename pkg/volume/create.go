@@ -196,7 +196,7 @@ func (m *Store) writeData(v *contract.Volume, tmp, srcPath string, dirMode uint3
 			err = preallocate(tmp, v.CapacityBytes)
 		}
 	case v.EncryptedDir() && v.SourceSnapshotID != "":
-		err = m.copyEncrypted("snapshot "+v.SourceSnapshotID, srcPath, tmp, true)
+		err = m.restoreEncrypted(v, srcPath, tmp)
 	case v.EncryptedDir() && srcPath != "":
 		err = m.copyEncrypted("volume "+v.SourceVolumeID, srcPath, tmp, false)
 	case v.SourceSnapshotID != "":

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
 	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 )
@@ -21,7 +24,10 @@ import (
 // the last unstage of a volume encrypted with it. Snapshots, restores and
 // clones carry the salt, so the same Secret unlocks them all and they have
 // their source's key; they are copied file by file (the kernel offers no
-// copy of ciphertext), so they need that key present: copyEncrypted.
+// copy of ciphertext), so they need that key present: copyEncrypted. A
+// restore made while it is not is filled from its snapshot at its first
+// stage instead (FillFrom, FillPending), and the snapshot is kept until
+// then.
 
 // keySaltFor returns the KeySalt of the volume spec creates, checked
 // against its source: nil unless it is an encrypted directory volume; for
@@ -57,6 +63,9 @@ func (m *Store) keySaltFor(spec contract.CreateSpec) ([]byte, error) {
 		}
 		if v.Image() {
 			return nil, nil
+		}
+		if err := filled(v); err != nil {
+			return nil, err
 		}
 		salt, kind, id = v.KeySalt, "volume", v.ID
 	case want:
@@ -96,7 +105,7 @@ func (m *Store) copyEncrypted(what, src, dst string, strict bool) error {
 		return err
 	}
 	if st != fscrypt.KeyPresent {
-		return m.keyAbsent(what, id)
+		return fmt.Errorf("%w: %w", errKeyAbsent, m.keyAbsent(what, id))
 	}
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return err
@@ -113,6 +122,110 @@ func (m *Store) copyEncrypted(what, src, dst string, strict bool) error {
 	return nil
 }
 
+// errKeyAbsent marks copyEncrypted's refusal before it made anything.
+var errKeyAbsent = errors.New("the key is absent")
+
 func (m *Store) keyAbsent(what string, id fscrypt.Identifier) error {
 	return fmt.Errorf("%w: %s is encrypted (key identifier %s) and its key is not on this node now: a copy of an encrypted directory volume (snapshot, restore, clone) reads its files, which needs the key, present only while a volume encrypted with it is staged here; retry while a pod uses the volume (or a restore or clone of it)", contract.ErrPrecondition, what, id)
+}
+
+// filled refuses (contract.ErrPrecondition) to copy volume v while it
+// waits for its first stage to fill it (FillFrom).
+func filled(v *contract.Volume) error {
+	if v.FillFrom == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: volume %s is restored from snapshot %s at its first stage, which has not happened yet; a snapshot or clone of it can be taken once a pod has used it", contract.ErrPrecondition, v.ID, v.FillFrom)
+}
+
+// restoreEncrypted writes at tmp the restore v of encrypted directory
+// snapshot src: a copy when its key is on the node (copyEncrypted), else
+// an empty directory that its first stage fills (v.FillFrom is set).
+func (m *Store) restoreEncrypted(v *contract.Volume, src, tmp string) error {
+	err := m.copyEncrypted("snapshot "+v.SourceSnapshotID, src, tmp, true)
+	if !errors.Is(err, errKeyAbsent) {
+		return err
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	v.FillFrom = v.SourceSnapshotID
+	return nil
+}
+
+// FillPending fills encrypted directory volume v (FillFrom set, staged now
+// by its first stage, under its lock) from its snapshot, with key id (the
+// stage's Secret's, in the keyring): v's directory is encrypted with id
+// and the snapshot's tree copied into it, synced, and the record forgets
+// FillFrom; a fill a crash cut short is emptied and done again. It returns
+// v as recorded then. Errors: contract.ErrInvalid when id is not the
+// snapshot's key (the Secret does not unlock it); the copy's.
+func (m *Store) FillPending(v *contract.Volume, id fscrypt.Identifier) (*contract.Volume, error) {
+	release, err := m.holds.read(v.FillFrom, "a restore's fill")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	s, err := m.snaps.Get(v.FillFrom)
+	if err != nil {
+		return nil, err
+	}
+	src, dir := m.snapPath(s), m.volDir(v.ID)
+	for _, p := range []string{src, dir} {
+		have, ok, err := fscrypt.Policy(p)
+		if err != nil {
+			return nil, err
+		}
+		if ok && have != id {
+			return nil, fmt.Errorf("%w: the node-stage Secret's key does not unlock volume %s (it gives key identifier %s; the snapshot %s it is restored from is encrypted with %s): use the Secret the snapshot's volume was made with", contract.ErrInvalid, v.ID, id, s.ID, have)
+		}
+		if p == dir && ok {
+			if err := removeChildren(dir); err != nil {
+				return nil, err
+			}
+		} else if p == dir {
+			if err := fscrypt.SetPolicy(dir, id); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if _, err := engine.CopyTreeInto(src, dir, true); err != nil {
+		return nil, fmt.Errorf("fill volume %s from snapshot %s: %w", v.ID, s.ID, err)
+	}
+	if err := syncFS(dir); err != nil {
+		return nil, err
+	}
+	filled := *v
+	filled.FillFrom = ""
+	if err := m.st.Update(func(tx *state.Tx) error { return tx.PutVolume(&filled) }); err != nil {
+		return nil, err
+	}
+	klog.InfoS("Encrypted directory volume filled from its snapshot at its first stage", "volumeID", v.ID, "snapshotID", s.ID)
+	return &filled, nil
+}
+
+// removeChildren removes what directory dir holds.
+func removeChildren(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillingFrom returns a volume that its first stage fills from snapshot
+// id, or "": the snapshot is kept until then.
+func (m *Store) fillingFrom(id string) (string, error) {
+	vols, _, err := m.List("", 0)
+	for _, v := range vols {
+		if v.FillFrom == id {
+			return v.ID, err
+		}
+	}
+	return "", err
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/contract"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 )
 
 // NodeAccess is what the node side (pkg/publish) may do with a Store's
@@ -44,6 +45,11 @@ func (a *NodeAccess) EncryptedDirs() ([]*contract.Volume, error) {
 		}
 	}
 	return out, err
+}
+
+// FillPending is Store.FillPending.
+func (a *NodeAccess) FillPending(v *contract.Volume, id fscrypt.Identifier) (*contract.Volume, error) {
+	return a.m.FillPending(v, id)
 }
 
 // Root is Store.Root.

@@ -141,7 +141,9 @@ func (sn *Snapshots) cutSnapshot(v *contract.Volume, tmp string, copyImage func(
 	case v.Image():
 		err = copyImage(v, tmp)
 	case v.EncryptedDir():
-		err = m.copyEncrypted("volume "+v.ID, m.volDir(v.ID), tmp, false)
+		if err = filled(v); err == nil {
+			err = m.copyEncrypted("volume "+v.ID, m.volDir(v.ID), tmp, false)
+		}
 	default:
 		err = m.eng.Snapshot(m.volDir(v.ID), tmp)
 	}
@@ -152,7 +154,9 @@ func (sn *Snapshots) cutSnapshot(v *contract.Volume, tmp string, copyImage func(
 }
 
 // Delete removes a snapshot (record first, then data); unknown ids succeed.
-// Errors: contract.ErrBusy while a restore reads it (case C34).
+// Errors: contract.ErrBusy while a restore reads it (case C34);
+// contract.ErrPrecondition while a restore waits to be filled from it at
+// its first stage (contract.Volume.FillFrom).
 func (sn *Snapshots) Delete(id string) error {
 	m := sn.m
 	if !contract.ValidSnapshotID(id) {
@@ -168,6 +172,12 @@ func (sn *Snapshots) Delete(id string) error {
 		return nil
 	}
 	if err != nil {
+		return err
+	}
+	if vid, err := m.fillingFrom(id); err != nil || vid != "" {
+		if err == nil {
+			err = fmt.Errorf("%w: snapshot %s is in use: encrypted volume %s, restored from it while its key was not on the node, is filled from it at its first stage; delete the snapshot after a pod has used that volume, or delete the volume", contract.ErrPrecondition, id, vid)
+		}
 		return err
 	}
 	if err := m.unland("snapshot", id, m.snapPath(s), func(tx *state.Tx) error { return tx.DeleteSnapshot(id) }); err != nil {

@@ -24,9 +24,10 @@ import (
 // (taken while the key is on the node) have the source's key, and open
 // with the same Secret only; a key leaves the keyring at the unstage that
 // leaves no staged volume encrypted with it, and the directories are then
-// ciphertext; copies without the key are refused and make nothing; the
-// data root's device never holds the plaintext; locked volumes are
-// deleted.
+// ciphertext; without the key a snapshot or clone is refused and makes
+// nothing, and a restore is filled at its first stage (its snapshot kept
+// until then); the data root's device never holds the plaintext; locked
+// volumes are deleted.
 func TestEncryptedDirectoryVolume(t *testing.T) {
 	in := startImageRoot(t, testfs.Ext4Crypt)
 	key := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(11, 32))}
@@ -172,16 +173,14 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 		t.Fatal("a locked volume's file reads")
 	}
 
-	// Copies without the key: refused, nothing made.
+	// Without the key: a snapshot or clone is refused and makes nothing.
 	_, err = in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "a-locked", SourceVolumeId: a})
 	csitest.MustCode(t, err, codes.FailedPrecondition, "CreateSnapshot of a locked volume")
 	if n := countSnapshots(); n != 1 {
 		t.Fatalf("%d snapshots after the refused one; want 1", n)
 	}
-	for _, src := range []*csi.VolumeContentSource{csitest.FromSnapshot(sid), csitest.FromVolume(a)} {
-		_, err = createWith(in, t, "locked-copy", encrypted, dirCap, src)
-		csitest.MustCode(t, err, codes.FailedPrecondition, "a restore or clone of a locked volume")
-	}
+	_, err = createWith(in, t, "locked-clone", encrypted, dirCap, csitest.FromVolume(a))
+	csitest.MustCode(t, err, codes.FailedPrecondition, "a clone of a locked volume")
 	l, err := in.Controller.ListVolumes(csitest.Ctx(t), &csi.ListVolumesRequest{})
 	if err != nil || len(l.GetEntries()) != 5 {
 		t.Fatalf("volumes after the refused copies: %d, %v; want a, b, r, c, p", len(l.GetEntries()), err)
@@ -190,12 +189,60 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 		t.Fatalf("the refused copies left %q", leftovers)
 	}
 
-	// Grown while locked; a restart finds it locked and it opens again.
+	// A restore without the key is made empty and filled at its first
+	// stage; its snapshot is kept until then.
+	late := create("late", encrypted, csitest.FromSnapshot(sid))
+	if names := csitest.DirNames(t, volDir(late)); len(names) != 0 {
+		t.Fatalf("a restore made without the key holds %q", names)
+	}
+	_, err = in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid})
+	csitest.MustCode(t, err, codes.FailedPrecondition, "DeleteSnapshot while a restore waits to be filled from it")
+	staging, err = stageCap(t, in, late, "late-otherkey", dirCap, other)
+	csitest.MustCode(t, err, codes.InvalidArgument, "the first stage of a waiting restore with another key")
+	if ms := csitest.MountsAt(t, staging); len(ms) != 0 {
+		t.Fatalf("the first stage of a waiting restore with another key mounted %s", staging)
+	}
+	if names := csitest.DirNames(t, volDir(late)); len(names) != 0 {
+		t.Fatalf("a refused stage filled the waiting restore: %q", names)
+	}
+	// Key on the node (a staged), restore not yet filled: not copied.
+	va = stagePublishCap(t, in, a, "a-again", dirCap, key)
+	_, err = in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "late-snap", SourceVolumeId: late})
+	csitest.MustCode(t, err, codes.FailedPrecondition, "CreateSnapshot of a restore not yet filled")
+	_, err = createWith(in, t, "late-clone", encrypted, dirCap, csitest.FromVolume(late))
+	csitest.MustCode(t, err, codes.FailedPrecondition, "a clone of a restore not yet filled")
+	// What a crash during the fill leaves: the policy set, a partial copy.
+	if err := fscrypt.SetPolicy(volDir(late), ka); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(volDir(late), "partial"), []byte("cut short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unpublishUnstage(t, in, va)
+	vl := stagePublishCap(t, in, late, "late", dirCap, key)
+	csitest.AssertFileBytes(t, filepath.Join(vl.target, "secret-notes"), marker)
+	if names := csitest.DirNames(t, vl.target); !slices.Equal(names, []string{"secret-notes"}) {
+		t.Fatalf("the restore filled over a fill cut short holds %q; want the snapshot's files only", names)
+	}
+	if kid, _ := policy(late); kid != ka {
+		t.Fatal("the restore filled at its first stage has another key than its snapshot")
+	}
+	if err := os.WriteFile(filepath.Join(vl.target, "late-notes"), []byte("late"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unpublishUnstage(t, in, vl)
+	vl = stagePublishCap(t, in, late, "late-again", dirCap, key)
+	if names := csitest.DirNames(t, vl.target); !slices.Equal(names, []string{"late-notes", "secret-notes"}) {
+		t.Fatalf("the filled restore staged again holds %q; want its own writes kept (filled once)", names)
+	}
+	unpublishUnstage(t, in, vl)
+
+	// Grown while locked, it opens again.
 	if _, err := in.Controller.ControllerExpandVolume(csitest.Ctx(t), &csi.ControllerExpandVolumeRequest{
 		VolumeId: a, CapacityRange: csitest.Range(128*mib, 0)}); err != nil {
 		t.Fatalf("ControllerExpandVolume of a locked volume: %v", err)
 	}
-	va = stagePublishCap(t, in, a, "a-again", dirCap, key)
+	va = stagePublishCap(t, in, a, "a-grown", dirCap, key)
 	csitest.AssertFileBytes(t, filepath.Join(va.target, "secret-notes"), marker)
 	unpublishUnstage(t, in, va)
 
@@ -213,7 +260,7 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 	if _, err := in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid}); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{a, b, r, c} {
+	for _, id := range []string{a, b, r, c, late} {
 		if _, err := in.Controller.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 			t.Fatalf("DeleteVolume of locked %s: %v", id, err)
 		}

@@ -184,10 +184,14 @@ func list(t *testing.T, dir string) []string {
 	return names
 }
 
-// A filesystem without the encrypt feature refuses the key with
-// contract.ErrPrecondition; a non-empty directory cannot get a policy.
+// A filesystem without the encrypt feature is not Supported
+// (contract.ErrInvalid) and refuses the key with contract.ErrPrecondition;
+// one with it is; a non-empty directory cannot get a policy.
 func TestRefusals(t *testing.T) {
 	plain, _ := encryptFS(t, "^encrypt")
+	if err := Supported(plain); !errors.Is(err, contract.ErrInvalid) {
+		t.Fatalf("Supported on ext4 without encrypt: %v; want ErrInvalid", err)
+	}
 	key, err := Key(map[string]string{SecretKey: strings.Repeat("78", 32)}, make([]byte, SaltBytes))
 	if err != nil {
 		t.Fatal(err)
@@ -196,6 +200,9 @@ func TestRefusals(t *testing.T) {
 		t.Fatalf("AddKey on ext4 without encrypt: %v; want ErrPrecondition", err)
 	}
 	mnt, _ := encryptFS(t, "encrypt")
+	if err := Supported(mnt); err != nil {
+		t.Fatalf("Supported on ext4 with encrypt: %v", err)
+	}
 	id, err := AddKey(mnt, key)
 	if err != nil {
 		t.Fatal(err)
