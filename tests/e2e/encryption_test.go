@@ -25,8 +25,9 @@ import (
 
 // encryptedClass creates a WaitForFirstConsumer ext4 StorageClass with
 // encryption: fscrypt whose node-stage Secret is secret in the PVC's
-// namespace; it is deleted with the test.
-func encryptedClass(t *testing.T, name, secret string) string {
+// namespace; it is deleted with the test. fsType "" makes it a class of
+// directory volumes.
+func encryptedClass(t *testing.T, name, secret string, fsType ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	wffc, del := storagev1.VolumeBindingWaitForFirstConsumer, corev1.PersistentVolumeReclaimDelete
@@ -38,6 +39,9 @@ func encryptedClass(t *testing.T, name, secret string) string {
 			"csi.storage.k8s.io/node-stage-secret-name":      secret,
 			"csi.storage.k8s.io/node-stage-secret-namespace": "${pvc.namespace}",
 		}}
+	if len(fsType) > 0 && fsType[0] == "" {
+		delete(sc.Parameters, "csi.storage.k8s.io/fstype")
+	}
 	if _, err := kc.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -154,4 +158,34 @@ func TestEncryptedVolume(t *testing.T) {
 		t.Fatalf("pod wrongkey is %s; want Pending (ContainerCreating)", p.Status.Phase)
 	}
 	t.Logf("encrypted volume %s on %s: image without plaintext, locked after unstage, read back; wrong key: %s", id, n.Name, why)
+}
+
+// An encrypted directory volume (a class without fstype) on nodes whose
+// data roots cannot encrypt (btrfs, xfs): the PVC stays Pending with a
+// ProvisioningFailed Event that says why and what to use instead.
+func TestEncryptedDirectoryVolumeRefused(t *testing.T) {
+	needCluster(t)
+	ns := namespace(t, "encryption-dir")
+	keySecret(t, ns, "volume-key")
+	sc := encryptedClass(t, "e2e-encrypted-dir", "volume-key", "")
+	createPVC(t, ns, "data", sc, "64Mi")
+	createPod(t, ns, "writer", pvcVolume("data", "/data"))
+	var why string
+	waitFor(t, "a ProvisioningFailed Event saying the data root cannot encrypt", 3*time.Minute, func() (bool, error) {
+		for _, e := range events(t, ns, "PersistentVolumeClaim", "data") {
+			if strings.HasPrefix(e, "ProvisioningFailed") && strings.Contains(e, "cannot encrypt") && strings.Contains(e, "fstype: ext4") {
+				why = e
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	pvc, err := kc.CoreV1().PersistentVolumeClaims(ns).Get(context.Background(), "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pvc.Status.Phase != corev1.ClaimPending {
+		t.Fatalf("PVC data is %s; want Pending", pvc.Status.Phase)
+	}
+	t.Logf("encrypted directory volume on a data root that cannot encrypt: %s", why)
 }
