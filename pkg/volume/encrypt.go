@@ -38,7 +38,7 @@ func (m *Store) keySaltFor(spec contract.CreateSpec) ([]byte, error) {
 	want := spec.FsType == "" && spec.AccessType == contract.AccessMount && contract.Encrypted(spec.Parameters)
 	if want {
 		if m.eng.Name() != engine.Dir {
-			return nil, fmt.Errorf("%w: parameter %s=%s: a directory volume on a %s data root cannot be encrypted (fscrypt needs ext4 made with the encrypt feature); use csi.storage.k8s.io/fstype: ext4 for an encrypted image volume", contract.ErrInvalid, contract.ParamEncryption, contract.EncryptionFscrypt, m.eng.Name())
+			return nil, fmt.Errorf("%w: parameter %s=%s: this node's data root is %s, which cannot encrypt a directory volume (fscrypt needs ext4 made with the encrypt feature); use csi.storage.k8s.io/fstype: ext4 for an encrypted image volume", contract.ErrInvalid, contract.ParamEncryption, contract.EncryptionFscrypt, m.eng.Name())
 		}
 		if err := fscrypt.Supported(m.volRoot); err != nil {
 			return nil, fmt.Errorf("%w; or use csi.storage.k8s.io/fstype: ext4 for an encrypted image volume", err)

@@ -199,12 +199,19 @@ func TestEncryptedImageVolume(t *testing.T) {
 
 	// Nor does the data root's device, read raw once its filesystem is
 	// synced: no plaintext in a snapshot, restore, clone or freed block.
+	assertNotOnDataRoot(t, in, marker[:64])
+}
+
+// assertNotOnDataRoot fails when a raw read of the device under in's data
+// root (a loop device), once its filesystem is synced, finds pat.
+func assertNotOnDataRoot(t *testing.T, in *testdriver.Instance, pat []byte) {
+	t.Helper()
 	root := csitest.MountsAt(t, filepath.Dir(in.Opts.DataRoot))
 	if len(root) != 1 || !strings.HasPrefix(root[0].Source, "/dev/loop") {
 		t.Fatalf("the data root's filesystem: %v; want one loop device", root)
 	}
 	testfs.Sync(t, in.Opts.DataRoot)
-	if at := findIn(t, root[0].Source, marker[:64]); at >= 0 {
+	if at := findIn(t, root[0].Source, pat); at >= 0 {
 		t.Fatalf("the data root's device %s holds the plaintext at byte %d", root[0].Source, at)
 	}
 }

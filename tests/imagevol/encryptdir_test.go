@@ -247,14 +247,7 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 	unpublishUnstage(t, in, va)
 
 	// No plaintext on the data root's device, read raw once synced.
-	root := csitest.MountsAt(t, filepath.Dir(in.Opts.DataRoot))
-	if len(root) != 1 || !strings.HasPrefix(root[0].Source, "/dev/loop") {
-		t.Fatalf("the data root's filesystem: %v; want one loop device", root)
-	}
-	testfs.Sync(t, in.Opts.DataRoot)
-	if at := findIn(t, root[0].Source, marker[:64]); at >= 0 {
-		t.Fatalf("the data root's device %s holds the plaintext at byte %d", root[0].Source, at)
-	}
+	assertNotOnDataRoot(t, in, marker[:64])
 
 	// Locked volumes and snapshots are deleted.
 	if _, err := in.Controller.DeleteSnapshot(csitest.Ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: sid}); err != nil {
