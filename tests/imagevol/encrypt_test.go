@@ -249,13 +249,24 @@ func stagePublishWith(t *testing.T, in *testdriver.Instance, id, name string, se
 
 func stagePublishCap(t *testing.T, in *testdriver.Instance, id, name string, c *csi.VolumeCapability, secrets map[string]string) *vol {
 	t.Helper()
+	return stagePublishPod(t, in, id, name, c, secrets, "")
+}
+
+// stagePublishPod stages volume id with secrets and publishes it, as the
+// kubelet does with podInfoOnMount for the pod with uid ("": none).
+func stagePublishPod(t *testing.T, in *testdriver.Instance, id, name string, c *csi.VolumeCapability, secrets map[string]string, uid string) *vol {
+	t.Helper()
 	v := &vol{id: id, target: filepath.Join(in.Dir, "target-"+name)}
 	var err error
 	if v.staging, err = stageCap(t, in, id, name, c, secrets); err != nil {
 		t.Fatalf("NodeStageVolume %s: %v", name, err)
 	}
+	var vc map[string]string
+	if uid != "" {
+		vc = map[string]string{"csi.storage.k8s.io/pod.uid": uid}
+	}
 	if _, err := in.Node.NodePublishVolume(csitest.Ctx(t), &csi.NodePublishVolumeRequest{
-		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: c}); err != nil {
+		VolumeId: id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: c, VolumeContext: vc}); err != nil {
 		t.Fatalf("NodePublishVolume %s: %v", name, err)
 	}
 	t.Cleanup(func() { unpublishUnstage(t, in, v) })

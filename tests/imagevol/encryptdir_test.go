@@ -14,15 +14,16 @@ import (
 
 	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 	"github.com/localdir-csi/localdir/tests/csitest"
+	"github.com/localdir-csi/localdir/tests/testcgroup"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
 // An encrypted directory volume on an ext4 data root made with the encrypt
 // feature: its directory gets its policy at the first stage, which needs
 // the Secret; two volumes given one Secret have different keys; a second
-// stage with another key is refused; a snapshot, its restore and a clone
-// (taken while the key is on the node) have the source's key, and open
-// with the same Secret only; a key leaves the keyring at the unstage that
+// stage with another key is refused; a snapshot, its restore, a clone and
+// the members of a group snapshot (taken while the keys are on the node)
+// have their source's key, and open with the same Secret only; a key leaves the keyring at the unstage that
 // leaves no staged volume encrypted with it, and the directories are then
 // ciphertext; without the key a snapshot or clone is refused and makes
 // nothing, and a restore is filled at its first stage (its snapshot kept
@@ -76,7 +77,8 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 	if ms := csitest.MountsAt(t, staging); len(ms) != 0 {
 		t.Fatalf("a stage without the Secret mounted %s", staging)
 	}
-	va := stagePublishCap(t, in, a, "a", dirCap, key)
+	pod := testcgroup.NewPod(t, "6d0f2e1a-5b7c-4e8d-9f10-0000000000e1")
+	va := stagePublishPod(t, in, a, "a", dirCap, key, pod.UID)
 	marker := bytes.Repeat([]byte("localdir-dir-plaintext-marker "), 4096)
 	if err := os.WriteFile(filepath.Join(va.target, "secret-notes"), marker, 0o600); err != nil {
 		t.Fatal(err)
@@ -88,7 +90,7 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 
 	// Another volume given the same Secret: another key.
 	b := create("b", encrypted, nil)
-	vb := stagePublishCap(t, in, b, "b", dirCap, key)
+	vb := stagePublishPod(t, in, b, "b", dirCap, key, pod.UID)
 	if err := os.WriteFile(filepath.Join(vb.target, "b-notes"), []byte("b"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +133,30 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 	vc := stagePublishCap(t, in, c, "c", dirCap, key)
 	csitest.AssertFileBytes(t, filepath.Join(vc.target, "secret-notes"), marker)
 	unpublishUnstage(t, in, vc)
+
+	// A group snapshot of a and b: each member has its source's key.
+	gc := csi.NewGroupControllerClient(in.Conn)
+	g, err := gc.CreateVolumeGroupSnapshot(csitest.Ctx(t), &csi.CreateVolumeGroupSnapshotRequest{Name: "ab", SourceVolumeIds: []string{a, b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var members []string
+	for _, m := range g.GetGroupSnapshot().GetSnapshots() {
+		dir := filepath.Join(in.Opts.DataRoot, "snapshots", m.GetSnapshotId())
+		want, _ := policy(m.GetSourceVolumeId())
+		if got, ok, err := fscrypt.Policy(dir); err != nil || !ok || got != want {
+			t.Fatalf("group member %s: policy %v, its source's key %v, %v", m.GetSnapshotId(), ok, got == want, err)
+		}
+		file := map[string]string{a: "secret-notes", b: "b-notes"}[m.GetSourceVolumeId()]
+		if names := csitest.DirNames(t, dir); !slices.Equal(names, []string{file}) {
+			t.Fatalf("group member of %s holds %q; want %s", m.GetSourceVolumeId(), names, file)
+		}
+		members = append(members, m.GetSnapshotId())
+	}
+	if _, err := gc.DeleteVolumeGroupSnapshot(csitest.Ctx(t), &csi.DeleteVolumeGroupSnapshotRequest{
+		GroupSnapshotId: g.GetGroupSnapshot().GetGroupSnapshotId(), SnapshotIds: members}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Between encrypted and unencrypted classes: refused.
 	_, err = createWith(in, t, "plain-r", nil, dirCap, csitest.FromSnapshot(sid))
