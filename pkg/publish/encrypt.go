@@ -153,14 +153,14 @@ func lockImage(v *contract.Volume, stagingPath string) error {
 // apart by their identifiers: a directory's policy names the one key that
 // opens it, and a key unlocks only the directories whose policy names it.
 // A key is removed at the unstage that leaves no staged volume encrypted
-// with it (keyInUse); keyMu orders that against the stages.
+// with it (usedKeys); keyMu orders that against the stages.
 
 // stageEncryptedDir adds the key of encrypted directory volume v, derived
 // from secrets and its KeySalt, encrypts its directory with it at the
 // first stage (when it is empty and has no policy; a restore made while
-// the key was not on the node is filled then: FillPending), and
-// bind-mounts the directory at stagingPath. A key this call added, not used by another
-// staged volume, is removed again when it fails. Errors as unlockImage's.
+// the key was not on the node is filled then, under keyMu: FillPending),
+// and bind-mounts the directory at stagingPath. When that fails the key
+// is removed unless a staged volume uses it. Errors as unlockImage's.
 func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, mf mount.Flags, secrets map[string]string) error {
 	key, err := fscrypt.Key(secrets, v.KeySalt)
 	if err != nil {

@@ -32,8 +32,9 @@ import (
 // keySaltFor returns the KeySalt of the volume spec creates, checked
 // against its source: nil unless it is an encrypted directory volume; for
 // a restore or clone the source's (held by the caller), else a new one.
-// Errors (contract.ErrInvalid): a data root that cannot encrypt, a source
-// encrypted while the new volume is not, or the other way round.
+// Errors: contract.ErrInvalid for a data root that cannot encrypt, a
+// source encrypted while the new volume is not, or the other way round;
+// contract.ErrPrecondition for a source volume not yet filled (filled).
 func (m *Store) keySaltFor(spec contract.CreateSpec) ([]byte, error) {
 	want := spec.FsType == "" && spec.AccessType == contract.AccessMount && contract.Encrypted(spec.Parameters)
 	if want {
