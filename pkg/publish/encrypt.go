@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -158,7 +159,7 @@ func lockImage(v *contract.Volume, stagingPath string) error {
 // stageEncryptedDir adds the key of encrypted directory volume v, derived
 // from secrets and its KeySalt, encrypts its directory with it at the
 // first stage (when it is empty and has no policy; a restore made while
-// the key was not on the node is filled then, under keyMu: FillPending),
+// the key was not on the node is filled then: FillPending),
 // and bind-mounts the directory at stagingPath. When that fails the key
 // is removed unless a staged volume uses it. Errors as unlockImage's.
 func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, mf mount.Flags, secrets map[string]string) error {
@@ -175,8 +176,17 @@ func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, m
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	if v.FillFrom != "" {
+		// A fill copies the whole snapshot: the other stages and unstages
+		// go on meanwhile, and keep the key it uses.
+		pb.filling[id]++
+		pb.keyMu.Unlock()
 		var filled *contract.Volume
-		if filled, err = pb.vols.FillPending(v, id); err == nil {
+		filled, err = pb.vols.FillPending(v, id)
+		pb.keyMu.Lock()
+		if pb.filling[id]--; pb.filling[id] == 0 {
+			delete(pb.filling, id)
+		}
+		if err == nil {
 			v = filled
 		}
 	}
@@ -197,13 +207,23 @@ func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, m
 }
 
 // unstageEncryptedDir unmounts encrypted directory volume v's stage at
-// stagingPath and removes its key unless a staged volume still uses it.
+// stagingPath and removes its key unless a staged volume still uses it
+// (a publication left behind keeps it until its unpublish: lockDirAfter).
 func (pb *Publisher) unstageEncryptedDir(v *contract.Volume, stagingPath string) error {
 	pb.keyMu.Lock()
 	defer pb.keyMu.Unlock()
 	if err := pb.mnt.Unmount(stagingPath); err != nil {
 		return err
 	}
+	return pb.lockDir(v)
+}
+
+// lockDirAfter removes the key of encrypted directory volume v unless a
+// staged volume uses it, after an unpublish: the unstage may have come
+// first (the CSI order is the other, which leaves it to the unstage).
+func (pb *Publisher) lockDirAfter(v *contract.Volume) error {
+	pb.keyMu.Lock()
+	defer pb.keyMu.Unlock()
 	return pb.lockDir(v)
 }
 
@@ -219,9 +239,10 @@ func (pb *Publisher) lockDir(v *contract.Volume) error {
 }
 
 // removeUnusedKey removes key id from the keyring of the data root unless
-// a staged volume uses it; keyMu is held. The ioctl goes through the data
-// root's directory: an fd on a directory encrypted with the key would keep
-// it busy ("incompletely removed").
+// a staged volume or a fill uses it; keyMu is held. The ioctl goes through
+// the data root's directory: an fd on a directory encrypted with the key
+// would keep it busy ("incompletely removed"). A key whose files are still
+// open is removed again by retryRemovals until it is gone.
 func (pb *Publisher) removeUnusedKey(id fscrypt.Identifier) error {
 	used, err := pb.usedKeys()
 	if err != nil {
@@ -235,22 +256,72 @@ func (pb *Publisher) removeUnusedKey(id fscrypt.Identifier) error {
 	if err != nil {
 		return err
 	}
-	if busy {
-		klog.InfoS("Encryption key removed while files encrypted with it are still open; they lock when closed", "keyIdentifier", id)
-	} else {
+	if !busy {
 		klog.V(2).InfoS("Encryption key removed", "keyIdentifier", id)
+		return nil
 	}
+	klog.InfoS("Encryption key removed while files encrypted with it are still open; removed again once they are closed", "keyIdentifier", id)
+	if len(pb.busyKeys) == 0 {
+		go pb.retryRemovals()
+	}
+	pb.busyKeys[id] = true
 	return nil
 }
 
+// Pauses between retryRemovals' tries: the first, doubling up to the
+// last.
+const (
+	keyRetryFirst = time.Second
+	keyRetryMax   = time.Minute
+)
+
+// retryRemovals removes the busy keys again, at growing intervals, until
+// each is gone (its files closed) or used by a stage again; it returns
+// when none is left.
+func (pb *Publisher) retryRemovals() {
+	for wait := keyRetryFirst; ; wait = min(2*wait, keyRetryMax) {
+		time.Sleep(wait)
+		pb.keyMu.Lock()
+		used, err := pb.usedKeys()
+		for id := range pb.busyKeys {
+			if err != nil {
+				break
+			}
+			busy := false
+			if !used[id] {
+				busy, err = fscrypt.RemoveKey(pb.root, id)
+			}
+			if err == nil && !busy {
+				delete(pb.busyKeys, id)
+				klog.V(2).InfoS("Encryption key removed, its files closed", "keyIdentifier", id, "stillUsed", used[id])
+			}
+		}
+		if errors.Is(err, os.ErrNotExist) { // the data root is gone
+			clear(pb.busyKeys)
+		}
+		left := len(pb.busyKeys)
+		pb.keyMu.Unlock()
+		if err != nil {
+			klog.ErrorS(err, "Could not remove an encryption key whose files were open; trying again")
+		}
+		if left == 0 {
+			return
+		}
+	}
+}
+
 // usedKeys returns the identifiers of the keys of the mounted (staged or
-// published) encrypted directory volumes.
+// published) encrypted directory volumes and of the fills in progress;
+// keyMu is held.
 func (pb *Publisher) usedKeys() (map[fscrypt.Identifier]bool, error) {
 	vols, err := pb.vols.EncryptedDirs()
 	if err != nil {
 		return nil, err
 	}
 	used := map[fscrypt.Identifier]bool{}
+	for id := range pb.filling {
+		used[id] = true
+	}
 	for _, v := range vols {
 		p := pb.vols.DataPath(v)
 		mounted, err := pb.mnt.InUse(p)
@@ -272,9 +343,12 @@ func (pb *Publisher) usedKeys() (map[fscrypt.Identifier]bool, error) {
 }
 
 // LockUnused removes from the data root's keyring the keys of encrypted
-// directory volumes that no staged volume uses: what a process killed
-// between adding a key and mounting, or between unmounting and removing
-// it, left. Run at start, before the node serves.
+// directory volumes and their snapshots that no staged volume uses: what a
+// process killed between adding a key and mounting, or between unmounting
+// and removing it, left. A key added for a volume's first stage and left
+// before its directory got the policy encrypts nothing, and nothing names
+// it: it stays until the kernel drops the keyring (the data root's
+// unmount). Run at start, before the node serves.
 func (pb *Publisher) LockUnused() error {
 	pb.keyMu.Lock()
 	defer pb.keyMu.Unlock()
@@ -282,20 +356,26 @@ func (pb *Publisher) LockUnused() error {
 	if err != nil {
 		return err
 	}
+	dirs, err := pb.vols.EncryptedSnapshotDirs()
+	if err != nil {
+		return err
+	}
+	for _, v := range vols {
+		dirs = append(dirs, pb.vols.DataPath(v))
+	}
 	used, err := pb.usedKeys()
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, v := range vols {
-		dir := pb.vols.DataPath(v)
+	for _, dir := range dirs {
 		id, ok, err := fscrypt.Policy(dir)
 		if err != nil || !ok || used[id] {
 			errs = append(errs, err)
 			continue
 		}
 		used[id] = true // removed once
-		if st, err := fscrypt.Status(dir, id); err != nil || st == fscrypt.KeyAbsent {
+		if st, err := fscrypt.Status(pb.root, id); err != nil || st == fscrypt.KeyAbsent {
 			errs = append(errs, err)
 			continue
 		}
@@ -303,7 +383,7 @@ func (pb *Publisher) LockUnused() error {
 			errs = append(errs, err)
 			continue
 		}
-		klog.V(2).InfoS("Encryption key of an unstaged volume removed at start", "volumeID", v.ID, "keyIdentifier", id)
+		klog.V(2).InfoS("Encryption key of unstaged data removed at start", "path", dir, "keyIdentifier", id)
 	}
 	return errors.Join(errs...)
 }

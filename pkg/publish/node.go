@@ -578,6 +578,9 @@ func (pb *Publisher) Unpublish(ctx context.Context, id, targetPath string) error
 	if v.Ephemeral && !contract.ValidVolumeID(id) {
 		return pb.vols.Delete(v.ID)
 	}
+	if v.EncryptedDir() {
+		return pb.lockDirAfter(v)
+	}
 	if v.AccessType != contract.AccessBlock {
 		return nil
 	}

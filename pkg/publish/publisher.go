@@ -37,6 +37,7 @@ type Volumes interface {
 	LockWait(ctx context.Context, id string) (func(), error)
 	HoldRead(id, what string) (func(), error)
 	EncryptedDirs() ([]*contract.Volume, error)
+	EncryptedSnapshotDirs() ([]string, error)
 	FillPending(v *contract.Volume, id fscrypt.Identifier) (*contract.Volume, error)
 	Root() string
 	DataPath(v *contract.Volume) string
@@ -75,13 +76,20 @@ type Publisher struct {
 	// keyMu serializes the stages and unstages of encrypted directory
 	// volumes: their keys are shared on the data root's keyring, and an
 	// unstage must not remove a key between another stage's adding it and
-	// its mount (encrypt.go).
+	// its mount (encrypt.go). It guards filling and busyKeys.
 	keyMu sync.Mutex
+	// filling counts the fills of restores (FillPending) in progress by
+	// their key, which they need while keyMu is released.
+	filling map[fscrypt.Identifier]int
+	// busyKeys are keys removed while files encrypted with them were open
+	// ("incompletely removed"), which retryRemovals removes again.
+	busyKeys map[fscrypt.Identifier]bool
 }
 
 // New returns the node side of the volumes vols.
 func New(vols Volumes, cfg Config) (*Publisher, error) {
-	pb := &Publisher{vols: vols, root: vols.Root(), mnt: cfg.Mounter, ioKick: make(chan struct{}, 1)}
+	pb := &Publisher{vols: vols, root: vols.Root(), mnt: cfg.Mounter, ioKick: make(chan struct{}, 1),
+		filling: map[fscrypt.Identifier]int{}, busyKeys: map[fscrypt.Identifier]bool{}}
 	pb.pods = pods{pb}
 	if pb.mnt == nil {
 		pb.mnt = mount.New()

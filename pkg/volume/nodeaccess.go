@@ -47,6 +47,19 @@ func (a *NodeAccess) EncryptedDirs() ([]*contract.Volume, error) {
 	return out, err
 }
 
+// EncryptedSnapshotDirs returns the directories of the snapshots of
+// encrypted directory volumes.
+func (a *NodeAccess) EncryptedSnapshotDirs() ([]string, error) {
+	all, _, err := a.m.snaps.List("", 0, "")
+	var out []string
+	for _, s := range all {
+		if s.KeySalt != nil && !s.Image() {
+			out = append(out, a.m.snapPath(s))
+		}
+	}
+	return out, err
+}
+
 // FillPending is Store.FillPending.
 func (a *NodeAccess) FillPending(v *contract.Volume, id fscrypt.Identifier) (*contract.Volume, error) {
 	return a.m.FillPending(v, id)

@@ -106,10 +106,16 @@ func BenchmarkPairsVsHostPath(b *testing.B) {
 // with engine.
 func startDriverOn(b *testing.B, fs, engine string) *testdriver.Instance {
 	b.Helper()
+	return startDriverSized(b, fs, engine, snapFSSize)
+}
+
+// startDriverSized is startDriverOn with a data root of size bytes.
+func startDriverSized(b *testing.B, fs, engine string, size int64) *testdriver.Instance {
+	b.Helper()
 	if fs == "" {
 		return startDriver(b)
 	}
-	root := testfs.NewDirect(b, fs, snapFSSize)
+	root := testfs.NewDirect(b, fs, size)
 	return testdriver.Start(b, func(o *driver.Options) {
 		o.Engine = contract.Engine(engine)
 		o.DataRoot = filepath.Join(root, "data")

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -287,5 +288,66 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 	}
 	if left := csitest.DirNames(t, filepath.Join(in.Opts.DataRoot, "snapshots")); !slices.Equal(left, []string{}) && len(left) != 0 {
 		t.Fatalf("snapshot data left: %q", left)
+	}
+}
+
+// The key of an encrypted directory volume leaves the data root's keyring
+// with its last use, whatever the order: files open at the unstage keep
+// it until they are closed, and then the driver's retry removes it; an
+// unstage before the unpublish (not the CSI order) leaves it to the
+// unpublish.
+func TestEncryptedDirectoryKeyLeavesWithLastUse(t *testing.T) {
+	in := startImageRoot(t, testfs.Ext4Crypt)
+	key := map[string]string{fscrypt.SecretPassphrase: "a passphrase of the test"}
+	dirCap := csitest.MntCap()
+	id, err := createWith(in, t, "v", encrypted, dirCap, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(kid fscrypt.Identifier) fscrypt.KeyStatus {
+		t.Helper()
+		st, err := fscrypt.Status(in.Opts.DataRoot, kid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+
+	v := stagePublishCap(t, in, id, "open", dirCap, key)
+	kid, _, err := fscrypt.Policy(v.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(in.Opts.DataRoot, "volumes", id, "held-open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unpublishUnstage(t, in, v)
+	if st := status(kid); st != fscrypt.KeyIncompletelyRemoved {
+		t.Fatalf("key %s after the unstage with a file open; want incompletely removed", st)
+	}
+	f.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for status(kid) != fscrypt.KeyAbsent {
+		if time.Now().After(deadline) {
+			t.Fatalf("key %s 15 s after the open file was closed; want absent", status(kid))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	v = stagePublishCap(t, in, id, "order", dirCap, key)
+	if _, err := in.Node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: v.staging}); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(kid); st != fscrypt.KeyPresent {
+		t.Fatalf("key %s after the unstage while still published; want present (the publication shows the files)", st)
+	}
+	csitest.AssertFileBytes(t, filepath.Join(v.target, "held-open"), nil)
+	if _, err := in.Node.NodeUnpublishVolume(csitest.Ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: v.target}); err != nil {
+		t.Fatal(err)
+	}
+	v.done = true
+	if st := status(kid); st != fscrypt.KeyAbsent {
+		t.Fatalf("key %s after the unpublish that ended the last use; want absent", st)
 	}
 }

@@ -161,26 +161,69 @@ func TestKillDuringEncryptedStageAndUnstage(t *testing.T) {
 // while nothing mounts it — what a driver killed between unmounting and
 // removing the key leaves (made here by unmounting behind its back) — is
 // locked by the next start: the key is absent, the names are ciphertext,
-// and the next stage opens it again.
+// and the next stage opens it again. So is a key that only a snapshot
+// holds data of (its volume deleted while the key was left): the snapshot
+// is ciphertext after the restart, and its restore, made without the key,
+// is filled and opens at its first stage.
 func TestRestartLocksEncryptedDirectory(t *testing.T) {
 	testdriver.RequireRoot(t)
 	dir := testdriver.TempDir(t)
 	dataRoot := filepath.Join(testfs.New(t, testfs.Ext4Crypt, 1<<30), "data")
 	p, ctl, node := procClients(t, dir, dataRoot)
-	r, err := ctl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
-		Name: "encrypted", CapacityRange: csitest.Range(64*csitest.Mi, 0), Parameters: map[string]string{"encryption": "fscrypt"},
-		VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()},
-	})
-	if err != nil {
-		t.Fatal(err)
+	create := func(name string, src *csi.VolumeContentSource) string {
+		t.Helper()
+		r, err := ctl.CreateVolume(csitest.Ctx(t), &csi.CreateVolumeRequest{
+			Name: name, CapacityRange: csitest.Range(64*csitest.Mi, 0), Parameters: map[string]string{"encryption": "fscrypt"},
+			VolumeCapabilities: []*csi.VolumeCapability{csitest.MntCap()}, VolumeContentSource: src,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetVolume().GetVolumeId()
 	}
-	id := r.GetVolume().GetVolumeId()
+	secrets := map[string]string{fscrypt.SecretPassphrase: "correct horse battery staple"}
 	staging := csitest.Mkdir(t, filepath.Join(dir, "staging"))
-	req := &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: csitest.MntCap(),
-		Secrets: map[string]string{fscrypt.SecretPassphrase: "correct horse battery staple"}}
-	if _, err := node.NodeStageVolume(csitest.Ctx(t), req); err != nil {
-		t.Fatal(err)
+	stage := func(id string) {
+		t.Helper()
+		if _, err := node.NodeStageVolume(csitest.Ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			VolumeCapability: csitest.MntCap(), Secrets: secrets}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	unstage := func(id string) {
+		t.Helper()
+		if _, err := node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	umountBehindBack := func() {
+		t.Helper()
+		if out, err := exec.Command("umount", staging).CombinedOutput(); err != nil {
+			t.Fatalf("umount %s: %v: %s", staging, err, out)
+		}
+	}
+	keyStatus := func(kid fscrypt.Identifier) fscrypt.KeyStatus {
+		t.Helper()
+		st, err := fscrypt.Status(dataRoot, kid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	restart := func() {
+		t.Helper()
+		p.Kill()
+		p, ctl, node = procClients(t, dir, dataRoot)
+	}
+	lockedNames := func(what, d string) {
+		t.Helper()
+		if names := csitest.DirNames(t, d); len(names) != 1 || names[0] == "kept" {
+			t.Fatalf("names in %s after the restart: %q; want one encrypted name", what, names)
+		}
+	}
+
+	id := create("encrypted", nil)
+	stage(id)
 	if err := os.WriteFile(filepath.Join(staging, "kept"), []byte("kept"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -188,25 +231,38 @@ func TestRestartLocksEncryptedDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("umount", staging).CombinedOutput(); err != nil {
-		t.Fatalf("umount %s: %v: %s", staging, err, out)
+	umountBehindBack()
+	if st := keyStatus(kid); st != fscrypt.KeyPresent {
+		t.Fatalf("key %s after the unmount behind the driver's back; want still present", st)
 	}
-	if st, err := fscrypt.Status(dataRoot, kid); err != nil || st != fscrypt.KeyPresent {
-		t.Fatalf("key %s, %v after the unmount behind the driver's back; want still present", st, err)
+	restart()
+	if st := keyStatus(kid); st != fscrypt.KeyAbsent {
+		t.Fatalf("key %s after the restart; want absent", st)
 	}
-	p.Kill()
-	_, _, node = procClients(t, dir, dataRoot)
-	if st, err := fscrypt.Status(dataRoot, kid); err != nil || st != fscrypt.KeyAbsent {
-		t.Fatalf("key %s, %v after the restart; want absent", st, err)
-	}
-	if names := csitest.DirNames(t, filepath.Join(dataRoot, "volumes", id)); len(names) != 1 || names[0] == "kept" {
-		t.Fatalf("names in the volume after the restart: %q; want one encrypted name", names)
-	}
-	if _, err := node.NodeStageVolume(csitest.Ctx(t), req); err != nil {
-		t.Fatal(err)
-	}
+	lockedNames("the volume", filepath.Join(dataRoot, "volumes", id))
+	stage(id)
 	csitest.AssertFileBytes(t, filepath.Join(staging, "kept"), []byte("kept"))
-	if _, err := node.NodeUnstageVolume(csitest.Ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+
+	// Only a snapshot left with data of the key.
+	snap, err := ctl.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: id})
+	if err != nil {
 		t.Fatal(err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+	umountBehindBack()
+	if _, err := ctl.DeleteVolume(csitest.Ctx(t), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	restart()
+	if st := keyStatus(kid); st != fscrypt.KeyAbsent {
+		t.Fatalf("key %s after the restart, only a snapshot encrypted with it; want absent", st)
+	}
+	lockedNames("the snapshot", filepath.Join(dataRoot, "snapshots", sid))
+	r := create("restored", &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: sid}}})
+	stage(r)
+	csitest.AssertFileBytes(t, filepath.Join(staging, "kept"), []byte("kept"))
+	unstage(r)
+	if st := keyStatus(kid); st != fscrypt.KeyAbsent {
+		t.Fatalf("key %s after the restore's unstage; want absent", st)
 	}
 }

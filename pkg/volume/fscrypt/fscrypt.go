@@ -129,7 +129,19 @@ func CheckSecret(secrets map[string]string) error {
 	case !hasRaw && !hasPass && len(secrets) == 0:
 		return fmt.Errorf("%w: an encrypted volume needs the StorageClass's node-stage Secret (csi.storage.k8s.io/node-stage-secret-name and -namespace) with %q or %q; the request has none", contract.ErrInvalid, SecretKey, SecretPassphrase)
 	case !hasRaw && !hasPass:
-		return fmt.Errorf("%w: the node-stage Secret has neither %q nor %q (it has %s); keys are case-sensitive", contract.ErrInvalid, SecretKey, SecretPassphrase, strings.Join(slices.Sorted(maps.Keys(secrets)), ", "))
+		// Only names that differ from ours in case are repeated: a Secret
+		// key's name may itself hold what should stay secret.
+		var near []string
+		for _, k := range slices.Sorted(maps.Keys(secrets)) {
+			if strings.EqualFold(k, SecretKey) || strings.EqualFold(k, SecretPassphrase) {
+				near = append(near, k)
+			}
+		}
+		why := fmt.Sprintf("it has %d other key(s)", len(secrets))
+		if len(near) > 0 {
+			why = fmt.Sprintf("it has %s: keys are case-sensitive", strings.Join(near, ", "))
+		}
+		return fmt.Errorf("%w: the node-stage Secret has neither %q nor %q (%s)", contract.ErrInvalid, SecretKey, SecretPassphrase, why)
 	}
 	return nil
 }

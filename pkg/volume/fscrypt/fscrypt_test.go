@@ -245,8 +245,11 @@ func TestKeyDerivation(t *testing.T) {
 			}
 		}
 	}
-	if _, err := Key(map[string]string{"Key": long}, salt); err == nil || !strings.Contains(err.Error(), "it has Key") {
-		t.Errorf("a Secret with Key only: %v; want the error to name the keys it has", err)
+	if _, err := Key(map[string]string{"Key": long}, salt); err == nil || !strings.Contains(err.Error(), "it has Key: keys are case-sensitive") {
+		t.Errorf("a Secret with Key only: %v; want the error to name the key that differs in case", err)
+	}
+	if _, err := Key(map[string]string{"mypassword=hunter2hunter2": ""}, salt); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("a Secret with another key: %v; want an error that does not repeat the key's name", err)
 	}
 	if _, err := Key(map[string]string{SecretPassphrase: strings.Repeat("é", 12)}, salt); err != nil {
 		t.Errorf("a passphrase of 12 characters: %v", err)
