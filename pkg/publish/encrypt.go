@@ -178,13 +178,13 @@ func (pb *Publisher) stageEncryptedDir(v *contract.Volume, stagingPath string, m
 	if v.FillFrom != "" {
 		// A fill copies the whole snapshot: the other stages and unstages
 		// go on meanwhile, and keep the key it uses.
-		pb.filling[id]++
+		pb.keyHolds[id]++
 		pb.keyMu.Unlock()
 		var filled *contract.Volume
 		filled, err = pb.vols.FillPending(v, id)
 		pb.keyMu.Lock()
-		if pb.filling[id]--; pb.filling[id] == 0 {
-			delete(pb.filling, id)
+		if pb.keyHolds[id]--; pb.keyHolds[id] == 0 {
+			delete(pb.keyHolds, id)
 		}
 		if err == nil {
 			v = filled
@@ -218,6 +218,31 @@ func (pb *Publisher) unstageEncryptedDir(v *contract.Volume, stagingPath string)
 	return pb.lockDir(v)
 }
 
+// HoldKey keeps key id in the data root's keyring until release, for a
+// copy of an encrypted directory volume (pkg/volume), if it is there:
+// an unstage meanwhile keeps it, and the release removes it unless a
+// staged volume or another copy still uses it.
+func (pb *Publisher) HoldKey(id fscrypt.Identifier) (func(), bool, error) {
+	pb.keyMu.Lock()
+	defer pb.keyMu.Unlock()
+	st, err := fscrypt.Status(pb.root, id)
+	if err != nil || st != fscrypt.KeyPresent {
+		return nil, false, err
+	}
+	pb.keyHolds[id]++
+	return func() {
+		pb.keyMu.Lock()
+		defer pb.keyMu.Unlock()
+		if pb.keyHolds[id]--; pb.keyHolds[id] > 0 {
+			return
+		}
+		delete(pb.keyHolds, id)
+		if err := pb.removeUnusedKey(id); err != nil {
+			klog.ErrorS(err, "Could not remove an encryption key after a copy", "keyIdentifier", id)
+		}
+	}, true, nil
+}
+
 // lockDirAfter removes the key of encrypted directory volume v unless a
 // staged volume uses it, after an unpublish: the unstage may have come
 // first (the CSI order is the other, which leaves it to the unstage).
@@ -239,7 +264,7 @@ func (pb *Publisher) lockDir(v *contract.Volume) error {
 }
 
 // removeUnusedKey removes key id from the keyring of the data root unless
-// a staged volume or a fill uses it; keyMu is held. The ioctl goes through
+// a staged volume or a copy uses it; keyMu is held. The ioctl goes through
 // the data root's directory: an fd on a directory encrypted with the key
 // would keep it busy ("incompletely removed"). A key whose files are still
 // open is removed again by retryRemovals until it is gone.
@@ -311,15 +336,15 @@ func (pb *Publisher) retryRemovals() {
 }
 
 // usedKeys returns the identifiers of the keys of the mounted (staged or
-// published) encrypted directory volumes and of the fills in progress;
-// keyMu is held.
+// published) encrypted directory volumes and of the copies in progress
+// (keyHolds); keyMu is held.
 func (pb *Publisher) usedKeys() (map[fscrypt.Identifier]bool, error) {
 	vols, err := pb.vols.EncryptedDirs()
 	if err != nil {
 		return nil, err
 	}
 	used := map[fscrypt.Identifier]bool{}
-	for id := range pb.filling {
+	for id := range pb.keyHolds {
 		used[id] = true
 	}
 	for _, v := range vols {

@@ -76,11 +76,12 @@ type Publisher struct {
 	// keyMu serializes the stages and unstages of encrypted directory
 	// volumes: their keys are shared on the data root's keyring, and an
 	// unstage must not remove a key between another stage's adding it and
-	// its mount (encrypt.go). It guards filling and busyKeys.
+	// its mount (encrypt.go). It guards keyHolds and busyKeys.
 	keyMu sync.Mutex
-	// filling counts the fills of restores (FillPending) in progress by
-	// their key, which they need while keyMu is released.
-	filling map[fscrypt.Identifier]int
+	// keyHolds counts the copies of encrypted directory volumes in
+	// progress (HoldKey, and the fills of restores) by their key, which
+	// they need while keyMu is released.
+	keyHolds map[fscrypt.Identifier]int
 	// busyKeys are keys removed while files encrypted with them were open
 	// ("incompletely removed"), which retryRemovals removes again.
 	busyKeys map[fscrypt.Identifier]bool
@@ -89,7 +90,7 @@ type Publisher struct {
 // New returns the node side of the volumes vols.
 func New(vols Volumes, cfg Config) (*Publisher, error) {
 	pb := &Publisher{vols: vols, root: vols.Root(), mnt: cfg.Mounter, ioKick: make(chan struct{}, 1),
-		filling: map[fscrypt.Identifier]int{}, busyKeys: map[fscrypt.Identifier]bool{}}
+		keyHolds: map[fscrypt.Identifier]int{}, busyKeys: map[fscrypt.Identifier]bool{}}
 	pb.pods = pods{pb}
 	if pb.mnt == nil {
 		pb.mnt = mount.New()

@@ -87,8 +87,9 @@ func (m *Store) keySaltFor(spec contract.CreateSpec) ([]byte, error) {
 // what (for errors) at src to dst, which must not exist, with the policy
 // of src: a src never staged has none and is copied as it is (empty).
 // Reading and writing the files needs src's key in the data root's
-// keyring: contract.ErrPrecondition when it is absent, or goes during the
-// copy. strict: src must not change (a snapshot; CopySnapshotTree).
+// keyring, held there for the copy (Node.HoldKey): contract.ErrPrecondition
+// when it is absent. strict: src must not change (a snapshot;
+// CopySnapshotTree).
 func (m *Store) copyEncrypted(what, src, dst string, strict bool) error {
 	id, ok, err := fscrypt.Policy(src)
 	switch {
@@ -101,13 +102,14 @@ func (m *Store) copyEncrypted(what, src, dst string, strict bool) error {
 		_, err = engine.CopyTree(src, dst)
 		return err
 	}
-	st, err := fscrypt.Status(src, id)
+	release, present, err := m.node.HoldKey(id)
 	if err != nil {
 		return err
 	}
-	if st != fscrypt.KeyPresent {
+	if !present {
 		return fmt.Errorf("%w: %w", errKeyAbsent, m.keyAbsent(what, id))
 	}
+	defer release()
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return err
 	}

@@ -1,6 +1,9 @@
 package volume
 
-import "github.com/localdir-csi/localdir/pkg/contract"
+import (
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
+)
 
 // idleNode is a node side on which no volume is mounted, attached or used
 // by a pod: what the Store's unit tests run with (no root, no mounts).
@@ -19,3 +22,4 @@ func (idleNode) InUse(string) (bool, error) { return false, nil }
 func (idleNode) ApplyMutable(*contract.Volume, contract.Mutable, map[string]string) error {
 	return nil
 }
+func (idleNode) HoldKey(fscrypt.Identifier) (func(), bool, error) { return nil, false, nil }

@@ -37,6 +37,7 @@ import (
 	"github.com/localdir-csi/localdir/pkg/keylock"
 	"github.com/localdir-csi/localdir/pkg/state"
 	"github.com/localdir-csi/localdir/pkg/volume/engine"
+	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 )
 
 // Config configures a Store.
@@ -69,6 +70,10 @@ type Node interface {
 	InUse(path string) (bool, error)
 	// ApplyMutable applies the node's part of a modify of volume v.
 	ApplyMutable(v *contract.Volume, mut contract.Mutable, merged map[string]string) error
+	// HoldKey keeps key id in the data root's keyring until release, for
+	// a copy of an encrypted directory volume: present says whether it is
+	// there (release is nil when not).
+	HoldKey(id fscrypt.Identifier) (release func(), present bool, err error)
 }
 
 // Store keeps the volumes and snapshots of one data root; its methods are

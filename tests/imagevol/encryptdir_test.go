@@ -13,9 +13,14 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/localdir-csi/localdir/pkg/app"
+	"github.com/localdir-csi/localdir/pkg/contract"
+	"github.com/localdir-csi/localdir/pkg/driver"
+	"github.com/localdir-csi/localdir/pkg/volume/engine"
 	"github.com/localdir-csi/localdir/pkg/volume/fscrypt"
 	"github.com/localdir-csi/localdir/tests/csitest"
 	"github.com/localdir-csi/localdir/tests/testcgroup"
+	"github.com/localdir-csi/localdir/tests/testdriver"
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
@@ -349,5 +354,58 @@ func TestEncryptedDirectoryKeyLeavesWithLastUse(t *testing.T) {
 	v.done = true
 	if st := status(kid); st != fscrypt.KeyAbsent {
 		t.Fatalf("key %s after the unpublish that ended the last use; want absent", st)
+	}
+}
+
+// A copy of an encrypted directory volume holds its key (Node.HoldKey):
+// the unstage of the last volume using the key during the copy leaves it,
+// and the end of the copy removes it; a key not in the keyring is not
+// held.
+func TestEncryptedDirectoryKeyHeldForACopy(t *testing.T) {
+	testdriver.RequireRoot(t)
+	root := filepath.Join(testfs.New(t, testfs.Ext4Crypt, 512<<20), "data")
+	n, err := app.OpenNode(driver.Options{DataRoot: root, Engine: engine.Dir}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Store.Close()
+	v, err := n.Store.Create(contract.CreateSpec{Name: "v", SizeBytes: 64 * mib, AccessType: contract.AccessMount, DirMode: 0o777,
+		Parameters: map[string]string{contract.ParamEncryption: contract.EncryptionFscrypt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging := csitest.Mkdir(t, filepath.Join(t.TempDir(), "staging"))
+	secrets := map[string]string{fscrypt.SecretKey: hex.EncodeToString(csitest.RandomBytes(21, 32))}
+	if err := n.Publisher.Stage(v.ID, staging, contract.AccessMount, nil, secrets); err != nil {
+		t.Fatal(err)
+	}
+	kid, _, err := fscrypt.Policy(staging)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func() fscrypt.KeyStatus {
+		t.Helper()
+		st, err := fscrypt.Status(root, kid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	release, present, err := n.Publisher.HoldKey(kid)
+	if err != nil || !present {
+		t.Fatalf("HoldKey of the staged volume's key: present %v, %v", present, err)
+	}
+	if err := n.Publisher.Unstage(csitest.Ctx(t), v.ID, staging); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(); st != fscrypt.KeyPresent {
+		t.Fatalf("key %s after the unstage during a copy; want present (held)", st)
+	}
+	release()
+	if st := status(); st != fscrypt.KeyAbsent {
+		t.Fatalf("key %s after the copy's release; want absent", st)
+	}
+	if release, present, err := n.Publisher.HoldKey(kid); err != nil || present || release != nil {
+		t.Fatalf("HoldKey of an absent key: present %v, %v", present, err)
 	}
 }
