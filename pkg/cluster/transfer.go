@@ -129,11 +129,11 @@ const sourceGoneAfter = 10 * time.Minute
 
 // pull creates lv's volume from the data on node spec.contentSource.node.
 // A failure the source or the data rules out for good (not found, does not
-// fit, no room here, data that cannot leave its node) fails the volume; any other (the network, a node
-// plugin restarting, a stream cut short or not matching its digest, a
-// refusal while a key rotation is published) is recorded in
-// status.transfer and retried after transferRetry, until the source node
-// has been without a fresh heartbeat for sourceGoneAfter.
+// fit, no room here, data that cannot leave its node) fails the volume;
+// any other (the network, a node plugin restarting, a stream cut short or
+// not matching its digest, a refusal while a key rotation is published)
+// is recorded in status.transfer and retried after transferRetry, until
+// the source node has been without a fresh heartbeat for sourceGoneAfter.
 func (r *LocalVolumeReconciler) pull(ctx context.Context, lv *v1.LocalVolume) (local *contract.Volume, retry time.Duration) {
 	cs := lv.Spec.ContentSource
 	t, wait := beginAttempt(&lv.Status.Transfer, cs.Node)
