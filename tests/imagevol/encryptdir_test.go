@@ -24,6 +24,17 @@ import (
 	"github.com/localdir-csi/localdir/tests/testfs"
 )
 
+// keyStatus is the status of key kid in the keyring of the filesystem that
+// holds p.
+func keyStatus(t *testing.T, p string, kid fscrypt.Identifier) fscrypt.KeyStatus {
+	t.Helper()
+	st, err := fscrypt.Status(p, kid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // An encrypted directory volume on an ext4 data root made with the encrypt
 // feature: its directory gets its policy at the first stage, which needs
 // the Secret; two volumes given one Secret have different keys; a second
@@ -49,14 +60,7 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 		}
 		return kid, ok
 	}
-	status := func(kid fscrypt.Identifier) fscrypt.KeyStatus {
-		t.Helper()
-		st, err := fscrypt.Status(in.Opts.DataRoot, kid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	status := func(kid fscrypt.Identifier) fscrypt.KeyStatus { return keyStatus(t, in.Opts.DataRoot, kid) }
 	create := func(name string, params map[string]string, src *csi.VolumeContentSource) string {
 		t.Helper()
 		id, err := createWith(in, t, name, params, dirCap, src)
@@ -309,14 +313,7 @@ func TestEncryptedDirectoryKeyLeavesWithLastUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	status := func(kid fscrypt.Identifier) fscrypt.KeyStatus {
-		t.Helper()
-		st, err := fscrypt.Status(in.Opts.DataRoot, kid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	status := func(kid fscrypt.Identifier) fscrypt.KeyStatus { return keyStatus(t, in.Opts.DataRoot, kid) }
 
 	v := stagePublishCap(t, in, id, "open", dirCap, key)
 	kid, _, err := fscrypt.Policy(v.target)
@@ -383,14 +380,7 @@ func TestEncryptedDirectoryKeyHeldForACopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	status := func() fscrypt.KeyStatus {
-		t.Helper()
-		st, err := fscrypt.Status(root, kid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	status := func() fscrypt.KeyStatus { return keyStatus(t, root, kid) }
 	release, present, err := n.Publisher.HoldKey(kid)
 	if err != nil || !present {
 		t.Fatalf("HoldKey of the staged volume's key: present %v, %v", present, err)
