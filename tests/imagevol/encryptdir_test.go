@@ -108,13 +108,24 @@ func TestEncryptedDirectoryVolume(t *testing.T) {
 		t.Fatal("two volumes made apart with one Secret have the same key")
 	}
 
-	// A second stage of a with another key: refused, the first unharmed.
+	// A second stage of a with another key: refused, the first unharmed,
+	// the other key not left in the keyring.
 	staging, err = stageCap(t, in, a, "a-otherkey", dirCap, other)
 	csitest.MustCode(t, err, codes.InvalidArgument, "NodeStageVolume with another key")
 	if ms := csitest.MountsAt(t, staging); len(ms) != 0 {
 		t.Fatalf("a stage with another key mounted %s", staging)
 	}
 	csitest.AssertFileBytes(t, filepath.Join(va.target, "secret-notes"), marker)
+	var otherID fscrypt.Identifier
+	_, named, _ := strings.Cut(err.Error(), "it gives key identifier ")
+	if b, err := hex.DecodeString(named[:min(len(named), 2*len(otherID))]); err != nil || len(b) != len(otherID) {
+		t.Fatalf("the refusal names no key identifier: %q", named)
+	} else {
+		otherID = fscrypt.Identifier(b)
+	}
+	if st := status(otherID); st != fscrypt.KeyAbsent {
+		t.Fatalf("the refused key %s after the refusal: %s; want absent", otherID, st)
+	}
 
 	// Snapshot, restore, clone while the key is here: the source's key.
 	snap, err := in.Controller.CreateSnapshot(csitest.Ctx(t), &csi.CreateSnapshotRequest{Name: "a-snap", SourceVolumeId: a})
